@@ -1,0 +1,30 @@
+# Two entry points, both self-contained on a fresh machine:
+#   make run   - set up the virtualenv and run the main job (the embedded-store demo under ./data)
+#   make test  - set up the virtualenv and run the whole test suite, then ruff
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/stratamq demo --store ./data
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider
+	$(VENV)/bin/ruff check .
+
+bench: setup
+	$(PY) bench/store.py
+
+clean:
+	rm -rf $(VENV) data

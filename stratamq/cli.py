@@ -1,0 +1,2 @@
+def main() -> None:  # replaced below
+    raise SystemExit("cli not ready")

@@ -1,0 +1,181 @@
+"""The CommitLog: every message of every topic appended to one run of mapped segments.
+
+Contracts: ``append`` may be called from any number of threads; records are encoded outside
+the writer lock and only positioned and copied under it, so the lock is held for a copy, not
+for encoding. Readers on any thread use ``select`` (zero-copy, reference-counted) or ``read``.
+Recovery (``stratamq.store.recovery``) sets the end before the first append.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from stratamq import message as codec
+from stratamq.message import END_FILE_MIN_BLANK_LENGTH, Host, Message, StoredMessage
+from stratamq.store.mapped_file import MappedFile, MappedFileError
+from stratamq.store.mapped_file_queue import MappedFileQueue
+from stratamq.store.results import AppendedMessage, PutMessageResult, PutMessageStatus
+
+
+class CommitLogFull(MappedFileError):
+    """No segment could be created for the next record."""
+
+
+class CommitLog:
+    """Appends encoded records and hands out views of stored ones.
+
+    It is handed its segment queue, its store host and a size limit; it knows nothing about
+    flushing or dispatch, which watch ``max_offset``.
+    """
+
+    def __init__(
+        self,
+        files: MappedFileQueue,
+        store_host: Host,
+        max_message_size: int,
+        queue_offsets: dict[tuple[str, int], int] | None = None,
+    ) -> None:
+        self.files = files
+        self.store_host = store_host
+        self.max_message_size = max_message_size
+        self.queue_offsets: dict[tuple[str, int], int] = dict(queue_offsets or {})
+        self._lock = threading.Lock()
+        self._last_store_timestamp = 0
+        self._msg_id_prefix = codec.offset_msg_id(store_host, 0)[:-16]
+        self.on_append: Callable[[], None] | None = None  # wakes the dispatcher and flusher
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def encode(self, msg: Message) -> codec.EncodedRecord:
+        record = codec.encode(msg, self.store_host, max_message_size=self.max_message_size)
+        if len(record.data) + END_FILE_MIN_BLANK_LENGTH > self.files.mapped_file_size:
+            raise codec.MessageIllegal(
+                f"record of {len(record.data)} bytes cannot fit in a "
+                f"{self.files.mapped_file_size}-byte segment"
+            )
+        return record
+
+    def append(self, messages: Sequence[Message]) -> PutMessageResult:
+        """Append messages in order (a batch of one is a single put)."""
+        try:
+            records = [self.encode(m) for m in messages]
+        except codec.PropertiesTooLarge as exc:
+            return PutMessageResult(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, error=str(exc))
+        except codec.MessageIllegal as exc:
+            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, error=str(exc))
+        if not records:
+            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, error="empty batch")
+        if self.files.read_only:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, error="read-only")
+        appended: list[AppendedMessage] = []
+        failed: PutMessageResult | None = None
+        with self._lock:
+            # Store time never goes backwards in log order: recovery relies on it.
+            now = max(int(time.time() * 1000), self._last_store_timestamp)
+            self._last_store_timestamp = now
+            try:
+                self._append_locked(messages, records, now, appended)
+            except OSError as exc:
+                # A batch cut short by a failed roll-over: what is listed in ``appended`` was
+                # written (it is consumable and will be recovered), the rest was not.
+                failed = PutMessageResult(
+                    PutMessageStatus.CREATE_MAPPED_FILE_FAILED, appended,
+                    error=f"{exc}; {len(appended)} of {len(records)} messages were written",
+                )
+        if appended and self.on_append is not None:
+            self.on_append()
+        if len(appended) < len(records):
+            return failed
+        return PutMessageResult(PutMessageStatus.PUT_OK, appended)
+
+    def _append_locked(self, messages: Sequence[Message], records: list[codec.EncodedRecord],
+                       now: int, appended: list[AppendedMessage]) -> None:
+        mf = self._writable_file()
+        # Records are stamped into one contiguous buffer per segment and copied in one go.
+        batch = bytearray()
+        batch_start = mf.wrote_position
+        offsets = self.queue_offsets
+        prefix = self._msg_id_prefix
+        for msg, record in zip(messages, records):
+            size = len(record.data)
+            free = mf.file_size - batch_start - len(batch)
+            if size + END_FILE_MIN_BLANK_LENGTH > free:
+                batch += codec.encode_blank(free)
+                batch.extend(bytes(free - END_FILE_MIN_BLANK_LENGTH))
+                mf.write_at(batch_start, batch)
+                mf.store_timestamp = now
+                batch = bytearray()
+                mf = self._writable_file()
+                batch_start = mf.wrote_position
+            physical_offset = mf.file_from_offset + batch_start + len(batch)
+            key = (msg.topic, msg.queue_id)
+            queue_offset = offsets.get(key, 0)
+            pos = len(batch)
+            batch += record.data
+            codec.stamp(batch, pos, queue_offset, physical_offset, now, record.store_timestamp_pos)
+            offsets[key] = queue_offset + 1
+            appended.append(AppendedMessage(
+                physical_offset, size, queue_offset, f"{prefix}{physical_offset:016X}", now
+            ))
+        mf.write_at(batch_start, batch)
+        mf.store_timestamp = now
+
+    def _writable_file(self) -> MappedFile:
+        mf = self.files.last_mapped_file(start_offset=0, create=True)
+        if mf is None:
+            raise CommitLogFull("no CommitLog segment to append to")
+        return mf
+
+    # -- reading --------------------------------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        first = self.files.first()
+        return first.file_from_offset if first is not None else 0
+
+    @property
+    def max_offset(self) -> int:
+        return self.files.max_offset()
+
+    def select(self, physical_offset: int, size: int) -> tuple[MappedFile, memoryview] | None:
+        """A held segment and a zero-copy view of ``size`` bytes at ``physical_offset``.
+
+        The caller releases the segment when done with the view. None if that data is gone
+        (deleted) or not yet written.
+        """
+        mf = self.files.find_by_offset(physical_offset)
+        if mf is None or not mf.hold():
+            return None
+        rel = physical_offset - mf.file_from_offset
+        if rel + size > mf.read_position:
+            mf.release()
+            return None
+        return mf, mf.select(rel, size)
+
+    def read(self, physical_offset: int) -> StoredMessage | None:
+        """Decode the record at ``physical_offset`` (None if there is no record there)."""
+        mf = self.files.find_by_offset(physical_offset)
+        if mf is None or not mf.hold():
+            return None
+        try:
+            rel = physical_offset - mf.file_from_offset
+            if rel + 8 > mf.read_position:
+                return None
+            size, magic = codec.read_size_and_magic(mf.buffer, rel)
+            if magic == codec.BLANK_MAGIC_CODE or rel + size > mf.read_position:
+                return None
+            return codec.decode(mf.buffer[rel : rel + size])
+        finally:
+            mf.release()
+
+    def store_timestamp_at(self, physical_offset: int) -> int | None:
+        """Store time of the record at ``physical_offset``, without decoding the rest."""
+        mf = self.files.find_by_offset(physical_offset)
+        if mf is None or not mf.hold():
+            return None
+        try:
+            return codec.record_store_timestamp(mf.buffer, physical_offset - mf.file_from_offset)
+        finally:
+            mf.release()

@@ -1,0 +1,294 @@
+"""File ConsumeQueues: per topic/queue, 20-byte units pointing into the CommitLog.
+
+Contracts: the dispatcher thread is the only writer (``put_unit``, ``truncate_dirty``); readers
+on any thread call ``get_units``, ``min_offset``, ``max_offset``. The flush thread calls
+``flush``. Recovery calls ``recover`` before any other thread starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from stratamq.message import DispatchInfo, SysFlag
+from stratamq.store.consume_queue_format import BLANK_UNIT, UNIT, UNIT_SIZE, is_blank_unit
+from stratamq.store.layout import StoreLayout, parse_segment_name
+from stratamq.store.mapped_file_queue import MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+
+class ConsumeQueue:
+    """The units of one topic/queue, in files of ``file_size`` bytes."""
+
+    def __init__(self, topic: str, queue_id: int, directory: Path, file_size: int,
+                 *, read_only: bool = False) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.files = MappedFileQueue(directory, file_size, read_only=read_only)
+        self.file_size = file_size
+        # End (offset + size) of the newest unit's record: re-dispatching a record at or below
+        # it is a no-op, which makes recovery's replay idempotent.
+        self.max_physic_offset = -1
+        self.min_logic_offset = 0  # byte position of the first live unit
+        self._write_lock = threading.Lock()
+
+    # -- positions ------------------------------------------------------------------------------
+
+    def max_offset(self) -> int:
+        """Queue offset the next message gets (the number of units ever written)."""
+        return self.files.max_offset() // UNIT_SIZE
+
+    def min_offset(self) -> int:
+        return max(self.min_logic_offset, self.files.min_offset()) // UNIT_SIZE
+
+    def _unit_at(self, byte_pos: int) -> tuple[int, int, int] | None:
+        mf = self.files.find_by_offset(byte_pos)
+        if mf is None or not mf.hold():
+            return None
+        try:
+            rel = byte_pos - mf.file_from_offset
+            if rel + UNIT_SIZE > mf.read_position:
+                return None
+            return UNIT.unpack_from(mf.buffer, rel)
+        finally:
+            mf.release()
+
+    def _first_unit_where(self, predicate, low: int, high: int) -> int:
+        """Binary search (by queue offset) for the first unit in [low, high) satisfying a
+        predicate that is false then true along the queue; returns high if none."""
+        while low < high:
+            mid = (low + high) // 2
+            unit = self._unit_at(mid * UNIT_SIZE)
+            if unit is not None and predicate(unit):
+                high = mid
+            else:
+                low = mid + 1
+        return low
+
+    # -- recovery -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        self.files.load()
+
+    def recover(self) -> None:
+        """Find the end of the written units (the first unwritten unit) in the last files."""
+        files = self.files.files
+        if not files:
+            return
+        start = max(0, len(files) - 3)
+        end = files[start].file_from_offset
+        for mf in files[start:]:
+            pos = 0
+            limit = mf.file_size
+            buf = mf.buffer
+            while pos + UNIT_SIZE <= limit:
+                offset, size, _ = UNIT.unpack_from(buf, pos)
+                if offset < 0 or size <= 0:
+                    break
+                self.max_physic_offset = offset + size if size != 0x7FFFFFFF else -1
+                pos += UNIT_SIZE
+            end = mf.file_from_offset + pos
+            if pos < limit:
+                break
+        self.files.truncate_dirty_files(end, on_truncate=self._scrub)
+        # Keep the true max physic offset even if the last units were blank fillers.
+        last = self._unit_at(end - UNIT_SIZE) if end >= UNIT_SIZE else None
+        if last is not None and not is_blank_unit(*last):
+            self.max_physic_offset = last[0] + last[1]
+
+    @staticmethod
+    def _scrub(mf) -> None:
+        # Stale units behind a truncation point must not come back in a later recovery.
+        mf.zero_from(mf.wrote_position)
+
+    def correct_min_offset(self, commitlog_min_offset: int) -> None:
+        """Skip units whose records are gone (below the CommitLog's min) and blank fillers."""
+        first = self.files.first()
+        if first is None:
+            return
+        low = first.file_from_offset // UNIT_SIZE
+        high = self.max_offset()
+        first_live = self._first_unit_where(
+            lambda u: not is_blank_unit(*u) and u[0] >= commitlog_min_offset, low, high
+        )
+        self.min_logic_offset = first_live * UNIT_SIZE
+
+    def truncate_dirty(self, commitlog_end: int) -> int:
+        """Drop units pointing at or past ``commitlog_end``; return how many were dropped."""
+        first = self.files.first()
+        if first is None:
+            return 0
+        low = first.file_from_offset // UNIT_SIZE
+        high = self.max_offset()
+        cut = self._first_unit_where(
+            lambda u: not is_blank_unit(*u) and u[0] + u[1] > commitlog_end, low, high
+        )
+        dropped = high - cut
+        if dropped:
+            log.warning("%s/%d: dropping %d units past CommitLog end %d",
+                        self.topic, self.queue_id, dropped, commitlog_end)
+            self.files.truncate_dirty_files(cut * UNIT_SIZE, on_truncate=self._scrub)
+            prev = self._unit_at((cut - 1) * UNIT_SIZE) if cut > low else None
+            self.max_physic_offset = prev[0] + prev[1] if prev and not is_blank_unit(*prev) else -1
+        return dropped
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def put_unit(self, queue_offset: int, commitlog_offset: int, size: int, tags_code: int) -> None:
+        with self._write_lock:
+            if commitlog_offset + size <= self.max_physic_offset:
+                return  # already have it: a replay after recovery
+            target = queue_offset * UNIT_SIZE
+            current = self.files.max_offset()
+            if target < current:
+                log.warning("%s/%d: unit for queue offset %d already written; skipped",
+                            self.topic, self.queue_id, queue_offset)
+                return
+            if current == 0 and self.files.last() is None and target > 0:
+                # A queue whose earlier units are gone (or never existed here) starts mid-file:
+                # fill the head of its first file with blank units, as RocketMQ does.
+                mf = self.files.last_mapped_file(start_offset=target)
+                head = target - mf.file_from_offset
+                if head:
+                    mf.write_at(0, BLANK_UNIT * (head // UNIT_SIZE))
+                self.min_logic_offset = target
+                current = target
+            while current < target:
+                log.error("%s/%d: gap in queue before offset %d; filling with blank units",
+                          self.topic, self.queue_id, queue_offset)
+                mf = self.files.last_mapped_file(start_offset=current)
+                mf.write_at(current - mf.file_from_offset, BLANK_UNIT)
+                current += UNIT_SIZE
+            mf = self.files.last_mapped_file(start_offset=target)
+            rel = target - mf.file_from_offset
+            UNIT.pack_into(mf.buffer, rel, commitlog_offset, size, tags_code)
+            mf.wrote_position = mf.committed_position = rel + UNIT_SIZE
+            self.max_physic_offset = commitlog_offset + size
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def get_units(self, queue_offset: int, max_units: int) -> list[tuple[int, int, int]]:
+        """Up to ``max_units`` units from ``queue_offset`` on: (commitlog_offset, size, code)."""
+        out: list[tuple[int, int, int]] = []
+        pos = queue_offset * UNIT_SIZE
+        end = self.files.max_offset()
+        while len(out) < max_units and pos < end:
+            mf = self.files.find_by_offset(pos)
+            if mf is None or not mf.hold():
+                break
+            try:
+                rel = pos - mf.file_from_offset
+                stop = min(mf.read_position, rel + (max_units - len(out)) * UNIT_SIZE)
+                if stop <= rel:
+                    break
+                out.extend(UNIT.iter_unpack(mf.buffer[rel:stop]))
+                pos = mf.file_from_offset + stop
+            finally:
+                mf.release()
+        return out
+
+    def flush(self, least_pages: int) -> None:
+        self.files.flush(least_pages)
+        if least_pages == 0:
+            self.files.flush_all()
+
+    def destroy(self) -> None:
+        self.files.destroy()
+        self.max_physic_offset = -1
+        self.min_logic_offset = 0
+
+    def close(self) -> None:
+        self.files.close()
+
+
+class FileConsumeQueueStore:
+    """Every file ConsumeQueue of a store, created on first use. A dispatcher."""
+
+    def __init__(self, layout: StoreLayout, default_file_size: int, *, read_only: bool = False):
+        self.layout = layout
+        self.default_file_size = default_file_size
+        self.read_only = read_only
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        root = self.layout.consumequeue_dir
+        if not root.is_dir():
+            return
+        for topic_dir in sorted(root.iterdir()):
+            if not topic_dir.is_dir():
+                continue
+            for queue_dir in sorted(topic_dir.iterdir()):
+                if not queue_dir.is_dir() or not queue_dir.name.isdigit():
+                    continue
+                has_files = any(parse_segment_name(p.name) is not None for p in queue_dir.iterdir())
+                if not has_files:
+                    continue
+                size = MappedFileQueue.size_on_disk(queue_dir) or self.default_file_size
+                if size % UNIT_SIZE:
+                    raise ValueError(f"{queue_dir}: file size {size} is not a multiple of 20")
+                cq = ConsumeQueue(topic_dir.name, int(queue_dir.name), queue_dir, size,
+                                  read_only=self.read_only)
+                cq.load()
+                self._queues[(cq.topic, cq.queue_id)] = cq
+
+    def recover(self) -> None:
+        for cq in self._queues.values():
+            cq.recover()
+
+    def queues(self) -> list[ConsumeQueue]:
+        return list(self._queues.values())
+
+    def __iter__(self) -> Iterator[ConsumeQueue]:
+        return iter(list(self._queues.values()))
+
+    def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self._queues.get((topic, queue_id))
+
+    def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        key = (topic, queue_id)
+        cq = self._queues.get(key)
+        if cq is None:
+            with self._lock:
+                cq = self._queues.get(key)
+                if cq is None:
+                    directory = self.layout.consume_queue_dir(topic, queue_id)
+                    cq = ConsumeQueue(topic, queue_id, directory, self.default_file_size,
+                                      read_only=self.read_only)
+                    self._queues[key] = cq
+        return cq
+
+    # -- the dispatcher interface ---------------------------------------------------------------
+
+    def dispatch(self, info: DispatchInfo) -> None:
+        if not SysFlag.is_dispatchable(info.sys_flag):
+            return  # prepared / rolled back transactional records are not consumable
+        self.find_or_create(info.topic, info.queue_id).put_unit(
+            info.queue_offset, info.physical_offset, info.size, info.tags_code
+        )
+
+    # -- whole-store operations -----------------------------------------------------------------
+
+    def max_physic_offset(self) -> int:
+        return max((cq.max_physic_offset for cq in self._queues.values()), default=-1)
+
+    def truncate_dirty(self, commitlog_end: int) -> int:
+        return sum(cq.truncate_dirty(commitlog_end) for cq in self._queues.values())
+
+    def correct_min_offsets(self, commitlog_min_offset: int) -> None:
+        for cq in self._queues.values():
+            cq.correct_min_offset(commitlog_min_offset)
+
+    def queue_offset_table(self) -> dict[tuple[str, int], int]:
+        return {key: cq.max_offset() for key, cq in self._queues.items()}
+
+    def flush(self, least_pages: int) -> None:
+        for cq in list(self._queues.values()):
+            cq.flush(least_pages)
+
+    def close(self) -> None:
+        for cq in self._queues.values():
+            cq.close()

@@ -1,0 +1,148 @@
+"""Dispatch: follow the CommitLog and feed each new record to a list of dispatchers.
+
+A dispatcher is anything with ``dispatch(info: DispatchInfo) -> None``. The ConsumeQueue store
+is the first; the index, RocksDB ConsumeQueue, compaction and tier dispatchers are added to the
+same list by appending one object (see ``MessageStore._dispatchers``).
+
+Contracts: the dispatcher thread owns ``reput_from``; ``replay`` runs on the caller's thread
+before the thread starts (recovery). Records are read in place from the map, never copied.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from stratamq import message as codec
+from stratamq.message import DispatchInfo
+from stratamq.store.mapped_file_queue import MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher(Protocol):
+    def dispatch(self, info: DispatchInfo) -> None: ...
+
+
+class ReputService:
+    """RocketMQ's ReputMessageService: turns CommitLog bytes into dispatch calls."""
+
+    def __init__(
+        self,
+        files: MappedFileQueue,
+        dispatchers: list[Dispatcher],
+        reput_from: int,
+        idle_wait_ms: int = 1,
+    ) -> None:
+        self.files = files
+        self.dispatchers = dispatchers
+        self.reput_from = reput_from
+        self.last_store_timestamp = 0  # of the newest dispatched record: for the checkpoint
+        self.idle_wait = idle_wait_ms / 1000
+        self.listeners: list[Callable[[DispatchInfo], None]] = []  # e.g. long-poll wake-ups
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._caught_up = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="reput", daemon=True)
+        self.error: BaseException | None = None
+
+    def wakeup(self) -> None:
+        self._wake.set()
+
+    def behind_bytes(self) -> int:
+        return max(0, self.files.max_offset() - self.reput_from)
+
+    def replay(self, end: int | None = None) -> int:
+        """Dispatch every record from ``reput_from`` up to ``end`` (default: the end of the log)
+        on this thread; return how many records were dispatched."""
+        count = 0
+        limit = self.files.max_offset() if end is None else end
+        while self.reput_from < limit:
+            before = self.reput_from
+            n = self._dispatch_some(limit)
+            if n < 0 or self.reput_from == before:
+                break
+            count += n
+        return count
+
+    def _dispatch_some(self, limit: int) -> int:
+        """Dispatch the records of the segment holding ``reput_from``; -1 if stuck."""
+        mf = self.files.find_by_offset(self.reput_from)
+        if mf is None:
+            first = self.files.first()
+            if first is not None and self.reput_from < first.file_from_offset:
+                log.warning("reput offset %d below CommitLog min %d; skipping ahead",
+                            self.reput_from, first.file_from_offset)
+                self.reput_from = first.file_from_offset
+                return 0
+            return -1
+        if not mf.hold():
+            return -1
+        count = 0
+        try:
+            buf = mf.buffer
+            pos = self.reput_from - mf.file_from_offset
+            end = min(mf.read_position, limit - mf.file_from_offset)
+            dispatchers = self.dispatchers
+            listeners = self.listeners
+            while pos + 8 <= end:
+                size, magic = codec.read_size_and_magic(buf, pos)
+                if magic == codec.BLANK_MAGIC_CODE:
+                    self.reput_from = mf.file_end_offset  # the rest of this segment is filler
+                    return count
+                if size <= 0 or pos + size > end:
+                    if pos + size > mf.file_size or size <= 0:
+                        raise codec.RecordCorrupt(
+                            mf.file_from_offset + pos, f"dispatcher met a record of size {size}"
+                        )
+                    break  # the rest of the record is not written yet
+                info = codec.decode_dispatch_info(buf, pos)
+                for dispatcher in dispatchers:
+                    dispatcher.dispatch(info)
+                for listener in listeners:
+                    listener(info)
+                self.last_store_timestamp = info.store_timestamp
+                pos += size
+                count += 1
+                self.reput_from = mf.file_from_offset + pos
+            if pos >= mf.file_size:
+                self.reput_from = mf.file_end_offset
+        finally:
+            mf.release()
+        return count
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                progressed = self.replay() > 0
+            except Exception as exc:  # keep serving reads; report loudly
+                self.error = exc
+                log.exception("dispatch stopped at offset %d", self.reput_from)
+                return
+            if self.reput_from >= self.files.max_offset():
+                with self._caught_up:
+                    self._caught_up.notify_all()
+            if not progressed:
+                self._wake.wait(self.idle_wait)
+                self._wake.clear()
+
+    def wait_caught_up(self, timeout: float) -> bool:
+        """Block until everything appended so far is dispatched (or ``timeout`` seconds)."""
+        target = self.files.max_offset()
+        with self._caught_up:
+            return self._caught_up.wait_for(
+                lambda: self.reput_from >= target or self.error is not None, timeout
+            ) and self.error is None
+
+    def shutdown(self, drain_timeout: float = 10.0) -> None:
+        if self._thread.is_alive():
+            self.wait_caught_up(drain_timeout)
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)

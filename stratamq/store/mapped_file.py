@@ -1,0 +1,234 @@
+"""A memory-mapped segment file and the reference counting that keeps its map alive for readers.
+
+Ownership: a ``MappedFile`` owns its file descriptor and its ``mmap``. The one writer (the
+CommitLog's or a ConsumeQueue's appender, under that owner's lock) writes through
+``write_at``; any thread may read through ``select`` while it holds a reference. ``destroy``
+marks the file unavailable, unlinks it, and closes the map only when the last reference is
+released (or, forcibly, after ``destroy_mapped_file_interval_forcibly``), so a reader never
+touches an unmapped file.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+from pathlib import Path
+
+from stratamq.config import OS_PAGE_SIZE
+from stratamq.store.layout import parse_segment_name
+
+_ZERO_CHUNK = bytes(1024 * 1024)
+
+
+class MappedFileError(OSError):
+    """A segment file could not be created or mapped (disk full, permissions, wrong size)."""
+
+
+class MappedFile:
+    """One fixed-size segment file mapped into memory.
+
+    Positions are relative to the file start: ``wrote_position`` is where the next append goes,
+    ``committed_position`` equals it (records are written straight into the map), and
+    ``flushed_position`` is what is known to be on disk.
+    """
+
+    def __init__(self, path: Path, file_size: int, *, read_only: bool = False) -> None:
+        start = parse_segment_name(path.name)
+        if start is None:
+            raise MappedFileError(f"{path}: not a 20-digit segment file name")
+        self.path = path
+        self.file_from_offset = start
+        self.file_size = file_size
+        self.read_only = read_only
+        self.wrote_position = 0
+        self.committed_position = 0
+        self.flushed_position = 0
+        self.store_timestamp = 0  # store time of the newest record appended (for the checkpoint)
+        self._refs = 1  # the owner's reference, dropped by destroy()
+        self._available = True
+        self._closed = False
+        self._lock = threading.Lock()
+        self._destroy_requested_at = 0.0
+        flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT
+        try:
+            self._fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            raise MappedFileError(exc.errno, f"cannot open segment {path}: {exc.strerror}") from exc
+        try:
+            actual = os.fstat(self._fd).st_size
+            if actual != file_size:
+                if read_only or actual != 0:
+                    raise MappedFileError(
+                        f"{path}: size {actual} bytes, expected {file_size}; "
+                        "segments of one queue must all have the same size"
+                    )
+                self._allocate(file_size)
+            access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
+            self._map = mmap.mmap(self._fd, file_size, access=access)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self.buffer = memoryview(self._map)
+
+    def _allocate(self, size: int) -> None:
+        # Reserve the blocks now: a write into a sparse map on a full disk would raise SIGBUS
+        # and kill the process; fallocate makes "disk full" an ordinary error at creation time.
+        try:
+            os.posix_fallocate(self._fd, 0, size)
+        except OSError as exc:
+            try:
+                os.ftruncate(self._fd, 0)
+            finally:
+                os.close(self._fd)
+                os.unlink(self.path)
+            raise MappedFileError(
+                exc.errno, f"cannot allocate {size} bytes for {self.path}: {exc.strerror}"
+            ) from exc
+
+    # -- positions ------------------------------------------------------------------------------
+
+    @property
+    def file_end_offset(self) -> int:
+        return self.file_from_offset + self.file_size
+
+    @property
+    def read_position(self) -> int:
+        return self.wrote_position
+
+    def is_full(self) -> bool:
+        return self.wrote_position >= self.file_size
+
+    def set_positions(self, position: int) -> None:
+        self.wrote_position = self.committed_position = self.flushed_position = position
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def write_at(self, position: int, data: bytes | bytearray | memoryview) -> None:
+        end = position + len(data)
+        self._map[position:end] = data
+        self.wrote_position = self.committed_position = end
+
+    def zero_from(self, position: int) -> int:
+        """Zero every non-zero byte from ``position`` to the end; return how many chunks changed.
+
+        Used after truncating a damaged tail so stale records behind it can never be mistaken
+        for live ones by a later recovery. Pages that are already zero are only read, so a
+        sparse tail stays sparse.
+        """
+        changed = 0
+        pos = position
+        chunk = len(_ZERO_CHUNK)
+        while pos < self.file_size:
+            n = min(chunk, self.file_size - pos)
+            if self._map[pos : pos + n] != _ZERO_CHUNK[:n]:
+                self._map[pos : pos + n] = _ZERO_CHUNK[:n]
+                changed += 1
+            pos += n
+        return changed
+
+    # -- flushing -------------------------------------------------------------------------------
+
+    def is_able_to_flush(self, least_pages: int) -> bool:
+        flush, write = self.flushed_position, self.wrote_position
+        if self.is_full():
+            return write > flush
+        if least_pages > 0:
+            return (write // OS_PAGE_SIZE) - (flush // OS_PAGE_SIZE) >= least_pages
+        return write > flush
+
+    def flush(self, least_pages: int = 0) -> int:
+        """Make written bytes durable if at least ``least_pages`` dirty pages wait; return the
+        new flushed position. ``fdatasync`` rather than ``mmap.flush``: it releases the GIL, and
+        on Linux it writes back pages dirtied through the map the same as ``msync`` does."""
+        if self.read_only or not self.is_able_to_flush(least_pages):
+            return self.flushed_position
+        if not self.hold():
+            return self.flushed_position
+        try:
+            target = self.wrote_position
+            os.fdatasync(self._fd)
+            self.flushed_position = max(self.flushed_position, target)
+        finally:
+            self.release()
+        return self.flushed_position
+
+    # -- reference counting ---------------------------------------------------------------------
+
+    def hold(self) -> bool:
+        with self._lock:
+            if not self._available:
+                return False
+            self._refs += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._refs -= 1
+            close = self._refs <= 0 and not self._closed
+        if close:
+            self._close_map()
+
+    @property
+    def available(self) -> bool:
+        return self._available
+
+    def select(self, position: int, size: int) -> memoryview:
+        """A zero-copy view of ``size`` bytes at ``position``; the caller must hold a reference."""
+        return self.buffer[position : position + size]
+
+    def destroy(self, interval_forcibly_ms: int = 0) -> bool:
+        """Stop new readers, delete the file, and unmap once readers let go.
+
+        Returns True once the map is closed. Called again after ``interval_forcibly_ms`` it drops
+        the readers' references (RocketMQ's ``destroyMapedFileIntervalForcibly``).
+        """
+        now = time.monotonic()
+        with self._lock:
+            first = self._available
+            if first:
+                self._available = False
+                self._destroy_requested_at = now
+                self._refs -= 1  # the owner's reference
+            elif (now - self._destroy_requested_at) * 1000 >= interval_forcibly_ms:
+                self._refs = 0
+            close = self._refs <= 0 and not self._closed
+        if first:
+            try:
+                os.unlink(self.path)  # readers keep their map; the name is gone at once
+            except FileNotFoundError:
+                pass
+        if close:
+            self._close_map()
+        return self._closed
+
+    def close(self) -> None:
+        """Unmap without deleting (store shutdown)."""
+        with self._lock:
+            self._available = False
+            self._refs = 0
+        self._close_map()
+
+    def _close_map(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.buffer.release()
+        try:
+            self._map.close()
+        except BufferError:
+            # A view exported without a reference is still alive; the map is freed with it.
+            pass
+        os.close(self._fd)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        return (
+            f"MappedFile({self.path.name}, wrote={self.wrote_position}, "
+            f"flushed={self.flushed_position}, size={self.file_size})"
+        )

@@ -1,0 +1,282 @@
+"""An ordered run of equal-size segment files forming one logical byte space.
+
+Used for the CommitLog (segments named by start offset, 1 GiB by default) and for every
+ConsumeQueue (files named by byte offset of their first unit). Contracts:
+
+* one appender thread calls ``last_mapped_file(create=True)``, ``truncate_dirty_files`` and
+  ``flush``; ``delete_expired`` and ``delete_below`` come from the clean-up thread;
+* readers on any thread call ``find_by_offset``, ``min_offset``, ``max_offset``: the list of
+  files is replaced, never mutated in place, so a reader's snapshot stays consistent.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+
+from stratamq.store.layout import parse_segment_name, segment_name
+from stratamq.store.mapped_file import MappedFile, MappedFileError
+
+log = logging.getLogger(__name__)
+
+
+class AllocateMappedFileService:
+    """Creates the next segment (and the one after it) in the background.
+
+    The appender asks for the file it needs now plus the following one; the second is created
+    while the first fills, so a roll-over rarely waits on ``fallocate`` and ``mmap``.
+    """
+
+    def __init__(self) -> None:
+        self._requests: dict[Path, Future[MappedFile]] = {}
+        self._sizes: dict[Path, int] = {}
+        self._queue: queue.Queue[Path | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="allocate-mapped-file", daemon=True)
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    def _submit(self, path: Path, size: int) -> Future[MappedFile]:
+        with self._lock:
+            fut = self._requests.get(path)
+            if fut is None:
+                fut = Future()
+                self._requests[path] = fut
+                self._sizes[path] = size
+                self._queue.put(path)
+            return fut
+
+    def request(self, path: Path, next_path: Path, size: int, timeout: float = 30.0) -> MappedFile:
+        fut = self._submit(path, size)
+        self._submit(next_path, size)
+        try:
+            return fut.result(timeout)
+        finally:
+            with self._lock:
+                self._requests.pop(path, None)
+
+    def _run(self) -> None:
+        while True:
+            path = self._queue.get()
+            if path is None:
+                return
+            with self._lock:
+                fut = self._requests.get(path)
+                size = self._sizes.pop(path, 0)
+            if fut is None or fut.done():
+                continue
+            try:
+                fut.set_result(MappedFile(path, size))
+            except BaseException as exc:  # reported to whoever waits on the file
+                fut.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Stop the thread and remove pre-allocated files nobody took (they hold no data)."""
+        if self._started:
+            self._queue.put(None)
+            self._thread.join(timeout=10)
+        with self._lock:
+            pending = list(self._requests.values())
+            self._requests.clear()
+        for fut in pending:
+            if fut.done() and fut.exception() is None:
+                fut.result().destroy()
+
+
+class MappedFileQueue:
+    """Segment files of one directory, ordered by start offset."""
+
+    def __init__(
+        self,
+        directory: Path,
+        mapped_file_size: int,
+        *,
+        allocator: AllocateMappedFileService | None = None,
+        read_only: bool = False,
+    ) -> None:
+        self.directory = directory
+        self.mapped_file_size = mapped_file_size
+        self.allocator = allocator
+        self.read_only = read_only
+        self._files: list[MappedFile] = []
+        self.flushed_where = 0
+        self.committed_where = 0
+        # Store time of the newest record known to be flushed: feeds the checkpoint.
+        self.store_timestamp = 0
+
+    @staticmethod
+    def size_on_disk(directory: Path) -> int | None:
+        """The size of existing segments, so a store opens with the sizes it was written with."""
+        if not directory.is_dir():
+            return None
+        for entry in sorted(directory.iterdir()):
+            if parse_segment_name(entry.name) is not None and entry.is_file():
+                return entry.stat().st_size
+        return None
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Map every segment in the directory; refuse gaps and size mismatches clearly."""
+        if not self.directory.is_dir():
+            if not self.read_only:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            return
+        names = sorted(
+            (start, entry)
+            for entry in self.directory.iterdir()
+            if entry.is_file() and (start := parse_segment_name(entry.name)) is not None
+        )
+        files: list[MappedFile] = []
+        try:
+            for start, path in names:
+                if files and start != files[-1].file_end_offset:
+                    raise MappedFileError(
+                        f"{self.directory}: segment {path.name} does not follow "
+                        f"{files[-1].path.name} (size {self.mapped_file_size}); a file is missing"
+                    )
+                if start % self.mapped_file_size:
+                    raise MappedFileError(f"{path}: start offset not a multiple of the file size")
+                mf = MappedFile(path, self.mapped_file_size, read_only=self.read_only)
+                mf.set_positions(self.mapped_file_size)  # recovery sets the real end
+                files.append(mf)
+        except BaseException:
+            for mf in files:
+                mf.close()
+            raise
+        self._files = files
+
+    # -- lookups --------------------------------------------------------------------------------
+
+    @property
+    def files(self) -> list[MappedFile]:
+        return self._files
+
+    def first(self) -> MappedFile | None:
+        files = self._files
+        return files[0] if files else None
+
+    def last(self) -> MappedFile | None:
+        files = self._files
+        return files[-1] if files else None
+
+    def min_offset(self) -> int:
+        first = self.first()
+        return first.file_from_offset if first else 0
+
+    def max_offset(self) -> int:
+        """End of the written bytes across all segments."""
+        last = self.last()
+        return last.file_from_offset + last.read_position if last else 0
+
+    def find_by_offset(self, offset: int) -> MappedFile | None:
+        files = self._files
+        if not files:
+            return None
+        index = (offset - files[0].file_from_offset) // self.mapped_file_size
+        if 0 <= index < len(files):
+            mf = files[index]
+            if mf.file_from_offset <= offset < mf.file_end_offset:
+                return mf
+        return None
+
+    # -- appending ------------------------------------------------------------------------------
+
+    def last_mapped_file(self, start_offset: int = 0, create: bool = True) -> MappedFile | None:
+        """The file to append to; creates the next one if there is none or the last is full."""
+        last = self.last()
+        if last is not None and not last.is_full():
+            return last
+        if not create or self.read_only:
+            return last
+        if last is None:
+            create_offset = start_offset - start_offset % self.mapped_file_size
+        else:
+            create_offset = last.file_end_offset
+        path = self.directory / segment_name(create_offset)
+        if self.allocator is not None:
+            next_path = self.directory / segment_name(create_offset + self.mapped_file_size)
+            mf = self.allocator.request(path, next_path, self.mapped_file_size)
+        else:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            mf = MappedFile(path, self.mapped_file_size)
+        self._files = [*self._files, mf]
+        return mf
+
+    # -- flushing -------------------------------------------------------------------------------
+
+    def flush(self, least_pages: int = 0) -> bool:
+        """Flush the segment holding ``flushed_where``; True if nothing was left to flush."""
+        mf = self.find_by_offset(self.flushed_where) or (
+            self.first() if self.flushed_where == 0 else None
+        )
+        if mf is None:
+            return True
+        timestamp = mf.store_timestamp
+        where = mf.file_from_offset + mf.flush(least_pages)
+        done = where == self.flushed_where
+        self.flushed_where = where
+        self.committed_where = max(self.committed_where, where)
+        if timestamp:
+            self.store_timestamp = max(self.store_timestamp, timestamp)
+        return done
+
+    def flush_all(self) -> None:
+        """Flush until every written byte is on disk."""
+        for _ in range(len(self._files) + 2):
+            if self.flush(0) and self.flushed_where >= self.max_offset():
+                return
+
+    # -- truncation and deletion ----------------------------------------------------------------
+
+    def truncate_dirty_files(self, offset: int, on_truncate: Callable[[MappedFile], None] | None
+                             = None) -> None:
+        """Make ``offset`` the end of the data: later files are deleted, the containing one is
+        cut (``on_truncate`` may scrub its tail)."""
+        keep: list[MappedFile] = []
+        for mf in self._files:
+            if mf.file_end_offset <= offset:
+                keep.append(mf)
+            elif mf.file_from_offset <= offset:
+                mf.set_positions(offset - mf.file_from_offset)
+                if on_truncate is not None:
+                    on_truncate(mf)
+                keep.append(mf)
+            else:
+                if self.read_only:
+                    mf.close()  # a read-only view of the store just stops short
+                else:
+                    log.warning("deleting dirty segment %s beyond offset %d", mf.path, offset)
+                    mf.destroy()
+        self._files = keep
+        self.flushed_where = self.committed_where = min(offset, self.max_offset())
+
+    def delete_below(self, offset: int, interval_forcibly_ms: int = 0) -> list[MappedFile]:
+        """Delete whole files that end at or before ``offset`` (never the last file)."""
+        files = self._files
+        doomed = [mf for mf in files[:-1] if mf.file_end_offset <= offset]
+        if doomed:
+            self._files = files[len(doomed):]
+            for mf in doomed:
+                mf.destroy(interval_forcibly_ms)
+        return doomed
+
+    def destroy(self) -> None:
+        """Delete every file (a queue removed with its topic)."""
+        files, self._files = self._files, []
+        for mf in files:
+            mf.destroy()
+        self.flushed_where = self.committed_where = 0
+
+    def close(self) -> None:
+        files, self._files = self._files, []
+        for mf in files:
+            mf.close()

@@ -1,0 +1,362 @@
+"""``MessageStore``: the embedded store, composed of its parts.
+
+It owns the lifecycle (lock, abort marker, recovery, services, clean shutdown) and the public
+put/get API; the work itself lives in the parts it hands their dependencies to: ``CommitLog``,
+``FileConsumeQueueStore``, ``ReputService`` and the flush services.
+
+Thread-safety: ``put_message(s)`` and every read may be called from any thread once ``open()``
+returned; ``open`` and ``close`` from one thread.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from stratamq.config import FlushDiskType, StoreConfig
+from stratamq.message import Message, Prop, StoredMessage, record_tags
+from stratamq.store.checkpoint import StoreCheckpoint
+from stratamq.store.commitlog import CommitLog
+from stratamq.store.consume_queue import FileConsumeQueueStore
+from stratamq.store.consume_queue_format import is_blank_unit
+from stratamq.store.dispatch import Dispatcher, ReputService
+from stratamq.store.filter import TagFilter
+from stratamq.store.flush import AsyncFlushService, ConsumeQueueFlushService, GroupCommitService
+from stratamq.store.layout import StoreLayout
+from stratamq.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
+from stratamq.store.recovery import RecoveryReport, recover_commitlog
+from stratamq.store.results import (
+    GetMessageResult,
+    GetMessageStatus,
+    PutMessageResult,
+    PutMessageStatus,
+    SelectedRecord,
+)
+
+log = logging.getLogger(__name__)
+
+
+class StoreLocked(RuntimeError):
+    """Another process has the store open."""
+
+
+class MessageStore:
+    """An embedded, RocketMQ-compatible message store rooted at ``config.store_path_root_dir``.
+
+    ``read_only=True`` opens an existing store without changing a byte (no lock, no recovery
+    writes, no dispatch): for dumps and for inspecting a directory someone else owns.
+    """
+
+    def __init__(self, config: StoreConfig | None = None, *, read_only: bool = False,
+                 **overrides: Any) -> None:
+        if config is None:
+            config = StoreConfig(**overrides)
+        elif overrides:
+            config = StoreConfig(**{**vars(config), **overrides})
+        self.config = config
+        self.read_only = read_only
+        self.layout = StoreLayout(config.root)
+        self.recovery: RecoveryReport | None = None
+        self.checkpoint = StoreCheckpoint()
+        self._lock_fd: int | None = None
+        self._opened = False
+        self._allocator: AllocateMappedFileService | None = None
+        self._flusher: AsyncFlushService | GroupCommitService | None = None
+        self._cq_flusher: ConsumeQueueFlushService | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def open(self) -> MessageStore:
+        cfg = self.config
+        root = self.layout.root
+        if self.read_only:
+            if not self.layout.commitlog_dir.is_dir():
+                raise FileNotFoundError(f"no store at {root} (no commitlog/ directory)")
+        else:
+            root.mkdir(parents=True, exist_ok=True)
+            self._take_lock()
+        try:
+            self._open_parts(cfg)
+        except BaseException:
+            self._release_lock()
+            raise
+        self._opened = True
+        return self
+
+    def _open_parts(self, cfg: StoreConfig) -> None:
+        abnormal = self.layout.abort.exists()
+        self.checkpoint = StoreCheckpoint.read(self.layout.checkpoint)
+        segment_size = (MappedFileQueue.size_on_disk(self.layout.commitlog_dir)
+                        or cfg.mapped_file_size_commit_log)
+        if not self.read_only and cfg.pre_allocate_mapped_file:
+            self._allocator = AllocateMappedFileService()
+            self._allocator.start()
+        files = MappedFileQueue(self.layout.commitlog_dir, segment_size,
+                                allocator=self._allocator, read_only=self.read_only)
+        files.load()
+        self.consume_queues = FileConsumeQueueStore(self.layout, cfg.cq_file_size,
+                                                    read_only=self.read_only)
+        self.consume_queues.load()
+
+        report = recover_commitlog(files, abnormal, self.checkpoint, cfg.check_crc_on_recover)
+        self.consume_queues.recover()
+        report.dropped_units = self.consume_queues.truncate_dirty(report.end_offset)
+        self.recovery = report
+        files.flushed_where = files.committed_where = report.end_offset
+
+        self.commitlog = CommitLog(files, cfg.store_host, cfg.max_message_size)
+        # Adding a dispatcher (index, RocksDB ConsumeQueue, compaction, tier) is one line here.
+        self._dispatchers: list[Dispatcher] = [self.consume_queues]
+        self.reput = ReputService(files, self._dispatchers, self._dispatch_from(report),
+                                  cfg.dispatch_interval)
+        if not self.read_only:
+            replayed = self.reput.replay()
+            if replayed:
+                log.info("re-dispatched %d records from offset %d", replayed, report.start_offset)
+        self.consume_queues.correct_min_offsets(self.commitlog.min_offset)
+        self.commitlog.queue_offsets = self.consume_queues.queue_offset_table()
+        if self.read_only:
+            return
+        self.layout.abort.touch()
+        self._start_services(cfg, files)
+
+    def _dispatch_from(self, report: RecoveryReport) -> int:
+        """Where the ConsumeQueues stop being known-complete."""
+        if report.abnormal:
+            return report.start_offset  # replay is idempotent: units already present are kept
+        known = self.consume_queues.max_physic_offset()
+        return min(max(known, self.commitlog.min_offset), report.end_offset)
+
+    def _start_services(self, cfg: StoreConfig, files: MappedFileQueue) -> None:
+        if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            self._flusher = GroupCommitService(files, self._note_commitlog_flushed)
+        else:
+            self._flusher = AsyncFlushService(
+                files, cfg.flush_interval_commit_log, cfg.flush_commit_log_least_pages,
+                cfg.flush_commit_log_thorough_interval, self._note_commitlog_flushed,
+            )
+        self._cq_flusher = ConsumeQueueFlushService(
+            self.consume_queues.flush, cfg.flush_interval_consume_queue,
+            cfg.flush_consume_queue_least_pages, cfg.flush_consume_queue_thorough_interval,
+            sample_progress=lambda: self.reput.last_store_timestamp,
+            on_thorough_flush=self._write_checkpoint,
+        )
+        self.commitlog.on_append = self._on_append
+        self._flusher.start()
+        self._cq_flusher.start()
+        self.reput.start()
+
+    def _on_append(self) -> None:
+        self.reput.wakeup()
+        if isinstance(self._flusher, AsyncFlushService):
+            self._flusher.wakeup()
+
+    def _note_commitlog_flushed(self) -> None:
+        ts = self.commitlog.files.store_timestamp
+        if ts > self.checkpoint.physic_msg_timestamp:
+            self.checkpoint.physic_msg_timestamp = ts
+
+    def _write_checkpoint(self, logics_timestamp: int) -> None:
+        if logics_timestamp > self.checkpoint.logics_msg_timestamp:
+            self.checkpoint.logics_msg_timestamp = logics_timestamp
+        self.checkpoint.write(self.layout.checkpoint)
+
+    def _take_lock(self) -> None:
+        fd = os.open(self.layout.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLocked(f"store {self.layout.root} is open in another process") from None
+        self._lock_fd = fd
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing drops the flock
+            self._lock_fd = None
+
+    def close(self) -> None:
+        """Drain dispatch, flush everything, write the checkpoint, remove ``abort``."""
+        if not self._opened:
+            return
+        self._opened = False
+        if not self.read_only:
+            self.reput.shutdown()
+            if self._flusher is not None:
+                self._flusher.shutdown()
+            if self._cq_flusher is not None:
+                self._cq_flusher.shutdown()
+            if self._allocator is not None:
+                self._allocator.shutdown()
+            self.commitlog.files.flush_all()
+            self._note_commitlog_flushed()
+            self._write_checkpoint(self.reput.last_store_timestamp)
+            self.layout.abort.unlink(missing_ok=True)
+        self.consume_queues.close()
+        self.commitlog.files.close()
+        self._release_lock()
+
+    def __enter__(self) -> MessageStore:
+        return self if self._opened else self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def put_message(self, msg: Message) -> PutMessageResult:
+        return self.put_messages([msg])
+
+    def put_messages(self, messages: Sequence[Message]) -> PutMessageResult:
+        """Append messages in order; under SYNC_FLUSH return once they are on disk."""
+        if not self._opened or self.read_only:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                    error="store is not open for writing")
+        if self.reput.error is not None:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                    error=f"dispatch failed: {self.reput.error}")
+        result = self.commitlog.append(messages)
+        if result.messages and isinstance(self._flusher, GroupCommitService):
+            wants_wait = any(
+                m.properties.get(Prop.WAIT_STORE_MSG_OK, "true") != "false" for m in messages
+            )
+            last = result.messages[-1]
+            if wants_wait and not self._flusher.wait_for_flush(
+                last.physical_offset + last.size, self.config.sync_flush_timeout
+            ):
+                result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+        return result
+
+    def flush(self) -> None:
+        """Force everything appended so far to disk (CommitLog and ConsumeQueues)."""
+        self.commitlog.files.flush_all()
+        self.consume_queues.flush(0)
+
+    def wait_dispatched(self, timeout: float = 10.0) -> bool:
+        """Block until every appended record is visible through the ConsumeQueues."""
+        if self.read_only:
+            return True
+        return self.reput.wait_caught_up(timeout)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def get_messages(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int | None = None,
+        max_bytes: int | None = None,
+        tag_filter: str | TagFilter | None = None,
+    ) -> GetMessageResult:
+        """Read from ``topic``/``queue_id`` starting at queue ``offset``.
+
+        ``group`` names the reader (kept for RocketMQ parity; the store tracks no progress).
+        Records come back as zero-copy views: release the result when done with them.
+        """
+        max_count = max_count or self.config.max_transfer_count_on_message_in_memory
+        max_bytes = max_bytes or self.config.max_transfer_bytes_on_message_in_memory
+        filt = tag_filter if isinstance(tag_filter, TagFilter) else TagFilter(tag_filter)
+        cq = self.consume_queues.find(topic, queue_id)
+        if cq is None:
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        min_offset, max_offset = cq.min_offset(), cq.max_offset()
+        if max_offset == 0:
+            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+        if offset < min_offset:
+            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, min_offset, min_offset,
+                                    max_offset)
+        if offset == max_offset:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_offset,
+                                    max_offset)
+        if offset > max_offset:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY,
+                                    min_offset if min_offset == 0 else max_offset,
+                                    min_offset, max_offset)
+        return self._read_units(cq, offset, max_count, max_bytes, filt, min_offset, max_offset)
+
+    def _read_units(self, cq, offset: int, max_count: int, max_bytes: int, filt: TagFilter,
+                    min_offset: int, max_offset: int) -> GetMessageResult:
+        # Scan more units than we return when filtering, as RocketMQ does (16,000 bytes' worth).
+        scan = max_count if filt.accepts_all else max(max_count, 800)
+        units = cq.get_units(offset, scan)
+        result = GetMessageResult(GetMessageStatus.NO_MATCHED_MESSAGE, offset, min_offset,
+                                  max_offset)
+        records = result.records
+        held = result._held
+        files = self.commitlog.files
+        commitlog_min = self.commitlog.min_offset
+        current = None
+        total = 0
+        next_offset = offset
+        for queue_offset, (phys, size, code) in enumerate(units, offset):
+            if len(records) >= max_count or (records and total + size > max_bytes):
+                break
+            next_offset = queue_offset + 1
+            if is_blank_unit(phys, size, code):
+                continue
+            if phys < commitlog_min:
+                result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                continue
+            if not filt.matches_code(code):
+                continue
+            if current is None or not (
+                current.file_from_offset <= phys < current.file_end_offset
+            ):
+                current = files.find_by_offset(phys)
+                if current is None or not current.hold():
+                    current = None
+                    result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                    continue
+                held.append(current)
+            rel = phys - current.file_from_offset
+            if rel + size > current.read_position:
+                next_offset = queue_offset  # dispatched ahead of a recovery cut: stop here
+                break
+            view = current.buffer[rel : rel + size]
+            if filt.tags is not None and not filt.matches_tags(record_tags(view, 0)):
+                view.release()
+                continue
+            records.append(SelectedRecord(view, phys, queue_offset))
+            total += size
+        result.next_begin_offset = next_offset
+        if records:
+            result.status = GetMessageStatus.FOUND
+        return result
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queues.find(topic, queue_id)
+        return cq.min_offset() if cq else 0
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.consume_queues.find(topic, queue_id)
+        return cq.max_offset() if cq else 0
+
+    def look_message_by_offset(self, physical_offset: int) -> StoredMessage | None:
+        """Decode the record at a CommitLog offset (e.g. from an offset message id)."""
+        return self.commitlog.read(physical_offset)
+
+    def topics(self) -> dict[str, list[int]]:
+        """Every topic with a ConsumeQueue, with its queue ids."""
+        out: dict[str, list[int]] = {}
+        for cq in self.consume_queues:
+            out.setdefault(cq.topic, []).append(cq.queue_id)
+        return {t: sorted(q) for t, q in sorted(out.items())}
+
+    @property
+    def min_physical_offset(self) -> int:
+        return self.commitlog.min_offset
+
+    @property
+    def max_physical_offset(self) -> int:
+        return self.commitlog.max_offset
+
+    def dispatch_behind_bytes(self) -> int:
+        return self.reput.behind_bytes()
+
+
+__all__ = ["MessageStore", "StoreLocked"]

@@ -1,0 +1,63 @@
+"""Shared fixtures: the RocketMQ reference store, small-segment stores, subprocess helpers."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from stratamq.config import StoreConfig
+
+PROJECT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("STRATAMQ_SHARED", PROJECT.parent / "shared"))
+REFERENCE_ARCHIVE = SHARED / "reference" / "rocketmq-5.3-store-small.tar.zst"
+REFERENCE_NAME = "rmq-reference-store-small"
+REFERENCE_MESSAGES = 20_000
+
+
+def extract_reference(dest: Path) -> Path:
+    """Unpack the store Apache RocketMQ 5.3 wrote (sparse files stay sparse)."""
+    if not REFERENCE_ARCHIVE.exists():
+        pytest.fail(f"reference archive missing: {REFERENCE_ARCHIVE}")
+    with REFERENCE_ARCHIVE.open("rb") as raw:
+        with zstandard.ZstdDecompressor().stream_reader(raw) as stream:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                tar.extractall(dest, filter="data")
+    return dest / REFERENCE_NAME
+
+
+@pytest.fixture(scope="session")
+def reference_store(tmp_path_factory) -> Path:
+    """A pristine unpacked reference store: read it, never write it (use reference_copy)."""
+    return extract_reference(tmp_path_factory.mktemp("reference"))
+
+
+@pytest.fixture
+def reference_copy(tmp_path) -> Path:
+    """A private copy of the reference store that a test may open read-write or damage."""
+    return extract_reference(tmp_path / "ref")
+
+
+def reference_body(i: int) -> bytes:
+    """Body of reference message i, as shared/reference/README.md describes it."""
+    unit = b"msg-%010d|" % i
+    return (unit * (1024 // len(unit) + 1))[:1024]
+
+
+@pytest.fixture
+def small_config(tmp_path) -> StoreConfig:
+    """A store with 64 KiB CommitLog segments and 100-unit ConsumeQueue files: rolls often."""
+    return StoreConfig(
+        store_path_root_dir=str(tmp_path / "store"),
+        mapped_file_size_commit_log=64 * 1024,
+        mapped_file_size_consume_queue=100 * 20,
+    )
+
+
+@pytest.fixture
+def python_exe() -> str:
+    return sys.executable
