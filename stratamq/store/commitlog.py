@@ -8,6 +8,7 @@ Recovery (``stratamq.store.recovery``) sets the end before the first append.
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -80,8 +81,10 @@ class CommitLog:
             except OSError as exc:
                 # A batch cut short by a failed roll-over: what is listed in ``appended`` was
                 # written (it is consumable and will be recovered), the rest was not.
+                status = (PutMessageStatus.SERVICE_NOT_AVAILABLE if exc.errno == errno.ENOSPC
+                          else PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
                 failed = PutMessageResult(
-                    PutMessageStatus.CREATE_MAPPED_FILE_FAILED, appended,
+                    status, appended,
                     error=f"{exc}; {len(appended)} of {len(records)} messages were written",
                 )
         if appended and self.on_append is not None:
@@ -92,11 +95,15 @@ class CommitLog:
 
     def _append_locked(self, messages: Sequence[Message], records: list[codec.EncodedRecord],
                        now: int, appended: list[AppendedMessage]) -> None:
+        """Copy records into segments. Records bound for one segment are stamped into one
+        buffer and copied in one go; queue offsets and ``appended`` only move once a segment's
+        copy succeeded, so a failed roll-over (disk full) leaves no half-counted message."""
         mf = self._writable_file()
-        # Records are stamped into one contiguous buffer per segment and copied in one go.
         batch = bytearray()
         batch_start = mf.wrote_position
         offsets = self.queue_offsets
+        pending_offsets: dict[tuple[str, int], int] = {}
+        pending: list[AppendedMessage] = []
         prefix = self._msg_id_prefix
         for msg, record in zip(messages, records):
             size = len(record.data)
@@ -106,21 +113,27 @@ class CommitLog:
                 batch.extend(bytes(free - END_FILE_MIN_BLANK_LENGTH))
                 mf.write_at(batch_start, batch)
                 mf.store_timestamp = now
-                batch = bytearray()
+                offsets.update(pending_offsets)
+                appended.extend(pending)
+                batch, pending, pending_offsets = bytearray(), [], {}
                 mf = self._writable_file()
                 batch_start = mf.wrote_position
             physical_offset = mf.file_from_offset + batch_start + len(batch)
             key = (msg.topic, msg.queue_id)
-            queue_offset = offsets.get(key, 0)
+            queue_offset = pending_offsets.get(key)
+            if queue_offset is None:
+                queue_offset = offsets.get(key, 0)
             pos = len(batch)
             batch += record.data
             codec.stamp(batch, pos, queue_offset, physical_offset, now, record.store_timestamp_pos)
-            offsets[key] = queue_offset + 1
-            appended.append(AppendedMessage(
+            pending_offsets[key] = queue_offset + 1
+            pending.append(AppendedMessage(
                 physical_offset, size, queue_offset, f"{prefix}{physical_offset:016X}", now
             ))
         mf.write_at(batch_start, batch)
         mf.store_timestamp = now
+        offsets.update(pending_offsets)
+        appended.extend(pending)
 
     def _writable_file(self) -> MappedFile:
         mf = self.files.last_mapped_file(start_offset=0, create=True)

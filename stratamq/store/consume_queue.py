@@ -19,6 +19,8 @@ from stratamq.store.mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger(__name__)
 
+CQ_ALLOCATE_AHEAD = 64 * 1024  # bytes reserved past a ConsumeQueue's write position
+
 
 class ConsumeQueue:
     """The units of one topic/queue, in files of ``file_size`` bytes."""
@@ -27,7 +29,9 @@ class ConsumeQueue:
                  *, read_only: bool = False) -> None:
         self.topic = topic
         self.queue_id = queue_id
-        self.files = MappedFileQueue(directory, file_size, read_only=read_only)
+        # Reserve disk in small steps: a store may hold a great many queues.
+        self.files = MappedFileQueue(directory, file_size, read_only=read_only,
+                                     allocate_ahead=CQ_ALLOCATE_AHEAD)
         self.file_size = file_size
         # End (offset + size) of the newest unit's record: re-dispatching a record at or below
         # it is a no-op, which makes recovery's replay idempotent.
@@ -163,9 +167,8 @@ class ConsumeQueue:
                 mf.write_at(current - mf.file_from_offset, BLANK_UNIT)
                 current += UNIT_SIZE
             mf = self.files.last_mapped_file(start_offset=target)
-            rel = target - mf.file_from_offset
-            UNIT.pack_into(mf.buffer, rel, commitlog_offset, size, tags_code)
-            mf.wrote_position = mf.committed_position = rel + UNIT_SIZE
+            mf.write_at(target - mf.file_from_offset,
+                        UNIT.pack(commitlog_offset, size, tags_code))
             self.max_physic_offset = commitlog_offset + size
 
     # -- reading --------------------------------------------------------------------------------

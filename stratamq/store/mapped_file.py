@@ -20,6 +20,7 @@ from stratamq.config import OS_PAGE_SIZE
 from stratamq.store.layout import parse_segment_name
 
 _ZERO_CHUNK = bytes(1024 * 1024)
+ALLOCATE_AHEAD = 4 * 1024 * 1024  # bytes of disk reserved past the write position
 
 
 class MappedFileError(OSError):
@@ -34,7 +35,8 @@ class MappedFile:
     ``flushed_position`` is what is known to be on disk.
     """
 
-    def __init__(self, path: Path, file_size: int, *, read_only: bool = False) -> None:
+    def __init__(self, path: Path, file_size: int, *, read_only: bool = False,
+                 allocate_ahead: int = ALLOCATE_AHEAD) -> None:
         start = parse_segment_name(path.name)
         if start is None:
             raise MappedFileError(f"{path}: not a 20-digit segment file name")
@@ -51,6 +53,8 @@ class MappedFile:
         self._closed = False
         self._lock = threading.Lock()
         self._destroy_requested_at = 0.0
+        self.allocate_ahead = allocate_ahead
+        self._allocated_until = 0  # blocks reserved below this position (see _ensure_allocated)
         flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT
         try:
             self._fd = os.open(path, flags, 0o644)
@@ -64,7 +68,7 @@ class MappedFile:
                         f"{path}: size {actual} bytes, expected {file_size}; "
                         "segments of one queue must all have the same size"
                     )
-                self._allocate(file_size)
+                os.ftruncate(self._fd, file_size)  # sparse, like RocketMQ's segments
             access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
             self._map = mmap.mmap(self._fd, file_size, access=access)
         except BaseException:
@@ -72,20 +76,22 @@ class MappedFile:
             raise
         self.buffer = memoryview(self._map)
 
-    def _allocate(self, size: int) -> None:
-        # Reserve the blocks now: a write into a sparse map on a full disk would raise SIGBUS
-        # and kill the process; fallocate makes "disk full" an ordinary error at creation time.
+    def _ensure_allocated(self, end: int) -> None:
+        """Reserve disk blocks up to ``end`` (and a chunk beyond) before writing into the map.
+
+        Segments are sparse files; writing into a hole of a map on a full disk raises SIGBUS
+        and kills the process. Reserving ahead with ``fallocate`` turns "disk full" into an
+        ordinary OSError (ENOSPC) that a put can report, and keeps the file sparse past it.
+        """
+        start = self._allocated_until
+        target = min(self.file_size, end + self.allocate_ahead)
         try:
-            os.posix_fallocate(self._fd, 0, size)
+            os.posix_fallocate(self._fd, start, target - start)
         except OSError as exc:
-            try:
-                os.ftruncate(self._fd, 0)
-            finally:
-                os.close(self._fd)
-                os.unlink(self.path)
             raise MappedFileError(
-                exc.errno, f"cannot allocate {size} bytes for {self.path}: {exc.strerror}"
+                exc.errno, f"cannot reserve disk space in {self.path}: {exc.strerror}"
             ) from exc
+        self._allocated_until = target
 
     # -- positions ------------------------------------------------------------------------------
 
@@ -107,6 +113,8 @@ class MappedFile:
 
     def write_at(self, position: int, data: bytes | bytearray | memoryview) -> None:
         end = position + len(data)
+        if end > self._allocated_until:
+            self._ensure_allocated(end)
         self._map[position:end] = data
         self.wrote_position = self.committed_position = end
 

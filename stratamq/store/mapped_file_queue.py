@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from stratamq.store.layout import parse_segment_name, segment_name
-from stratamq.store.mapped_file import MappedFile, MappedFileError
+from stratamq.store.mapped_file import ALLOCATE_AHEAD, MappedFile, MappedFileError
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,10 @@ class MappedFileQueue:
         *,
         allocator: AllocateMappedFileService | None = None,
         read_only: bool = False,
+        allocate_ahead: int = ALLOCATE_AHEAD,
     ) -> None:
         self.directory = directory
+        self.allocate_ahead = allocate_ahead
         self.mapped_file_size = mapped_file_size
         self.allocator = allocator
         self.read_only = read_only
@@ -145,7 +147,8 @@ class MappedFileQueue:
                     )
                 if start % self.mapped_file_size:
                     raise MappedFileError(f"{path}: start offset not a multiple of the file size")
-                mf = MappedFile(path, self.mapped_file_size, read_only=self.read_only)
+                mf = MappedFile(path, self.mapped_file_size, read_only=self.read_only,
+                                allocate_ahead=self.allocate_ahead)
                 mf.set_positions(self.mapped_file_size)  # recovery sets the real end
                 files.append(mf)
         except BaseException:
@@ -207,7 +210,7 @@ class MappedFileQueue:
             mf = self.allocator.request(path, next_path, self.mapped_file_size)
         else:
             self.directory.mkdir(parents=True, exist_ok=True)
-            mf = MappedFile(path, self.mapped_file_size)
+            mf = MappedFile(path, self.mapped_file_size, allocate_ahead=self.allocate_ahead)
         self._files = [*self._files, mf]
         return mf
 

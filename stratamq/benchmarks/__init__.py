@@ -1,0 +1,1 @@
+"""Benchmarks of the embedded store (run them through ``bench/store.py``)."""
