@@ -23,10 +23,12 @@ def extract_reference(dest: Path) -> Path:
     """Unpack the store Apache RocketMQ 5.3 wrote (sparse files stay sparse)."""
     if not REFERENCE_ARCHIVE.exists():
         pytest.fail(f"reference archive missing: {REFERENCE_ARCHIVE}")
-    with REFERENCE_ARCHIVE.open("rb") as raw:
-        with zstandard.ZstdDecompressor().stream_reader(raw) as stream:
-            with tarfile.open(fileobj=stream, mode="r|") as tar:
-                tar.extractall(dest, filter="data")
+    with (
+        REFERENCE_ARCHIVE.open("rb") as raw,
+        zstandard.ZstdDecompressor().stream_reader(raw) as stream,
+        tarfile.open(fileobj=stream, mode="r|") as tar,
+    ):
+        tar.extractall(dest, filter="data")
     return dest / REFERENCE_NAME
 
 

@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stratamq import message as codec
-from stratamq.message import Host, Message, MessageIllegal, PropertiesTooLarge, RecordCorrupt, SysFlag
+from stratamq.message import (
+    Host,
+    Message,
+    MessageIllegal,
+    PropertiesTooLarge,
+    RecordCorrupt,
+    SysFlag,
+)
 
 STORE = Host("127.0.0.1", 10911)
 MAX = 4 * 1024 * 1024

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import REFERENCE_MESSAGES, reference_body
+
 from stratamq import message as codec
 from stratamq.config import StoreConfig
 from stratamq.message import Host, Message

@@ -11,13 +11,24 @@ from __future__ import annotations
 import errno
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from stratamq import message as codec
-from stratamq.message import END_FILE_MIN_BLANK_LENGTH, Host, Message, StoredMessage
+from stratamq.message import (
+    END_FILE_MIN_BLANK_LENGTH,
+    DispatchInfo,
+    Host,
+    Message,
+    Prop,
+    StoredMessage,
+    tags_hash_code,
+)
 from stratamq.store.mapped_file import MappedFile, MappedFileError
 from stratamq.store.mapped_file_queue import MappedFileQueue
 from stratamq.store.results import AppendedMessage, PutMessageResult, PutMessageStatus
+
+RECENT_DISPATCH_LIMIT = 65_536  # records
 
 
 class CommitLogFull(MappedFileError):
@@ -46,6 +57,11 @@ class CommitLog:
         self._last_store_timestamp = 0
         self._msg_id_prefix = codec.offset_msg_id(store_host, 0)[:-16]
         self.on_append: Callable[[], None] | None = None  # wakes the dispatcher and flusher
+        # What the appender already knows about each new record, so the dispatcher need not
+        # decode it again. Only a shortcut: the dispatcher checks each entry's offset against
+        # the record it is at and decodes from the log whenever the two disagree (or after a
+        # restart). Bounded, so a stalled dispatcher cannot make it grow without limit.
+        self.recent_dispatch: deque[DispatchInfo] = deque(maxlen=RECENT_DISPATCH_LIMIT)
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -104,6 +120,8 @@ class CommitLog:
         offsets = self.queue_offsets
         pending_offsets: dict[tuple[str, int], int] = {}
         pending: list[AppendedMessage] = []
+        infos: list[DispatchInfo] = []
+        recent = self.recent_dispatch
         prefix = self._msg_id_prefix
         for msg, record in zip(messages, records):
             size = len(record.data)
@@ -115,7 +133,8 @@ class CommitLog:
                 mf.store_timestamp = now
                 offsets.update(pending_offsets)
                 appended.extend(pending)
-                batch, pending, pending_offsets = bytearray(), [], {}
+                recent.extend(infos)
+                batch, pending, pending_offsets, infos = bytearray(), [], {}, []
                 mf = self._writable_file()
                 batch_start = mf.wrote_position
             physical_offset = mf.file_from_offset + batch_start + len(batch)
@@ -130,10 +149,16 @@ class CommitLog:
             pending.append(AppendedMessage(
                 physical_offset, size, queue_offset, f"{prefix}{physical_offset:016X}", now
             ))
+            props = dict(msg.properties)
+            infos.append(DispatchInfo(
+                msg.topic, msg.queue_id, queue_offset, physical_offset, size,
+                tags_hash_code(props.get(Prop.TAGS)), now, msg.sys_flag, props,
+            ))
         mf.write_at(batch_start, batch)
         mf.store_timestamp = now
         offsets.update(pending_offsets)
         appended.extend(pending)
+        recent.extend(infos)
 
     def _writable_file(self) -> MappedFile:
         mf = self.files.last_mapped_file(start_offset=0, create=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -35,10 +36,14 @@ class ReputService:
         dispatchers: list[Dispatcher],
         reput_from: int,
         idle_wait_ms: int = 1,
+        recent: deque[DispatchInfo] | None = None,
     ) -> None:
         self.files = files
         self.dispatchers = dispatchers
         self.reput_from = reput_from
+        # Decoded-by-the-appender infos (CommitLog.recent_dispatch): used only when an entry's
+        # offset is exactly the record being dispatched; anything else is decoded from the log.
+        self.recent: deque[DispatchInfo] = recent if recent is not None else deque()
         self.last_store_timestamp = 0  # of the newest dispatched record: for the checkpoint
         self.idle_wait = idle_wait_ms / 1000
         self.listeners: list[Callable[[DispatchInfo], None]] = []  # e.g. long-poll wake-ups
@@ -87,18 +92,32 @@ class ReputService:
             end = min(mf.read_position, limit - mf.file_from_offset)
             dispatchers = self.dispatchers
             listeners = self.listeners
+            recent = self.recent
+            base = mf.file_from_offset
             while pos + 8 <= end:
-                size, magic = codec.read_size_and_magic(buf, pos)
-                if magic == codec.BLANK_MAGIC_CODE:
-                    self.reput_from = mf.file_end_offset  # the rest of this segment is filler
-                    return count
-                if size <= 0 or pos + size > end:
-                    if pos + size > mf.file_size or size <= 0:
-                        raise codec.RecordCorrupt(
-                            mf.file_from_offset + pos, f"dispatcher met a record of size {size}"
-                        )
-                    break  # the rest of the record is not written yet
-                info = codec.decode_dispatch_info(buf, pos)
+                info = None
+                while recent:
+                    head = recent[0]
+                    if head.physical_offset < base + pos:
+                        recent.popleft()  # stale: a record this thread already decoded
+                        continue
+                    if head.physical_offset == base + pos:
+                        info = recent.popleft()
+                    break
+                if info is not None and pos + info.size <= end:
+                    size = info.size
+                else:
+                    size, magic = codec.read_size_and_magic(buf, pos)
+                    if magic == codec.BLANK_MAGIC_CODE:
+                        self.reput_from = mf.file_end_offset  # the rest is filler
+                        return count
+                    if size <= 0 or pos + size > end:
+                        if pos + size > mf.file_size or size <= 0:
+                            raise codec.RecordCorrupt(
+                                base + pos, f"dispatcher met a record of size {size}"
+                            )
+                        break  # the rest of the record is not written yet
+                    info = codec.decode_dispatch_info(buf, pos)
                 for dispatcher in dispatchers:
                     dispatcher.dispatch(info)
                 for listener in listeners:

@@ -111,7 +111,7 @@ class MessageStore:
         # Adding a dispatcher (index, RocksDB ConsumeQueue, compaction, tier) is one line here.
         self._dispatchers: list[Dispatcher] = [self.consume_queues]
         self.reput = ReputService(files, self._dispatchers, self._dispatch_from(report),
-                                  cfg.dispatch_interval)
+                                  cfg.dispatch_interval, recent=self.commitlog.recent_dispatch)
         if not self.read_only:
             replayed = self.reput.replay()
             if replayed:

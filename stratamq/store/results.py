@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from stratamq import message as codec
 from stratamq.message import StoredMessage
 
 
-class PutMessageStatus(str, Enum):
+class PutMessageStatus(StrEnum):
     PUT_OK = "PUT_OK"
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
     FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
@@ -23,7 +23,7 @@ class PutMessageStatus(str, Enum):
     UNKNOWN_ERROR = "UNKNOWN_ERROR"
 
 
-class GetMessageStatus(str, Enum):
+class GetMessageStatus(StrEnum):
     FOUND = "FOUND"
     NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
     MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
