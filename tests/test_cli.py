@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from conftest import REFERENCE_MESSAGES, reference_body
+
 from stratamq.store.consume_queue_format import UNIT
 
 DUMP_FIELDS = {

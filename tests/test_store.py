@@ -243,3 +243,50 @@ def test_refusals_write_nothing(small_config):
         assert props.status is PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
         assert store.max_physical_offset == before
         assert store.put_message(msg(body=b"fine")).ok
+
+
+def test_prepared_messages_take_no_queue_offset(small_config):
+    with MessageStore(small_config).open() as store:
+        a = store.put_message(msg(body=b"a"))
+        p = store.put_message(msg(body=b"p", sys_flag=SysFlag.TRANSACTION_PREPARED_TYPE))
+        b = store.put_message(msg(body=b"b"))
+        assert (a.queue_offset, p.queue_offset, b.queue_offset) == (0, 0, 1)
+        store.wait_dispatched()
+    with MessageStore(small_config).open() as store:
+        assert store.get_max_offset_in_queue("T", 0) == 2
+        assert [m.body for m in drain(store, "T", 0)] == [b"a", b"b"]
+
+
+def _cq_file(config, topic="T", queue_id=0):
+    return config.root / "consumequeue" / topic / str(queue_id) / ("0" * 20)
+
+
+def test_a_blank_unit_inside_a_queue_hides_nothing(small_config):
+    from stratamq.store.consume_queue_format import BLANK_UNIT
+
+    with MessageStore(small_config).open() as store:
+        for i in range(3):
+            store.put_message(msg(body=b"m%d" % i))
+    path = _cq_file(small_config)
+    data = bytearray(path.read_bytes())
+    data[20:40] = BLANK_UNIT  # a filler left in the middle (e.g. by an older writer)
+    path.write_bytes(bytes(data))
+    with MessageStore(small_config).open() as store:
+        assert store.get_min_offset_in_queue("T", 0) == 0
+        assert [m.body for m in drain(store, "T", 0)] == [b"m0", b"m2"]
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+def test_stale_units_behind_the_end_do_not_break_opening(small_config, read_only):
+    with MessageStore(small_config).open() as store:
+        for i in range(5):
+            store.put_message(msg(body=b"m%d" % i))
+    path = _cq_file(small_config)
+    data = bytearray(path.read_bytes())
+    data[60:80] = bytes(20)  # unit 3 never written, unit 4 left over: RocketMQ leaves such tails
+    path.write_bytes(bytes(data))
+    with MessageStore(small_config, read_only=read_only).open() as store:
+        got = [m.body for m in drain(store, "T", 0)]
+        # A writable open re-dispatches units 3 and 4 from the CommitLog; a read-only one
+        # stops at the end the ConsumeQueue shows.
+        assert got == ([b"m0", b"m1", b"m2"] if read_only else [b"m%d" % i for i in range(5)])

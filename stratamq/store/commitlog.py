@@ -22,6 +22,7 @@ from stratamq.message import (
     Message,
     Prop,
     StoredMessage,
+    SysFlag,
     tags_hash_code,
 )
 from stratamq.store.mapped_file import MappedFile, MappedFileError
@@ -139,13 +140,16 @@ class CommitLog:
                 batch_start = mf.wrote_position
             physical_offset = mf.file_from_offset + batch_start + len(batch)
             key = (msg.topic, msg.queue_id)
-            queue_offset = pending_offsets.get(key)
-            if queue_offset is None:
-                queue_offset = offsets.get(key, 0)
+            if SysFlag.is_dispatchable(msg.sys_flag):
+                queue_offset = pending_offsets.get(key)
+                if queue_offset is None:
+                    queue_offset = offsets.get(key, 0)
+                pending_offsets[key] = queue_offset + 1
+            else:
+                queue_offset = 0  # prepared/rolled back: no queue position, as in RocketMQ
             pos = len(batch)
             batch += record.data
             codec.stamp(batch, pos, queue_offset, physical_offset, now, record.store_timestamp_pos)
-            pending_offsets[key] = queue_offset + 1
             pending.append(AppendedMessage(
                 physical_offset, size, queue_offset, f"{prefix}{physical_offset:016X}", now
             ))

@@ -60,13 +60,24 @@ class ConsumeQueue:
         finally:
             mf.release()
 
+    def _live_unit_from(self, queue_offset: int, high: int) -> tuple[int, int, int] | None:
+        """The first non-blank unit at or after ``queue_offset`` (blank fillers skipped)."""
+        for q in range(queue_offset, high):
+            unit = self._unit_at(q * UNIT_SIZE)
+            if unit is None:
+                return None
+            if not is_blank_unit(*unit):
+                return unit
+        return None
+
     def _first_unit_where(self, predicate, low: int, high: int) -> int:
         """Binary search (by queue offset) for the first unit in [low, high) satisfying a
-        predicate that is false then true along the queue; returns high if none."""
+        predicate that is false then true along the queue; returns high if none. A blank filler
+        unit is judged by the first real unit after it, so fillers never break the ordering."""
         while low < high:
             mid = (low + high) // 2
-            unit = self._unit_at(mid * UNIT_SIZE)
-            if unit is not None and predicate(unit):
+            unit = self._live_unit_from(mid, high)
+            if unit is None or predicate(unit):
                 high = mid
             else:
                 low = mid + 1
@@ -105,8 +116,10 @@ class ConsumeQueue:
 
     @staticmethod
     def _scrub(mf) -> None:
-        # Stale units behind a truncation point must not come back in a later recovery.
-        mf.zero_from(mf.wrote_position)
+        # Stale units behind a truncation point must not come back in a later recovery. A
+        # read-only view (a dump of someone else's store) only stops short of them.
+        if not mf.read_only:
+            mf.zero_from(mf.wrote_position)
 
     def correct_min_offset(self, commitlog_min_offset: int) -> None:
         """Skip units whose records are gone (below the CommitLog's min) and blank fillers."""
@@ -115,9 +128,12 @@ class ConsumeQueue:
             return
         low = first.file_from_offset // UNIT_SIZE
         high = self.max_offset()
-        first_live = self._first_unit_where(
-            lambda u: not is_blank_unit(*u) and u[0] >= commitlog_min_offset, low, high
-        )
+        first_live = self._first_unit_where(lambda u: u[0] >= commitlog_min_offset, low, high)
+        while first_live < high:  # fillers at the head are not messages: start after them
+            unit = self._unit_at(first_live * UNIT_SIZE)
+            if unit is None or not is_blank_unit(*unit):
+                break
+            first_live += 1
         self.min_logic_offset = first_live * UNIT_SIZE
 
     def truncate_dirty(self, commitlog_end: int) -> int:
@@ -127,9 +143,7 @@ class ConsumeQueue:
             return 0
         low = first.file_from_offset // UNIT_SIZE
         high = self.max_offset()
-        cut = self._first_unit_where(
-            lambda u: not is_blank_unit(*u) and u[0] + u[1] > commitlog_end, low, high
-        )
+        cut = self._first_unit_where(lambda u: u[0] + u[1] > commitlog_end, low, high)
         dropped = high - cut
         if dropped:
             log.warning("%s/%d: dropping %d units past CommitLog end %d",

@@ -21,10 +21,5 @@ assert UNIT_SIZE == 20
 BLANK_UNIT = UNIT.pack(0, 0x7FFFFFFF, 0)
 
 
-def is_valid_unit(commitlog_offset: int, size: int) -> bool:
-    """A written, non-blank unit (recovery stops at the first unit failing this)."""
-    return commitlog_offset >= 0 and 0 < size < 0x7FFFFFFF
-
-
 def is_blank_unit(commitlog_offset: int, size: int, tags_code: int) -> bool:
     return commitlog_offset == 0 and size == 0x7FFFFFFF and tags_code == 0

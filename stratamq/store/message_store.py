@@ -167,8 +167,12 @@ class MessageStore:
     def _take_lock(self) -> None:
         fd = os.open(self.layout.lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
+            # flock excludes other StrataMQ stores, even in this process; a POSIX record lock
+            # on byte 0 is what Apache RocketMQ takes (FileChannel.tryLock(0, 1, false)), so a
+            # RocketMQ broker and StrataMQ never open one directory together either.
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        except OSError:
             os.close(fd)
             raise StoreLocked(f"store {self.layout.root} is open in another process") from None
         self._lock_fd = fd
@@ -294,11 +298,12 @@ class MessageStore:
         total = 0
         next_offset = offset
         for queue_offset, (phys, size, code) in enumerate(units, offset):
+            if is_blank_unit(phys, size, code):
+                next_offset = queue_offset + 1
+                continue
             if len(records) >= max_count or (records and total + size > max_bytes):
                 break
             next_offset = queue_offset + 1
-            if is_blank_unit(phys, size, code):
-                continue
             if phys < commitlog_min:
                 result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
                 continue
