@@ -40,8 +40,9 @@ def scan_segment(buf: memoryview | bytes, file_from_offset: int, size: int,
             return SegmentScan(pos, records, False, None)  # never written: a clean end
         try:
             length = codec.check_record(buf, pos, size, file_from_offset + pos, check_crc)
-        except RecordCorrupt as exc:
-            return SegmentScan(pos, records, False, exc)
+        except RecordCorrupt as exc:  # report the CommitLog offset, not the in-file position
+            return SegmentScan(pos, records, False,
+                               RecordCorrupt(file_from_offset + pos, exc.reason))
         if length == 0:
             return SegmentScan(pos, records, True, None)
         pos += length
