@@ -34,7 +34,7 @@ from stratamq.message import Host, Message, Prop
 from stratamq.store.message_store import MessageStore
 from stratamq.store.results import GetMessageStatus
 
-__all__ = ["raw_mmap_baseline", "run_recovery_bench", "run_store_bench"]
+__all__ = ["raw_mmap_baseline", "run_recovery_bench", "run_store_bench", "warm_memory"]
 
 BENCH_SEGMENT_SIZE = 256 * 1024 * 1024  # CommitLog segment size for benches (default is 1 GiB)
 GET_MAX_COUNT = 32
@@ -50,6 +50,30 @@ _POOL = 64  # distinct bodies (and pre-encoded baseline records) cycled through
 # part (8) and a counter (4): 32 hex digits in all.
 _UNIQ_PREFIX = f"0A000011{os.getpid() & 0xFFFF:04X}5F3C9A1E"
 _FLUSH_TYPES = {"async": FlushDiskType.ASYNC_FLUSH, "sync": FlushDiskType.SYNC_FLUSH}
+
+
+# -- the machine -------------------------------------------------------------------------------
+
+
+def warm_memory(mib: int) -> dict:
+    """Write one byte into every page of ``mib`` MiB of anonymous memory, then free it.
+
+    On a VM whose host backs guest memory lazily, the first touch of a guest page costs far more
+    than a later one (measured on the StrataMQ bench VM: ~11-15 us a page the first time,
+    ~1.5 us after). Every put run writes a few hundred MB of new page cache, so without this
+    whichever run first reaches untouched memory is slowed by up to 2x, by luck. The time
+    taken is returned as a diagnostic: a high ``us_per_page`` means the memory was cold.
+    """
+    if mib <= 0:
+        return {"warm_mib": 0, "warm_s": 0.0, "warm_us_per_page": 0.0}
+    size = mib * 1024 * 1024
+    t0 = time.perf_counter()
+    with mmap.mmap(-1, size) as buf:
+        for pos in range(0, size, mmap.PAGESIZE):
+            buf[pos] = 1
+    elapsed = time.perf_counter() - t0
+    return {"warm_mib": mib, "warm_s": elapsed,
+            "warm_us_per_page": elapsed / (size // mmap.PAGESIZE) * 1e6}
 
 
 # -- inputs ------------------------------------------------------------------------------------

@@ -50,11 +50,14 @@ class ReputService:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._caught_up = threading.Condition()
+        self._idle = False
         self._thread = threading.Thread(target=self._run, name="reput", daemon=True)
         self.error: BaseException | None = None
 
     def wakeup(self) -> None:
-        self._wake.set()
+        # Called on every append: only pay for the Event when the thread is actually waiting.
+        if self._idle:
+            self._wake.set()
 
     def behind_bytes(self) -> int:
         return max(0, self.files.max_offset() - self.reput_from)
@@ -147,7 +150,10 @@ class ReputService:
                 with self._caught_up:
                     self._caught_up.notify_all()
             if not progressed:
-                self._wake.wait(self.idle_wait)
+                self._idle = True
+                if self.reput_from >= self.files.max_offset():  # recheck after raising the flag
+                    self._wake.wait(self.idle_wait)
+                self._idle = False
                 self._wake.clear()
 
     def wait_caught_up(self, timeout: float) -> bool:

@@ -1,8 +1,8 @@
 """Flushing: making appended bytes durable, asynchronously or before a put returns.
 
-* ``AsyncFlushService`` (RocketMQ's FlushRealTimeService): wakes every 500 ms (or when woken
-  after an append), flushes once at least 4 pages are dirty, and flushes whatever is dirty at
-  least every 10 s.
+* ``AsyncFlushService`` (RocketMQ's FlushRealTimeService): wakes every 500 ms, flushes once at
+  least 4 pages are dirty, and flushes whatever is dirty at least every 10 s. It is not woken
+  per put: an Event per append cost more than the flush decision it would speed up.
 * ``GroupCommitService``: a put under SYNC_FLUSH waits until the flushed offset passes its
   record; one ``fdatasync`` serves every put waiting at that moment (group commit). A put that
   waits longer than ``syncFlushTimeout`` gets FLUSH_DISK_TIMEOUT.

@@ -11,7 +11,6 @@ touches an unmapped file.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import mmap
 import os
 import threading
@@ -23,12 +22,6 @@ from stratamq.store.layout import parse_segment_name
 
 _ZERO_CHUNK = bytes(1024 * 1024)
 ALLOCATE_AHEAD = 4 * 1024 * 1024  # bytes of disk reserved past the write position
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in, writable, in one call
-try:
-    _libc_madvise = ctypes.CDLL(None, use_errno=True).madvise
-    _libc_madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-except (OSError, AttributeError):  # not Linux/glibc: pages fault in one by one, as usual
-    _libc_madvise = None
 
 
 class MappedFileError(OSError):
@@ -100,23 +93,6 @@ class MappedFile:
                 exc.errno, f"cannot reserve disk space in {self.path}: {exc.strerror}"
             ) from exc
         self._allocated_until = target
-        self._populate(start, target)
-
-    def _populate(self, start: int, end: int) -> None:
-        """Map the reserved pages in now, in one system call.
-
-        A first write to each page of a shared file map costs a page fault (measured here at
-        about 12 us a page); populating a few MiB at once costs a fifth of that. Called through
-        ctypes so the GIL is released meanwhile. Best effort: older kernels say EINVAL.
-        """
-        if _libc_madvise is None:
-            return
-        start -= start % mmap.PAGESIZE
-        holder = ctypes.c_char.from_buffer(self._map, start)
-        try:
-            _libc_madvise(ctypes.addressof(holder), end - start, _MADV_POPULATE_WRITE)
-        finally:
-            del holder  # drop the buffer export at once so the map can be closed
 
     # -- positions ------------------------------------------------------------------------------
 

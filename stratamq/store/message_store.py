@@ -150,9 +150,9 @@ class MessageStore:
         self.reput.start()
 
     def _on_append(self) -> None:
+        # The async flusher is not woken per put: it looks every flushIntervalCommitLog ms and
+        # flushes once flushCommitLogLeastPages are dirty, which is what that setting means.
         self.reput.wakeup()
-        if isinstance(self._flusher, AsyncFlushService):
-            self._flusher.wakeup()
 
     def _note_commitlog_flushed(self) -> None:
         ts = self.commitlog.files.store_timestamp
