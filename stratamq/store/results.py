@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from stratamq import message as codec
 from stratamq.message import StoredMessage
@@ -35,9 +36,8 @@ class GetMessageStatus(StrEnum):
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
 
 
-@dataclass
-class AppendedMessage:
-    """Where one message landed."""
+class AppendedMessage(NamedTuple):
+    """Where one message landed (a tuple: one is built per message on the put path)."""
 
     physical_offset: int
     size: int
