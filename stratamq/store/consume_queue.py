@@ -103,23 +103,15 @@ class ConsumeQueue:
                 offset, size, _ = UNIT.unpack_from(buf, pos)
                 if offset < 0 or size <= 0:
                     break
-                self.max_physic_offset = offset + size if size != 0x7FFFFFFF else -1
                 pos += UNIT_SIZE
             end = mf.file_from_offset + pos
             if pos < limit:
                 break
-        self.files.truncate_dirty_files(end, on_truncate=self._scrub)
-        # Keep the true max physic offset even if the last units were blank fillers.
+        self.files.truncate_dirty_files(end)
+        # The newest real unit's end: replays at or below it are no-ops.
         last = self._unit_at(end - UNIT_SIZE) if end >= UNIT_SIZE else None
         if last is not None and not is_blank_unit(*last):
             self.max_physic_offset = last[0] + last[1]
-
-    @staticmethod
-    def _scrub(mf) -> None:
-        # Stale units behind a truncation point must not come back in a later recovery. A
-        # read-only view (a dump of someone else's store) only stops short of them.
-        if not mf.read_only:
-            mf.zero_from(mf.wrote_position)
 
     def correct_min_offset(self, commitlog_min_offset: int) -> None:
         """Skip units whose records are gone (below the CommitLog's min) and blank fillers."""
@@ -148,7 +140,7 @@ class ConsumeQueue:
         if dropped:
             log.warning("%s/%d: dropping %d units past CommitLog end %d",
                         self.topic, self.queue_id, dropped, commitlog_end)
-            self.files.truncate_dirty_files(cut * UNIT_SIZE, on_truncate=self._scrub)
+            self.files.truncate_dirty_files(cut * UNIT_SIZE)
             prev = self._unit_at((cut - 1) * UNIT_SIZE) if cut > low else None
             self.max_physic_offset = prev[0] + prev[1] if prev and not is_blank_unit(*prev) else -1
         return dropped

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -240,18 +239,18 @@ class MappedFileQueue:
 
     # -- truncation and deletion ----------------------------------------------------------------
 
-    def truncate_dirty_files(self, offset: int, on_truncate: Callable[[MappedFile], None] | None
-                             = None) -> None:
+    def truncate_dirty_files(self, offset: int) -> None:
         """Make ``offset`` the end of the data: later files are deleted, the containing one is
-        cut (``on_truncate`` may scrub its tail)."""
+        cut and its tail zeroed, so stale records or units behind the cut can never be taken
+        for live ones by a later recovery (a read-only queue only stops short of them)."""
         keep: list[MappedFile] = []
         for mf in self._files:
             if mf.file_end_offset <= offset:
                 keep.append(mf)
             elif mf.file_from_offset <= offset:
                 mf.set_positions(offset - mf.file_from_offset)
-                if on_truncate is not None:
-                    on_truncate(mf)
+                if not self.read_only:
+                    mf.zero_from(mf.wrote_position)
                 keep.append(mf)
             else:
                 if self.read_only:

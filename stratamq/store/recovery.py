@@ -126,10 +126,6 @@ def recover_commitlog(
         break
     report.end_offset = end
     old_names = {mf.path.name for mf in files}
-    queue.truncate_dirty_files(end, on_truncate=None if queue.read_only else _scrub)
+    queue.truncate_dirty_files(end)
     report.deleted_segments = sorted(old_names - {mf.path.name for mf in queue.files})
     return report
-
-
-def _scrub(mf: MappedFile) -> None:
-    mf.zero_from(mf.wrote_position)
