@@ -106,6 +106,62 @@ class StoreConfig:
         "a segment still held by a reader is unmapped anyway after this long",
     )  # fmt: skip
 
+    # -- index (issue 3; docs/formats/index-file.md) --------------------------------------------
+    message_index_enable: bool = _setting(
+        "messageIndexEnable", True, "bool", "index every message's KEYS and UNIQ_KEY"
+    )
+    max_hash_slot_num: int = _setting(
+        "maxHashSlotNum", 5_000_000, "slots", "hash slots of one index file"
+    )
+    max_index_num: int = _setting(
+        "maxIndexNum", 20_000_000, "entries", "entries of one index file before a new one"
+    )
+
+    # -- clean-up (issue 3) ----------------------------------------------------------------------
+    file_reserved_time: int = _setting(
+        "fileReservedTime", 72, "hours", "CommitLog files older than this may be deleted"
+    )
+    delete_when: str = _setting(
+        "deleteWhen", "04", "hours;hours", "hours of the day (;-separated) expired files go"
+    )
+    disk_max_used_space_ratio: int = _setting(
+        "diskMaxUsedSpaceRatio", 75, "%", "past this disk usage expired files go at any hour"
+    )
+    disk_space_clean_forcibly_ratio: int = _setting(
+        "diskSpaceCleanForciblyRatio", 85, "%",
+        "past this disk usage the oldest files go even if not expired",
+    )  # fmt: skip
+    disk_space_warning_level_ratio: int = _setting(
+        "diskSpaceWarningLevelRatio", 90, "%", "past this disk usage puts are rejected"
+    )
+    clean_resource_interval: int = _setting(
+        "cleanResourceInterval", 10_000, "ms", "how often the clean-up service looks"
+    )
+    delete_commit_log_files_interval: int = _setting(
+        "deleteCommitLogFilesInterval", 100, "ms", "pause between two deleted CommitLog files"
+    )
+    delete_consume_queue_files_interval: int = _setting(
+        "deleteConsumeQueueFilesInterval", 100, "ms",
+        "pause between two deleted ConsumeQueue files",
+    )  # fmt: skip
+    delete_file_batch_max: int = _setting(
+        "deleteFileBatchMax", 10, "files", "most CommitLog files one clean-up pass deletes"
+    )
+    clean_file_forcibly_enable: bool = _setting(
+        "cleanFileForciblyEnable", True, "bool",
+        "past diskSpaceCleanForciblyRatio, delete unexpired files too",
+    )  # fmt: skip
+
+    # -- ConsumeQueue store (issue 4; seed 003) ---------------------------------------------------
+    store_type: str = _setting(
+        "storeType", "default", "default|defaultRocksDB",
+        "ConsumeQueue store: one file per queue, or RocksDB; an existing store keeps its type",
+    )  # fmt: skip
+    rocksdb_cq_double_write_enable: bool = _setting(
+        "rocksdbCQDoubleWriteEnable", False, "bool",
+        "dispatch to both ConsumeQueue stores so either can serve",
+    )  # fmt: skip
+
     @property
     def root(self) -> Path:
         return Path(self.store_path_root_dir)

@@ -1,0 +1,3 @@
+from stratamq.cli import main
+
+main()
