@@ -1,5 +1,5 @@
 # Two entry points, both self-contained on a fresh machine:
-#   make run   - set up the virtualenv and run the main job (the embedded-store demo under ./data)
+#   make run   - set up the virtualenv and run the main job (the broker on an embedded store under ./data)
 #   make test  - set up the virtualenv and run the whole test suite, then ruff
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	$(VENV)/bin/stratamq demo --store ./data
+	$(VENV)/bin/stratamq broker start --store ./data
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -15,7 +15,8 @@ from typing import Any
 
 from stratamq.message import Host
 
-__all__ = ["FlushDiskType", "StoreConfig", "UnknownSettings", "settings_table"]
+__all__ = ["BrokerConfig", "FlushDiskType", "StoreConfig", "UnknownSettings", "load_broker_conf",
+           "settings_table"]
 
 OS_PAGE_SIZE = 4096  # bytes; flush thresholds count dirty pages of this size
 CQ_UNIT_SIZE = 20  # bytes of one ConsumeQueue unit (docs/formats/consumequeue-unit.md)
@@ -224,4 +225,157 @@ def settings_table() -> list[dict[str, str]]:
             "doc": f.metadata["doc"],
         }
         for f in dataclasses.fields(StoreConfig)
+    ]
+
+
+# -- the broker (issue 5) -----------------------------------------------------------------------
+
+
+@dataclass
+class BrokerConfig:
+    """The gRPC broker's settings (``stratamq broker start``); the store's are in StoreConfig.
+
+    The port clients connect to is ``listenPort`` (in StoreConfig, default 10911): in Apache
+    RocketMQ that key is the port clients reach the broker on, and StrataMQ's only client
+    protocol is gRPC, so the same number serves gRPC and is the store host written into offset
+    message ids. (RocketMQ's separate proxy listens on ``grpcServerPort`` 8081; StrataMQ has no
+    separate proxy, so it has no second port.)
+    """
+
+    broker_name: str = _setting("brokerName", "broker-a", "name", "broker name in routes")
+    broker_cluster_name: str = _setting(
+        "brokerClusterName", "DefaultCluster", "name", "cluster name reported to admin tools"
+    )
+    listen_host: str = _setting(
+        "listenHost", "0.0.0.0", "host", "address the gRPC server binds (StrataMQ's own key)"
+    )
+    auto_create_topic_enable: bool = _setting(
+        "autoCreateTopicEnable", False, "bool",
+        "create an unknown topic on first send or route query (NORMAL, defaultTopicQueueNums)",
+    )  # fmt: skip
+    auto_create_subscription_group: bool = _setting(
+        "autoCreateSubscriptionGroup", True, "bool", "create an unknown consumer group on first use"
+    )
+    default_topic_queue_nums: int = _setting(
+        "defaultTopicQueueNums", 8, "queues", "queues of a topic created without --queues"
+    )
+    grpc_thread_pool_nums: int = _setting(
+        "grpcThreadPoolNums", 128, "threads",
+        "gRPC worker threads; each long poll and each client's telemetry stream holds one",
+    )  # fmt: skip
+    default_invisible_time_mills: int = _setting(
+        "defaultInvisibleTimeMills", 60_000, "ms",
+        "invisible time of a receive that names none (PushConsumer's auto-renew receives)",
+    )  # fmt: skip
+    min_invisible_time_mills_for_recv: int = _setting(
+        "minInvisibleTimeMillsForRecv", 10_000, "ms", "shortest invisible time a receive may ask"
+    )
+    max_invisible_time_mills: int = _setting(
+        "maxInvisibleTimeMills", 12 * 3600 * 1000, "ms", "longest invisible time accepted"
+    )
+    max_long_polling_time_mills: int = _setting(
+        "grpcClientConsumerMaxLongPollingTimeoutMillis", 20_000, "ms",
+        "longest a receive or pull waits for messages",
+    )  # fmt: skip
+    default_retry_max_times: int = _setting(
+        "retryMaxTimes", 16, "times",
+        "retries of a new group: a message goes to %DLQ%<group> after 1 + this many deliveries",
+    )  # fmt: skip
+    receive_batch_size: int = _setting(
+        "grpcReceiveBatchSize", 32, "messages", "batch size the broker suggests to consumers"
+    )
+    pop_state_sync_write: bool = _setting(
+        "popStateSyncWrite", False, "bool",
+        "fsync the pop-state WAL on every receive/ack (survive power loss, not just SIGKILL)",
+    )  # fmt: skip
+    shutdown_grace_seconds: int = _setting(
+        "shutdownGraceSeconds", 10, "s", "on SIGTERM, how long in-flight requests may finish"
+    )
+    timer_enable: bool = _setting(
+        "timerWheelEnable", True, "bool", "accept DELAY messages (needs the timer service)"
+    )
+    acl_enable: bool = _setting("aclEnable", False, "bool", "verify clients' signatures")
+    tls_enable: bool = _setting("tlsEnable", False, "bool", "serve gRPC over TLS only")
+    metrics_port: int = _setting(
+        "metricsPrometheusPort", 0, "port", "Prometheus /metrics port; 0: no metrics server"
+    )
+    # -- DELAY messages, ACL, TLS, metrics (issue 5, second half) --------------------------------
+    timer_max_delay_sec: int = _setting(
+        "timerMaxDelaySec", 3 * 24 * 3600, "s",
+        "furthest-ahead delivery time a DELAY message may ask (ILLEGAL_DELIVERY_TIME beyond)",
+    )  # fmt: skip
+    timer_flush_interval_ms: int = _setting(
+        "timerFlushIntervalMs", 1_000, "ms",
+        "how often the timer index (RocksDB, no WAL) and timercheck are made durable",
+    )  # fmt: skip
+    acl_file: str = _setting(
+        "aclFile", "", "path",
+        "JSON accounts file (plain_acl.yml's fields: accessKey, secretKey, admin, "
+        "defaultTopicPerm, defaultGroupPerm, topicPerms, groupPerms); see stratamq/broker/acl.py",
+    )  # fmt: skip
+    acl_access_key: str = _setting(
+        "aclAccessKey", "", "text", "an admin account's access key, besides those in aclFile"
+    )
+    acl_secret_key: str = _setting("aclSecretKey", "", "text", "that account's secret key")
+    acl_signature_window_sec: int = _setting(
+        "aclSignatureWindowSec", 900, "s",
+        "a request whose x-mq-date-time is further than this from now is UNAUTHORIZED",
+    )  # fmt: skip
+    tls_server_cert_path: str = _setting(
+        "tls.server.certPath", "", "path", "PEM certificate chain served when tlsEnable"
+    )
+    tls_server_key_path: str = _setting(
+        "tls.server.keyPath", "", "path", "PEM private key of that certificate"
+    )
+    tls_server_trust_cert_path: str = _setting(
+        "tls.server.trustCertPath", "", "path", "PEM CA bundle to verify client certificates"
+    )
+    tls_server_need_client_auth: str = _setting(
+        "tls.server.need.client.auth", "none", "none|optional|require",
+        "whether clients must present a certificate signed by tls.server.trustCertPath",
+    )  # fmt: skip
+
+
+def _from_props(cls: type, props: dict[str, str]) -> Any:
+    by_key = {f.metadata["key"]: f for f in dataclasses.fields(cls)}
+    return cls(**{by_key[k].name: _convert(by_key[k], v.strip()) for k, v in props.items()})
+
+
+def load_broker_conf(
+    path: str | Path | None = None, text: str | None = None
+) -> tuple[StoreConfig, BrokerConfig, list[str]]:
+    """Read a ``broker.conf`` (Java properties ``key=value``; ``#``/``!`` comments) and split its
+    keys between StoreConfig and BrokerConfig; returns the unknown keys instead of dropping them
+    (the caller reports them). Bad values raise ValueError naming the key."""
+    if text is None:
+        text = Path(path).read_text(encoding="utf-8") if path is not None else ""
+    store_keys = {f.metadata["key"] for f in dataclasses.fields(StoreConfig)}
+    broker_keys = {f.metadata["key"] for f in dataclasses.fields(BrokerConfig)}
+    store_props: dict[str, str] = {}
+    broker_props: dict[str, str] = {}
+    unknown: list[str] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if sep <= 0:
+            raise ValueError(f"line {lineno}: expected key=value, got {raw!r}")
+        key, value = line[:sep].strip(), line[sep + 1 :].strip()
+        if key in store_keys:
+            store_props[key] = value
+        elif key in broker_keys:
+            broker_props[key] = value
+        else:
+            unknown.append(key)
+    return (StoreConfig.from_properties(store_props), _from_props(BrokerConfig, broker_props),
+            unknown)
+
+
+def broker_settings_table() -> list[dict[str, str]]:
+    """BrokerConfig's keys with default and unit (StoreConfig's are in settings_table)."""
+    return [
+        {"key": f.metadata["key"], "default": str(f.default), "unit": f.metadata["unit"],
+         "doc": f.metadata["doc"]}
+        for f in dataclasses.fields(BrokerConfig)
     ]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ipaddress
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
@@ -708,3 +708,157 @@ def record_tags(buf: bytes | memoryview, pos: int) -> str | None:
         buf, pos, magic, pos + layout.header.size, body_len, pos + total
     )
     return decode_properties(buf[props_start : props_start + props_len]).get(Prop.TAGS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bulk reading (the Spark source): walk a segment, find a record start from anywhere, and locate
+# the fields of many records at once. numpy is imported lazily: only bulk readers need it.
+
+
+class Walk(NamedTuple):
+    positions: list[int]  # start of each record that begins in [pos, end)
+    stop: int  # where the walk stopped
+    reason: str  # "end" (passed end), "blank" (segment filler), "zero" (never written), "corrupt"
+
+
+def walk_records(buf: bytes | memoryview, pos: int, end: int, limit: int) -> Walk:
+    """Positions of the records starting in ``[pos, end)``, walking from the record at ``pos``.
+
+    Only sizes and magic codes are checked here; :func:`locate_fields` checks the rest.
+    """
+    positions: list[int] = []
+    append = positions.append
+    unpack = _SIZE_MAGIC.unpack_from
+    while pos < end:
+        if pos + 8 > limit:
+            return Walk(positions, pos, "zero" if pos == limit else "corrupt")
+        total, magic = unpack(buf, pos)
+        if magic in (MESSAGE_MAGIC_CODE_V1, MESSAGE_MAGIC_CODE_V2):
+            if total < MIN_RECORD_SIZE or pos + total > limit:
+                return Walk(positions, pos, "corrupt")
+            append(pos)
+            pos += total
+        elif magic == BLANK_MAGIC_CODE:
+            return Walk(positions, pos, "blank")
+        elif total == 0 and magic == 0:
+            return Walk(positions, pos, "zero")
+        else:
+            return Walk(positions, pos, "corrupt")
+    return Walk(positions, pos, "end")
+
+
+_MAGIC_PREFIX = struct.pack(">I", MESSAGE_MAGIC_CODE_V1)[:3]
+assert struct.pack(">I", MESSAGE_MAGIC_CODE_V2)[:3] == _MAGIC_PREFIX
+
+
+def resync(buf: bytes | memoryview, pos: int, limit: int, file_from_offset: int) -> int | None:
+    """The first position >= ``pos`` where a record provably starts, or None before ``limit``.
+
+    A candidate is a V1/V2 magic code; it is confirmed when the record's stored physical offset
+    equals ``file_from_offset`` + its position and its lengths add up (:func:`check_record`).
+    Body bytes that merely look like a magic code fail the offset check.
+    """
+    find = buf.find if hasattr(buf, "find") else bytes(buf).find
+    at = pos + 4
+    while True:
+        hit = find(_MAGIC_PREFIX, at, limit)
+        if hit < 0:
+            return None
+        start = hit - 4
+        if hit + 4 <= limit and buf[hit + 3] in (0xA7, 0xAB):
+            try:
+                check_record(buf, start, limit, file_from_offset + start, False)
+                return start
+            except RecordCorrupt:
+                pass
+        at = hit + 1
+
+
+_NUMPY_CODES = {"i": ">i4", "I": ">u4", "q": ">i8", "4si": (">u4", ">i4"),
+                "16si": ("V16", ">i4")}  # fmt: skip
+
+
+def _numpy_fields(layout_fields: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    out = []
+    for name, code in layout_fields:
+        np_code = _NUMPY_CODES[code]
+        if isinstance(np_code, tuple):  # a host: address then port
+            out += [(f"{name}_ip", np_code[0]), (f"{name}_port", np_code[1])]
+        else:
+            out.append((name, np_code))
+    return out
+
+
+def locate_fields(buf: bytes | memoryview, positions: Sequence[int],
+                  file_from_offset: int) -> dict[str, object]:
+    """Header fields and the spans of body, topic and properties of many records, as numpy
+    arrays (one element per position); raises :class:`RecordCorrupt` for the first record whose
+    lengths do not add up or whose stored physical offset is not where it lies.
+
+    Keys: every header field of :func:`_fields` (hosts as ``*_ip`` and ``*_port``; an IPv4
+    address as a u32, IPv6 addresses in ``v6_hosts``: {row: (born Host, store Host)}), plus
+    ``body_start``, ``topic_start``, ``topic_length``, ``props_start``, ``props_length``.
+    """
+    import numpy as np
+
+    data = np.frombuffer(buf, dtype=np.uint8)
+    pos = np.asarray(positions, dtype=np.int64)
+    n = len(pos)
+    sys_flag = _gather(np, data, pos + SYS_FLAG_POS, ">i4")
+    out: dict[str, object] = {}
+    v6_rows = np.flatnonzero(sys_flag & _HOST_FLAGS)
+    v4_dtype = np.dtype(_numpy_fields(_fields(False, False)))
+    header = _gather_struct(np, data, pos, v4_dtype)
+    for name in v4_dtype.names:
+        out[name] = header[name].astype(v4_dtype[name].newbyteorder("="))
+    header_size = np.full(n, _V4.header.size, dtype=np.int64)
+    v6_hosts: dict[int, tuple[Host, Host]] = {}
+    for row in v6_rows.tolist():  # rare: decode such headers one by one
+        p = int(pos[row])
+        layout = _layout_for(int(sys_flag[row]))
+        values = layout.header.unpack_from(buf, p)
+        for (name, _), value in zip(_fields(False, False)[9:], _split_hosts(values)[9:]):
+            if name not in ("born_host", "store_host"):
+                out[name][row] = value
+        v = _split_hosts(values)
+        v6_hosts[row] = (Host(_ip_text(v[9][0]), v[9][1]), Host(_ip_text(v[11][0]), v[11][1]))
+        out["born_host_ip"][row] = out["store_host_ip"][row] = 0
+        header_size[row] = layout.header.size
+    out["v6_hosts"] = v6_hosts
+    total = out["total_size"]
+    body_start = pos + header_size
+    p = body_start + out["body_length"]
+    end = pos + total
+    v1 = out["magic_code"] == MESSAGE_MAGIC_CODE_V1
+    bad = (out["body_length"] < 0) | (p + np.where(v1, 1, 2) > end)
+    p = np.where(bad, pos, p)  # keep gathers inside the buffer until the check below
+    first = data[p].astype(np.int64)
+    topic_len = np.where(v1, first, (first << 8) | data[np.minimum(p + 1, len(data) - 1)])
+    topic_start = p + np.where(v1, 1, 2)
+    props_len_pos = np.minimum(topic_start + topic_len, len(data) - 2)
+    props_len = (data[props_len_pos].astype(np.int64) << 8) | data[props_len_pos + 1]
+    props_start = topic_start + topic_len + 2
+    bad |= (props_start + props_len != end) | (topic_len == 0)
+    bad |= out["physical_offset"] != pos + file_from_offset
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        check_record(buf, int(pos[row]), len(data), file_from_offset + int(pos[row]), False)
+        raise RecordCorrupt(int(pos[row]), "fields do not add up")  # check_record raised first
+    out.update(body_start=body_start, topic_start=topic_start, topic_length=topic_len,
+               props_start=props_start, props_length=props_len)
+    return out
+
+
+def _split_hosts(values: tuple) -> list:
+    """A header tuple with each host's (ip, port) pair joined, aligned with :func:`_fields`."""
+    v = list(values)
+    return v[:9] + [(v[9], v[10])] + [v[11]] + [(v[12], v[13])] + v[14:]
+
+
+def _gather(np, data, at, dtype: str):
+    width = np.dtype(dtype).itemsize
+    return data[at[:, None] + np.arange(width)].view(dtype).ravel().astype(dtype[1:])
+
+
+def _gather_struct(np, data, pos, dtype):
+    return data[pos[:, None] + np.arange(dtype.itemsize)].view(dtype).ravel()

@@ -5,7 +5,18 @@ Output shapes here are contracts: ``store dump`` prints one JSON object per mess
 Adding a command group is one import line below.
 """
 
-from stratamq.cli import bench, demo, store  # noqa: F401  (they attach to main)
+# Each module attaches its commands to ``main`` when imported.
+from stratamq.cli import (  # noqa: F401
+    admin,  # topic ..., group ...
+    bench,
+    broker,  # broker start
+    cq,  # store migrate-cq, bench cq
+    demo,
+    spark,  # spark export
+    store,
+    store_clean,  # store clean
+    store_lookup,  # store query, store offset-by-time
+)
 from stratamq.cli.app import main
 
 __all__ = ["main"]

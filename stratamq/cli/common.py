@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import click
 
 from stratamq.config import StoreConfig
 from stratamq.message import StoredMessage
+from stratamq.store.consume_queue_store import STORE_TYPE_FILES, STORE_TYPES
 from stratamq.store.message_store import MessageStore, StoreLocked
 from stratamq.store.results import GetMessageStatus
 
@@ -20,12 +21,39 @@ def emit(obj: Any) -> None:
     click.echo(json.dumps(obj, separators=(",", ":"), ensure_ascii=False))
 
 
-def open_store(store_dir: str, *, read_only: bool) -> MessageStore:
+_STORE_TYPE_KEY = "stratamq.store_type"
+
+
+def _remember_store_type(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.meta[_STORE_TYPE_KEY] = value
+
+
+def store_type_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--store-type default|defaultRocksDB`` for a ``stratamq store ...`` command.
+
+    One line per command: the value goes to the click context and ``open_store`` picks it up,
+    so the command's own signature does not change. Without it a store opens with the type
+    recorded in its directory."""
+    return click.option(
+        "--store-type", type=click.Choice(list(STORE_TYPES)), default=None, expose_value=False,
+        callback=_remember_store_type, is_eager=True,
+        help="ConsumeQueue store to use (default: the type recorded in the store directory).",
+    )(command)
+
+
+def open_store(store_dir: str, *, read_only: bool, store_type: str | None = None) -> MessageStore:
     root = Path(store_dir)
     if not (root / "commitlog").is_dir():
         raise click.ClickException(f"no store at {root}: it has no commitlog/ directory")
+    if store_type is None:
+        ctx = click.get_current_context(silent=True)
+        store_type = ctx.meta.get(_STORE_TYPE_KEY) if ctx is not None else None
+    config = StoreConfig(store_path_root_dir=str(root),
+                         store_type=store_type or STORE_TYPE_FILES)
     try:
-        return MessageStore(StoreConfig(store_path_root_dir=str(root)), read_only=read_only).open()
+        return MessageStore(config, read_only=read_only,
+                            force_store_type=store_type is not None).open()
     except StoreLocked as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, ValueError) as exc:

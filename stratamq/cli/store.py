@@ -7,7 +7,7 @@ import sys
 import click
 
 from stratamq.cli.app import main
-from stratamq.cli.common import emit, iter_queue, message_json, open_store
+from stratamq.cli.common import emit, iter_queue, message_json, open_store, store_type_option
 
 
 @main.group()
@@ -17,6 +17,7 @@ def store() -> None:
 
 @store.command("dump")
 @click.option("--store", "store_dir", required=True, help="Store root directory.")
+@store_type_option
 @click.option("--topic", default=None, help="Only this topic.")
 @click.option("--queue-id", type=int, default=None, help="Only this queue id.")
 def store_dump(store_dir: str, topic: str | None, queue_id: int | None) -> None:
@@ -40,6 +41,7 @@ def store_dump(store_dir: str, topic: str | None, queue_id: int | None) -> None:
 
 @store.command("verify")
 @click.option("--store", "store_dir", required=True, help="Store root directory.")
+@store_type_option
 def store_verify(store_dir: str) -> None:
     """Recover if needed, check every record and ConsumeQueue unit; exit 1 on a problem."""
     from stratamq.store.verify import verify_store
@@ -56,6 +58,7 @@ def store_verify(store_dir: str) -> None:
 
 @store.command("stat")
 @click.option("--store", "store_dir", required=True, help="Store root directory.")
+@store_type_option
 def store_stat(store_dir: str) -> None:
     """Print topics, queues, min/max offsets and bytes as JSON. Read-only."""
     s = open_store(store_dir, read_only=True)
@@ -70,7 +73,7 @@ def store_stat(store_dir: str) -> None:
                     "min_offset": cq.min_offset(),
                     "max_offset": cq.max_offset(),
                     "messages": cq.max_offset() - cq.min_offset(),
-                    "cq_bytes": sum(mf.file_size for mf in cq.files.files),
+                    "cq_bytes": cq.disk_bytes(),
                 })
             topics[name] = {"queues": queues,
                             "messages": sum(q["messages"] for q in queues)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stratamq.message import DispatchInfo, SysFlag
@@ -83,6 +83,18 @@ class ConsumeQueue:
                 low = mid + 1
         return low
 
+    def offset_by_time(self, timestamp: int, store_time_at: Callable[[int], int | None]) -> int:
+        """The first queue offset whose record was stored at or after ``timestamp`` (ms):
+        ``min_offset()`` if all are, ``max_offset()`` if none is. Binary search: store times
+        never decrease along a queue. ``store_time_at(commitlog_offset)`` reads a record's
+        store time (None if the record is gone: counted as older)."""
+
+        def stored_at_or_after(unit: tuple[int, int, int]) -> bool:
+            stored = store_time_at(unit[0])
+            return stored is not None and stored >= timestamp
+
+        return self._first_unit_where(stored_at_or_after, self.min_offset(), self.max_offset())
+
     # -- recovery -------------------------------------------------------------------------------
 
     def load(self) -> None:
@@ -127,6 +139,28 @@ class ConsumeQueue:
                 break
             first_live += 1
         self.min_logic_offset = first_live * UNIT_SIZE
+
+    def delete_expired(self, min_commitlog_offset: int) -> int:
+        """Delete whole files whose units all point below ``min_commitlog_offset`` (records the
+        clean-up removed), then move the min offset past the rest of them; return how many
+        files went. Never the last file (it carries ``max_offset``), and never a file not yet
+        flushed (the flusher walks forward from ``flushed_where``). Called by the clean-up
+        thread; the write lock keeps it apart from ``put_unit``."""
+        with self._write_lock:
+            files = self.files.files
+            flushed = self.files.flushed_where
+            cut = 0
+            for mf in files[:-1]:
+                # Units ascend along the queue, so the file's last unit decides for all of it.
+                last = self._unit_at(mf.file_end_offset - UNIT_SIZE)
+                if last is None or mf.file_end_offset > flushed:
+                    break
+                if not is_blank_unit(*last) and last[0] >= min_commitlog_offset:
+                    break
+                cut = mf.file_end_offset
+            doomed = self.files.delete_below(cut) if cut else []
+            self.correct_min_offset(min_commitlog_offset)
+        return len(doomed)
 
     def truncate_dirty(self, commitlog_end: int) -> int:
         """Drop units pointing at or past ``commitlog_end``; return how many were dropped."""
@@ -204,6 +238,11 @@ class ConsumeQueue:
         if least_pages == 0:
             self.files.flush_all()
 
+    def disk_bytes(self) -> int:
+        """Disk blocks this queue's files occupy (a fresh, sparse file uses few)."""
+        return sum(mf.path.stat().st_blocks * 512 for mf in self.files.files
+                   if mf.path.exists())
+
     def destroy(self) -> None:
         self.files.destroy()
         self.max_physic_offset = -1
@@ -214,7 +253,11 @@ class ConsumeQueue:
 
 
 class FileConsumeQueueStore:
-    """Every file ConsumeQueue of a store, created on first use. A dispatcher."""
+    """Every file ConsumeQueue of a store, created on first use. A dispatcher.
+
+    ``storeType=default``; see ``consume_queue_store.ConsumeQueueStore`` for the interface."""
+
+    store_type = "default"
 
     def __init__(self, layout: StoreLayout, default_file_size: int, *, read_only: bool = False):
         self.layout = layout
@@ -291,8 +334,36 @@ class FileConsumeQueueStore:
         for cq in self._queues.values():
             cq.correct_min_offset(commitlog_min_offset)
 
+    def delete_expired(self, min_commitlog_offset: int) -> int:
+        """Delete every queue's files wholly below the CommitLog's min; return the count."""
+        return sum(cq.delete_expired(min_commitlog_offset) for cq in self.queues())
+
     def queue_offset_table(self) -> dict[tuple[str, int], int]:
         return {key: cq.max_offset() for key, cq in self._queues.items()}
+
+    # -- the rest of the ConsumeQueueStore interface (consume_queue_store.py) -------------------
+
+    def commit_dispatch(self) -> None:
+        """Units are visible as soon as they are in the map: nothing to commit."""
+
+    def topics(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for topic, queue_id in list(self._queues):
+            out.setdefault(topic, []).append(queue_id)
+        return {t: sorted(q) for t, q in sorted(out.items())}
+
+    def destroy_queue(self, topic: str, queue_id: int) -> None:
+        with self._lock:
+            cq = self._queues.pop((topic, queue_id), None)
+        if cq is not None:
+            cq.destroy()
+
+    def destroy_topic(self, topic: str) -> None:
+        for cq in [q for q in self.queues() if q.topic == topic]:
+            self.destroy_queue(topic, cq.queue_id)
+
+    def disk_bytes(self) -> int:
+        return sum(cq.disk_bytes() for cq in self.queues())
 
     def flush(self, least_pages: int) -> None:
         for cq in list(self._queues.values()):

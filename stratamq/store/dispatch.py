@@ -41,6 +41,9 @@ class ReputService:
         self.files = files
         self.dispatchers = dispatchers
         self.reput_from = reput_from
+        # Everything before this is visible to readers: dispatchers that batch their writes
+        # (the RocksDB ConsumeQueue store) commit at the end of each round, then it moves.
+        self.committed_to = reput_from
         # Decoded-by-the-appender infos (CommitLog.recent_dispatch): used only when an entry's
         # offset is exactly the record being dispatched; anything else is decoded from the log.
         self.recent: deque[DispatchInfo] = recent if recent is not None else deque()
@@ -70,10 +73,19 @@ class ReputService:
         while self.reput_from < limit:
             before = self.reput_from
             n = self._dispatch_some(limit)
+            self._commit_round()
             if n < 0 or self.reput_from == before:
                 break
             count += n
         return count
+
+    def _commit_round(self) -> None:
+        """Let batching dispatchers write what this round gave them (group commit)."""
+        for dispatcher in self.dispatchers:
+            commit = getattr(dispatcher, "commit_dispatch", None)
+            if commit is not None:
+                commit()
+        self.committed_to = self.reput_from
 
     def _dispatch_some(self, limit: int) -> int:
         """Dispatch the records of the segment holding ``reput_from``; -1 if stuck."""
@@ -161,7 +173,7 @@ class ReputService:
         target = self.files.max_offset()
         with self._caught_up:
             return self._caught_up.wait_for(
-                lambda: self.reput_from >= target or self.error is not None, timeout
+                lambda: self.committed_to >= target or self.error is not None, timeout
             ) and self.error is None
 
     def shutdown(self, drain_timeout: float = 10.0) -> None:

@@ -11,6 +11,7 @@ touches an unmapped file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import threading
@@ -127,15 +128,40 @@ class MappedFile:
         sparse tail stays sparse.
         """
         changed = 0
-        pos = position
         chunk = len(_ZERO_CHUNK)
-        while pos < self.file_size:
-            n = min(chunk, self.file_size - pos)
-            if self._map[pos : pos + n] != _ZERO_CHUNK[:n]:
-                self._map[pos : pos + n] = _ZERO_CHUNK[:n]
-                changed += 1
-            pos += n
+        # Only the file's data extents can hold stale bytes: holes and fallocated-but-unwritten
+        # extents read as zeros. Skipping them keeps a reopen from reading a mostly empty 1 GiB
+        # segment page by page (SEEK_DATA reports unwritten extents as holes on ext4 and tmpfs).
+        for start, end in self._data_extents(position):
+            pos = start
+            while pos < end:
+                n = min(chunk, end - pos)
+                if self._map[pos : pos + n] != _ZERO_CHUNK[:n]:
+                    self._map[pos : pos + n] = _ZERO_CHUNK[:n]
+                    changed += 1
+                pos += n
         return changed
+
+    def _data_extents(self, position: int) -> list[tuple[int, int]]:
+        """``(start, end)`` ranges at or after ``position`` that may hold non-zero bytes."""
+        extents = []
+        pos = position
+        try:
+            while pos < self.file_size:
+                try:
+                    start = os.lseek(self._fd, pos, os.SEEK_DATA)
+                except OSError as exc:
+                    if exc.errno == errno.ENXIO:  # no data after pos
+                        break
+                    raise
+                if start >= self.file_size:
+                    break
+                end = min(os.lseek(self._fd, start, os.SEEK_HOLE), self.file_size)
+                extents.append((start, end))
+                pos = end
+        except OSError:  # a file system without SEEK_DATA: treat everything as data
+            return [(position, self.file_size)]
+        return extents
 
     # -- flushing -------------------------------------------------------------------------------
 

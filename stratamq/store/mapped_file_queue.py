@@ -108,6 +108,9 @@ class MappedFileQueue:
         self.allocator = allocator
         self.read_only = read_only
         self._files: list[MappedFile] = []
+        # Serialises list replacements: the appender adds at the tail while the clean-up
+        # thread drops from the head; without it one replacement could undo the other.
+        self._files_lock = threading.Lock()
         self.flushed_where = 0
         self.committed_where = 0
         # Store time of the newest record known to be flushed: feeds the checkpoint.
@@ -210,7 +213,8 @@ class MappedFileQueue:
         else:
             self.directory.mkdir(parents=True, exist_ok=True)
             mf = MappedFile(path, self.mapped_file_size, allocate_ahead=self.allocate_ahead)
-        self._files = [*self._files, mf]
+        with self._files_lock:
+            self._files = [*self._files, mf]
         return mf
 
     # -- flushing -------------------------------------------------------------------------------
@@ -263,10 +267,12 @@ class MappedFileQueue:
 
     def delete_below(self, offset: int, interval_forcibly_ms: int = 0) -> list[MappedFile]:
         """Delete whole files that end at or before ``offset`` (never the last file)."""
-        files = self._files
-        doomed = [mf for mf in files[:-1] if mf.file_end_offset <= offset]
+        with self._files_lock:
+            files = self._files
+            doomed = [mf for mf in files[:-1] if mf.file_end_offset <= offset]
+            if doomed:
+                self._files = files[len(doomed):]
         if doomed:
-            self._files = files[len(doomed):]
             for mf in doomed:
                 mf.destroy(interval_forcibly_ms)
         return doomed

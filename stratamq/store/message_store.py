@@ -13,18 +13,28 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import struct
 from collections.abc import Sequence
 from typing import Any
 
 from stratamq.config import FlushDiskType, StoreConfig
-from stratamq.message import Message, Prop, StoredMessage, record_tags
+from stratamq.message import Message, Prop, StoredMessage, parse_offset_msg_id, record_tags
 from stratamq.store.checkpoint import StoreCheckpoint
+from stratamq.store.cleanup import CleanupService
 from stratamq.store.commitlog import CommitLog
-from stratamq.store.consume_queue import FileConsumeQueueStore
 from stratamq.store.consume_queue_format import is_blank_unit
+from stratamq.store.consume_queue_store import (
+    STORE_TYPE_FILES,
+    STORE_TYPE_ROCKSDB,
+    ConsumeQueueStore,
+    open_consume_queue_store,
+    resolve_store_type,
+    write_store_type,
+)
 from stratamq.store.dispatch import Dispatcher, ReputService
 from stratamq.store.filter import TagFilter
 from stratamq.store.flush import AsyncFlushService, ConsumeQueueFlushService, GroupCommitService
+from stratamq.store.index_service import IndexService
 from stratamq.store.layout import StoreLayout
 from stratamq.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
 from stratamq.store.recovery import RecoveryReport, recover_commitlog
@@ -51,14 +61,17 @@ class MessageStore:
     """
 
     def __init__(self, config: StoreConfig | None = None, *, read_only: bool = False,
-                 **overrides: Any) -> None:
+                 force_store_type: bool = False, **overrides: Any) -> None:
         if config is None:
             config = StoreConfig(**overrides)
         elif overrides:
             config = StoreConfig(**{**vars(config), **overrides})
         self.config = config
         self.read_only = read_only
+        # True: open with config.store_type even where the directory records the other type.
+        self.force_store_type = force_store_type
         self.layout = StoreLayout(config.root)
+        self.cq_stores: list[ConsumeQueueStore] = []  # the primary first; two with double write
         self.recovery: RecoveryReport | None = None
         self.checkpoint = StoreCheckpoint()
         self._lock_fd: int | None = None
@@ -66,6 +79,8 @@ class MessageStore:
         self._allocator: AllocateMappedFileService | None = None
         self._flusher: AsyncFlushService | GroupCommitService | None = None
         self._cq_flusher: ConsumeQueueFlushService | None = None
+        self.cleanup: CleanupService | None = None  # retention and the disk-full mark
+        self.index: IndexService | None = None  # key / unique-id lookups (messageIndexEnable)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -81,6 +96,7 @@ class MessageStore:
         try:
             self._open_parts(cfg)
         except BaseException:
+            self._close_cq_stores()  # RocksDB holds a lock of its own until closed
             self._release_lock()
             raise
         self._opened = True
@@ -97,38 +113,97 @@ class MessageStore:
         files = MappedFileQueue(self.layout.commitlog_dir, segment_size,
                                 allocator=self._allocator, read_only=self.read_only)
         files.load()
-        self.consume_queues = FileConsumeQueueStore(self.layout, cfg.cq_file_size,
-                                                    read_only=self.read_only)
-        self.consume_queues.load()
+        self._open_cq_stores(cfg, has_data=bool(files.files))
 
         report = recover_commitlog(files, abnormal, self.checkpoint, cfg.check_crc_on_recover)
-        self.consume_queues.recover()
-        report.dropped_units = self.consume_queues.truncate_dirty(report.end_offset)
+        dropped = []
+        for cq_store in self.cq_stores:
+            cq_store.recover()
+            dropped.append(cq_store.truncate_dirty(report.end_offset))
+        report.dropped_units = dropped[0]  # the primary's: a double-written copy drops the same
         self.recovery = report
         files.flushed_where = files.committed_where = report.end_offset
 
         self.commitlog = CommitLog(files, cfg.store_host, cfg.max_message_size)
+        self.index = self._open_index(cfg, abnormal)
         # Adding a dispatcher (index, RocksDB ConsumeQueue, compaction, tier) is one line here.
-        self._dispatchers: list[Dispatcher] = [self.consume_queues]
+        self._dispatchers: list[Dispatcher] = [*self.cq_stores]  # both with double write
+        if self.index is not None and not self.read_only:
+            self._dispatchers.append(self.index)
         self.reput = ReputService(files, self._dispatchers, self._dispatch_from(report),
                                   cfg.dispatch_interval, recent=self.commitlog.recent_dispatch)
         if not self.read_only:
+            self._reindex()
             replayed = self.reput.replay()
             if replayed:
                 log.info("re-dispatched %d records from offset %d", replayed, report.start_offset)
-        self.consume_queues.correct_min_offsets(self.commitlog.min_offset)
+        for cq_store in self.cq_stores:
+            cq_store.correct_min_offsets(self.commitlog.min_offset)
+            if hasattr(cq_store, "commitlog_min_offset"):  # RocksDB: expiry seen at read time
+                cq_store.commitlog_min_offset = lambda: self.commitlog.min_offset
         self.commitlog.queue_offsets = self.consume_queues.queue_offset_table()
         if self.read_only:
             return
         self.layout.abort.touch()
+        # Give the checkpoint its disk blocks now: rewriting them later needs no free space,
+        # so a store that fills its disk can still checkpoint and close cleanly.
+        self.checkpoint.write(self.layout.checkpoint)
         self._start_services(cfg, files)
 
+    def _open_index(self, cfg: StoreConfig, abnormal: bool) -> IndexService | None:
+        if not cfg.message_index_enable:
+            return None
+        index = IndexService(self.layout.index_dir, cfg.max_hash_slot_num, cfg.max_index_num,
+                             read_only=self.read_only)
+        index.load(abnormal, self.checkpoint.index_msg_timestamp)
+        return index
+
+    def _reindex(self) -> None:
+        """Re-index, from the CommitLog, what the index files dropped on load held."""
+        index = self.index
+        if index is None or index.replay_from is None:
+            return
+        start = max(index.replay_from, self.commitlog.min_offset)
+        count = ReputService(self.commitlog.files, [index], start).replay()
+        log.info("re-indexed %d records from offset %d", count, start)
+
+    def _open_cq_stores(self, cfg: StoreConfig, *, has_data: bool) -> None:
+        """Build and load the ConsumeQueue store(s) by ``storeType`` (and record the type)."""
+        self.store_type = resolve_store_type(self.layout.root, cfg.store_type,
+                                             has_data=has_data, force=self.force_store_type)
+        types = [self.store_type]
+        if cfg.rocksdb_cq_double_write_enable:
+            types.append(STORE_TYPE_ROCKSDB if self.store_type == STORE_TYPE_FILES
+                         else STORE_TYPE_FILES)
+        self.cq_stores = []
+        for store_type in types:
+            cq_store = open_consume_queue_store(store_type, self.layout, cfg.cq_file_size,
+                                                read_only=self.read_only)
+            self.cq_stores.append(cq_store)
+            cq_store.load()
+        self.consume_queues = self.cq_stores[0]
+        if not self.read_only:
+            write_store_type(self.layout.root, self.store_type)
+
+    def _close_cq_stores(self) -> None:
+        for cq_store in self.cq_stores:
+            cq_store.close()
+
+    def _flush_cq_stores(self, least_pages: int) -> None:
+        for cq_store in self.cq_stores:
+            cq_store.flush(least_pages)
+
     def _dispatch_from(self, report: RecoveryReport) -> int:
-        """Where the ConsumeQueues stop being known-complete."""
+        """Where the ConsumeQueues stop being known-complete: the least any store covers.
+
+        A RocksDB store without WAL may have lost its newest batches in a crash; its checkpoint
+        row says how far it got, which can be before the checkpoint's safe offset."""
+        known = min(max(s.max_physic_offset(), self.commitlog.min_offset)
+                    for s in self.cq_stores)
         if report.abnormal:
-            return report.start_offset  # replay is idempotent: units already present are kept
-        known = self.consume_queues.max_physic_offset()
-        return min(max(known, self.commitlog.min_offset), report.end_offset)
+            # Replay is idempotent: units already present are kept.
+            return min(report.start_offset, known)
+        return min(known, report.end_offset)
 
     def _start_services(self, cfg: StoreConfig, files: MappedFileQueue) -> None:
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
@@ -139,7 +214,7 @@ class MessageStore:
                 cfg.flush_commit_log_thorough_interval, self._note_commitlog_flushed,
             )
         self._cq_flusher = ConsumeQueueFlushService(
-            self.consume_queues.flush, cfg.flush_interval_consume_queue,
+            self._flush_cq_stores, cfg.flush_interval_consume_queue,
             cfg.flush_consume_queue_least_pages, cfg.flush_consume_queue_thorough_interval,
             sample_progress=lambda: self.reput.last_store_timestamp,
             on_thorough_flush=self._write_checkpoint,
@@ -148,6 +223,12 @@ class MessageStore:
         self._flusher.start()
         self._cq_flusher.start()
         self.reput.start()
+        # Files go only once dispatched and flushed past (see CleanupService.safe_offset).
+        self.cleanup = CleanupService(
+            cfg, self.layout.root, files, self.cq_stores, index_service=self.index,
+            safe_offset=lambda: min(files.flushed_where, self.reput.reput_from),
+        )
+        self.cleanup.start()
 
     def _on_append(self) -> None:
         # The async flusher is not woken per put: it looks every flushIntervalCommitLog ms and
@@ -162,6 +243,10 @@ class MessageStore:
     def _write_checkpoint(self, logics_timestamp: int) -> None:
         if logics_timestamp > self.checkpoint.logics_msg_timestamp:
             self.checkpoint.logics_msg_timestamp = logics_timestamp
+        if self.index is not None and not self.read_only:
+            indexed = self.index.flush()  # entries up to this store time are now on disk
+            if indexed > self.checkpoint.index_msg_timestamp:
+                self.checkpoint.index_msg_timestamp = indexed
         self.checkpoint.write(self.layout.checkpoint)
 
     def _take_lock(self) -> None:
@@ -188,6 +273,8 @@ class MessageStore:
             return
         self._opened = False
         if not self.read_only:
+            if self.cleanup is not None:
+                self.cleanup.shutdown()
             self.reput.shutdown()
             if self._flusher is not None:
                 self._flusher.shutdown()
@@ -199,7 +286,9 @@ class MessageStore:
             self._note_commitlog_flushed()
             self._write_checkpoint(self.reput.last_store_timestamp)
             self.layout.abort.unlink(missing_ok=True)
-        self.consume_queues.close()
+        self._close_cq_stores()
+        if self.index is not None:
+            self.index.close()
         self.commitlog.files.close()
         self._release_lock()
 
@@ -222,6 +311,9 @@ class MessageStore:
         if self.reput.error is not None:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     error=f"dispatch failed: {self.reput.error}")
+        refusal = self.cleanup.put_refusal() if self.cleanup is not None else None
+        if refusal is not None:  # past diskSpaceWarningLevelRatio: RocketMQ's DISK_FULL flag
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, error=refusal)
         result = self.commitlog.append(messages)
         if result.messages and isinstance(self._flusher, GroupCommitService):
             wants_wait = any(
@@ -237,7 +329,7 @@ class MessageStore:
     def flush(self) -> None:
         """Force everything appended so far to disk (CommitLog and ConsumeQueues)."""
         self.commitlog.files.flush_all()
-        self.consume_queues.flush(0)
+        self._flush_cq_stores(0)
 
     def wait_dispatched(self, timeout: float = 10.0) -> bool:
         """Block until every appended record is visible through the ConsumeQueues."""
@@ -345,12 +437,78 @@ class MessageStore:
         """Decode the record at a CommitLog offset (e.g. from an offset message id)."""
         return self.commitlog.read(physical_offset)
 
+    # -- lookups by key, message id and time (index: docs/formats/index-file.md) --------------
+
+    def query_messages(self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0,
+                       end_ms: int | None = None) -> list[StoredMessage]:
+        """Messages of ``topic`` carrying ``key`` (a word of KEYS, or the unique id) stored
+        in [begin_ms, end_ms], newest first, at most ``max_num``; [] with the index off."""
+        return self._query_index(topic, key, max_num, begin_ms, end_ms, unique_only=False)
+
+    def _query_index(self, topic: str, key: str, max_num: int, begin_ms: int,
+                     end_ms: int | None, *, unique_only: bool) -> list[StoredMessage]:
+        if self.index is None or max_num <= 0:
+            return []
+        end = 2**63 - 1 if end_ms is None else end_ms
+        found: list[StoredMessage] = []
+        seen: set[int] = set()
+        # Entry times are whole seconds, rounded down: ask from a second earlier, then judge by
+        # the record's exact store time. Entries hold only a hash, so check the record's keys.
+        for phys in self.index.query_offsets(topic, key, max(0, begin_ms - 1000), end):
+            if phys in seen:
+                continue
+            seen.add(phys)
+            msg = self._read_record(phys)
+            if msg is None or msg.topic != topic or not begin_ms <= msg.store_timestamp <= end:
+                continue
+            props = msg.properties
+            if props.get(Prop.UNIQ_KEY) != key and (
+                unique_only or key not in props.get(Prop.KEYS, "").split(" ")
+            ):
+                continue
+            found.append(msg)
+            if len(found) >= max_num:
+                break
+        return found
+
+    def _read_record(self, physical_offset: int) -> StoredMessage | None:
+        if physical_offset < 0:
+            return None
+        try:
+            return self.commitlog.read(physical_offset)
+        except (ValueError, struct.error):  # not a record boundary: an id pointing nowhere
+            return None
+
+    def look_message_by_msg_id(self, msg_id: str, topic: str | None = None
+                               ) -> StoredMessage | None:
+        """The message with this id: an offset message id (store host + CommitLog offset) or
+        a unique client id (``UNIQ_KEY``, found through the index, in ``topic`` or any)."""
+        msg_id = msg_id.strip()
+        try:
+            host, phys = parse_offset_msg_id(msg_id)
+        except ValueError:
+            pass
+        else:
+            msg = self._read_record(phys)
+            if msg is not None and msg.physical_offset == phys and msg.store_host == host:
+                return msg
+        for name in [topic] if topic is not None else list(self.topics()):
+            hits = self._query_index(name, msg_id, 1, 0, None, unique_only=True)
+            if hits:
+                return hits[0]
+        return None
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """First queue offset whose message was stored at or after ``timestamp_ms``; the
+        queue's max offset if none was (0 for an unknown queue)."""
+        cq = self.consume_queues.find(topic, queue_id)
+        if cq is None:
+            return 0
+        return cq.offset_by_time(timestamp_ms, self.commitlog.store_timestamp_at)
+
     def topics(self) -> dict[str, list[int]]:
         """Every topic with a ConsumeQueue, with its queue ids."""
-        out: dict[str, list[int]] = {}
-        for cq in self.consume_queues:
-            out.setdefault(cq.topic, []).append(cq.queue_id)
-        return {t: sorted(q) for t, q in sorted(out.items())}
+        return self.consume_queues.topics()
 
     @property
     def min_physical_offset(self) -> int:

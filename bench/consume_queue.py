@@ -1,0 +1,116 @@
+"""ConsumeQueue store benchmark: files (storeType=default) vs RocksDB (defaultRocksDB).
+
+For 1,000, 20,000 and 100,000 queues (``--quick``: 1,000 and 20,000) with a few messages each,
+both stores run in the same invocation, each in its own subprocess (``stratamq bench cq``), with
+RocketMQ's default 300,000-unit (6 MB) ConsumeQueue files. Prints one JSON line per run, then
+one per target with its ratio:
+
+* 20,000 queues: RocksDB ConsumeQueue storage <= 40 MB, restart < 1 s
+* 100,000 queues: RocksDB restart < 2 s
+* RocksDB reads at least half as fast as file reads (same queue count)
+
+Disk use counts allocated blocks (``st_blocks * 512``) and, separately, apparent sizes: a
+RocketMQ ConsumeQueue file is 6 MB however few units it holds, but sparse. The file store keeps
+one descriptor per queue; where the queue count exceeds this process's RLIMIT_NOFILE it cannot
+run at all here, and the line says so (with the apparent bytes it would take).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+MB = 1_000_000
+CQ_FILE_BYTES = 300_000 * 20  # RocketMQ's default mappedFileSizeConsumeQueue
+FD_HEADROOM = 256  # descriptors the store needs besides one per queue
+
+
+def run_one(queues: int, per_queue: int, store_type: str, timeout: float) -> dict:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if store_type == "default" and queues + FD_HEADROOM > soft:
+        return {"bench": "cq", "store_type": store_type, "queues": queues,
+                "messages_per_queue": per_queue,
+                "skipped": f"one open file per queue: {queues} queues exceed "
+                           f"RLIMIT_NOFILE {soft} here",
+                "cq_apparent_bytes_projected": queues * CQ_FILE_BYTES}
+    cmd = [sys.executable, "-m", "stratamq.cli", "bench", "cq", "--queues", str(queues),
+           "--messages-per-queue", str(per_queue), "--store-type", store_type]
+    try:
+        proc = subprocess.run(cmd, cwd=PROJECT, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"bench": "cq", "store_type": store_type, "queues": queues,
+                "error": f"timed out after {timeout:.0f} s"}
+    if proc.returncode != 0:
+        return {"bench": "cq", "store_type": store_type, "queues": queues,
+                "error": proc.stderr.strip()[-500:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def target(name: str, value: float | None, limit: float, *, at_most: bool = True,
+           unit: str = "") -> dict:
+    ok = value is not None and (value <= limit if at_most else value >= limit)
+    return {"target": name, "value": value, "limit": limit, "unit": unit,
+            "ratio": round(value / limit, 4) if value is not None and limit else None,
+            "ok": ok}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1,000 and 20,000 queues only")
+    parser.add_argument("--messages-per-queue", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    args = parser.parse_args()
+    counts = [1_000, 20_000] if args.quick else [1_000, 20_000, 100_000]
+    results: dict[tuple[int, str], dict] = {}
+    for queues in counts:
+        for store_type in ("defaultRocksDB", "default"):
+            line = run_one(queues, args.messages_per_queue, store_type, args.timeout)
+            results[(queues, store_type)] = line
+            print(json.dumps(line), flush=True)
+
+    def get(queues: int, store_type: str, field: str) -> float | None:
+        return results.get((queues, store_type), {}).get(field)
+
+    out = [
+        target("rocksdb_20k_queues_cq_disk_bytes", get(20_000, "defaultRocksDB",
+                                                       "cq_disk_bytes"), 40 * MB, unit="bytes"),
+        target("rocksdb_20k_queues_restart_s", get(20_000, "defaultRocksDB", "restart_s"), 1.0,
+               unit="s"),
+    ]
+    if 100_000 in counts:
+        out.append(target("rocksdb_100k_queues_restart_s",
+                          get(100_000, "defaultRocksDB", "restart_s"), 2.0, unit="s"))
+    for queues in counts:
+        rocks, files = (get(queues, "defaultRocksDB", "get_msgs_per_s"),
+                        get(queues, "default", "get_msgs_per_s"))
+        if rocks and files:
+            line = target(f"rocksdb_vs_files_get_ratio_{queues}_queues",
+                          round(rocks / files, 4), 0.5, at_most=False)
+            line.update(rocksdb_get_msgs_per_s=rocks, files_get_msgs_per_s=files)
+            out.append(line)
+        rd, fd = get(queues, "defaultRocksDB", "cq_disk_bytes"), get(queues, "default",
+                                                                     "cq_disk_bytes")
+        fa = get(queues, "default", "cq_apparent_bytes") or get(queues, "default",
+                                                                "cq_apparent_bytes_projected")
+        out.append({"compare": f"disk_{queues}_queues", "rocksdb_cq_disk_bytes": rd,
+                    "files_cq_disk_bytes": fd, "files_cq_apparent_bytes": fa,
+                    "files_over_rocksdb_allocated": round(fd / rd, 2) if rd and fd else None,
+                    "files_over_rocksdb_apparent": round(fa / rd, 2) if rd and fa else None})
+        rr, fr = get(queues, "defaultRocksDB", "restart_s"), get(queues, "default", "restart_s")
+        out.append({"compare": f"restart_{queues}_queues", "rocksdb_restart_s": rr,
+                    "files_restart_s": fr,
+                    "rocksdb_cq_load_s": get(queues, "defaultRocksDB", "cq_load_s"),
+                    "files_cq_load_s": get(queues, "default", "cq_load_s"),
+                    "rocksdb_put_msgs_per_s": get(queues, "defaultRocksDB", "put_msgs_per_s"),
+                    "files_put_msgs_per_s": get(queues, "default", "put_msgs_per_s")})
+    for line in out:
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

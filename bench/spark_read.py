@@ -1,0 +1,137 @@
+"""Spark read benchmark: rows/s of the ``stratamq`` data source reading one CommitLog segment,
+with 1 and 2 partitions (scaling), against a plain single-process Python scan of the same files
+(walk + ``message.decode`` per record) measured in the same run.
+
+    python bench/spark_read.py [--quick] [--body-size B] [--dir DIR] [--repeat N]
+
+Writes a store with one full segment (1 GiB; 64 MiB with ``--quick``) in a temporary directory
+through ``MessageStore``, then prints JSON lines: ``env``, ``generate``, ``python_scan``,
+``spark`` per partition count (best of ``--repeat`` runs of a full read into Spark's ``noop``
+sink, so every column is built and handed to the JVM), and ``summary`` with the ratios
+(``scaling`` = 2 partitions over 1; ``vs_python`` = 2 partitions over the plain scan;
+``vs_target`` = over the 1,000,000 rows/s the issue sets for a 1 GiB segment on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from stratamq import message as codec  # noqa: E402
+from stratamq.config import StoreConfig  # noqa: E402
+from stratamq.message import Message  # noqa: E402
+from stratamq.store.message_store import MessageStore  # noqa: E402
+
+TARGET_ROWS_PER_S = 1_000_000
+
+
+def emit(obj: dict) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def generate(root: Path, segment: int, body_size: int) -> dict:
+    config = StoreConfig(store_path_root_dir=str(root), mapped_file_size_commit_log=segment)
+    started = time.perf_counter()
+    count = 0
+    with MessageStore(config).open() as store:
+        body = os.urandom(body_size)
+        while store.max_physical_offset < segment:  # until the first segment is full
+            batch = [Message(f"Bench{i % 4}", body, i % 8, {"TAGS": "t", "KEYS": f"k{i}"})
+                     for i in range(count, count + 512)]
+            assert store.put_messages(batch).ok
+            count += len(batch)
+        store.wait_dispatched(60)
+    return {"bench": "generate", "messages": count, "segment_bytes": segment,
+            "body_size": body_size, "seconds": round(time.perf_counter() - started, 2)}
+
+
+def python_scan(root: Path) -> dict:
+    """The baseline: one process, walk each segment and decode every record."""
+    started = time.perf_counter()
+    rows = 0
+    for path in sorted((root / "commitlog").iterdir()):
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            pos = 0
+            while pos + 8 <= len(buf):
+                size, magic = codec.read_size_and_magic(buf, pos)
+                if magic not in (codec.MESSAGE_MAGIC_CODE_V1, codec.MESSAGE_MAGIC_CODE_V2):
+                    break
+                msg = codec.decode(buf, pos)
+                _ = (msg.msg_id, msg.tags, msg.keys)
+                rows += 1
+                pos += size
+    seconds = time.perf_counter() - started
+    return {"bench": "python_scan", "rows": rows, "seconds": round(seconds, 3),
+            "rows_per_s": round(rows / seconds)}
+
+
+def spark_read(spark, root: Path, partitions: int, repeat: int) -> dict:
+    runs = []
+    rows = spark.read.format("stratamq").load(str(root)).count()
+    for _ in range(repeat):
+        df = spark.read.format("stratamq").option("minPartitions", str(partitions)).load(str(root))
+        started = time.perf_counter()
+        df.write.format("noop").mode("overwrite").save()
+        runs.append(time.perf_counter() - started)
+    best = min(runs)
+    return {"bench": "spark", "partitions": partitions,
+            "tasks": df.rdd.getNumPartitions(), "rows": rows,
+            "seconds": round(best, 3), "runs": [round(r, 3) for r in runs],
+            "rows_per_s": round(rows / best)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="64 MiB segment, one run")
+    parser.add_argument("--body-size", type=int, default=200)
+    parser.add_argument("--dir", default=None, help="where to write the store (temp dir)")
+    parser.add_argument("--repeat", type=int, default=None)
+    args = parser.parse_args()
+    segment = (64 if args.quick else 1024) * 1024 * 1024
+    repeat = args.repeat or (1 if args.quick else 3)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    work = Path(tempfile.mkdtemp(prefix="stratamq-spark-bench-", dir=args.dir))
+    try:
+        emit({"bench": "env", "python": sys.version.split()[0], "cpus": os.cpu_count(),
+              "segment_bytes": segment, "repeat": repeat})
+        root = work / "store"
+        emit(generate(root, segment, args.body_size))
+        scan = python_scan(root)
+        emit(scan)
+        from pyspark.sql import SparkSession
+
+        spark = (SparkSession.builder.master("local[2]").appName("stratamq-bench")
+                 .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+                 .config("spark.driver.memory", "2g").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        from stratamq.spark import register
+
+        register(spark)
+        results = {p: spark_read(spark, root, p, repeat) for p in (1, 2)}
+        for r in results.values():
+            emit(r)
+        spark.stop()
+        two = results[2]["rows_per_s"]
+        emit({"bench": "summary", "rows_per_s_1": results[1]["rows_per_s"], "rows_per_s_2": two,
+              "python_scan_rows_per_s": scan["rows_per_s"],
+              "scaling": round(two / results[1]["rows_per_s"], 2),
+              "vs_python": round(two / scan["rows_per_s"], 2),
+              "vs_target": round(two / TARGET_ROWS_PER_S, 3)})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""ConsumeQueue store benchmark: many queues with a few messages each, files vs RocksDB.
+
+One run (``run_cq_bench``) creates ``queues`` queues (4 per topic) with ``messages_per_queue``
+messages each through a real ``MessageStore``, closes it, reopens it (timed: ``restart_s`` is
+``open()`` until the store serves), reads every queue back, and measures the ConsumeQueue
+storage alone: ``cq_disk_bytes`` counts allocated blocks (``st_blocks * 512``: RocketMQ's 6 MB
+ConsumeQueue files are sparse), ``cq_apparent_bytes`` their sizes. Used by ``stratamq bench cq``
+and ``bench/consume_queue.py``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from stratamq.config import StoreConfig
+from stratamq.message import Message
+from stratamq.store.consume_queue_store import (
+    ROCKSDB_CQ_DIR,
+    STORE_TYPE_ROCKSDB,
+    allocated_bytes,
+    apparent_bytes,
+)
+from stratamq.store.message_store import MessageStore
+from stratamq.store.results import GetMessageStatus
+
+QUEUES_PER_TOPIC = 4
+# CommitLog recovery reads the unused tail of the last segment on every open (the same cost for
+# both ConsumeQueue stores); a smaller segment keeps it from drowning what is measured here.
+COMMITLOG_SEGMENT = 128 * 1024 * 1024
+PUT_BATCH = 64  # messages per put_messages call
+
+
+def queue_name(q: int) -> tuple[str, int]:
+    return f"BenchCQ{q // QUEUES_PER_TOPIC:06d}", q % QUEUES_PER_TOPIC
+
+
+def cq_path(root: Path, store_type: str) -> Path:
+    return root / (ROCKSDB_CQ_DIR if store_type == STORE_TYPE_ROCKSDB else "consumequeue")
+
+
+def run_cq_bench(*, queues: int, messages_per_queue: int, store_type: str,
+                 store_dir: str | None = None, body_size: int = 128) -> dict[str, Any]:
+    owned = store_dir is None
+    root = Path(tempfile.mkdtemp(prefix="stratamq-cq-bench-")) if owned else Path(store_dir)
+    if not owned and root.exists() and any(root.iterdir()):
+        raise ValueError(f"{root} is not empty: the bench needs a fresh store directory")
+    config = StoreConfig(store_path_root_dir=str(root), store_type=store_type,
+                         mapped_file_size_commit_log=COMMITLOG_SEGMENT,
+                         message_index_enable=False)  # measure the ConsumeQueues, not the index
+    total = queues * messages_per_queue
+    body = b"x" * body_size
+    out: dict[str, Any] = {"bench": "cq", "store_type": store_type, "queues": queues,
+                           "messages_per_queue": messages_per_queue, "messages": total,
+                           "body_size": body_size}
+    try:
+        store = MessageStore(config).open()
+        try:
+            started = time.perf_counter()
+            batch: list[Message] = []
+            for m in range(messages_per_queue):
+                for q in range(queues):
+                    topic, queue_id = queue_name(q)
+                    batch.append(Message(topic, body, queue_id, properties={"TAGS": f"t{m}"}))
+                    if len(batch) == PUT_BATCH:
+                        _put(store, batch)
+                        batch = []
+            if batch:
+                _put(store, batch)
+            if not store.wait_dispatched(timeout=600):
+                raise RuntimeError("dispatch did not catch up within 600 s")
+            put_s = time.perf_counter() - started
+        finally:
+            store.close()
+        out["put_s"] = round(put_s, 4)
+        out["put_msgs_per_s"] = round(total / put_s, 1)
+        path = cq_path(root, store_type)
+        out["cq_disk_bytes"] = allocated_bytes(path) if path.exists() else 0
+        out["cq_apparent_bytes"] = apparent_bytes(path) if path.exists() else 0
+
+        started = time.perf_counter()
+        store = MessageStore(StoreConfig(store_path_root_dir=str(root),
+                                         message_index_enable=False)).open()
+        out["restart_s"] = round(time.perf_counter() - started, 4)
+        try:
+            read = 0
+            started = time.perf_counter()
+            for q in range(queues):
+                topic, queue_id = queue_name(q)
+                result = store.get_messages("bench", topic, queue_id, 0,
+                                            max_count=messages_per_queue)
+                with result:
+                    if result.status is not GetMessageStatus.FOUND:
+                        raise RuntimeError(f"{topic}/{queue_id}: {result.status.value}")
+                    read += len(result.records)
+            get_s = time.perf_counter() - started
+            if read != total:
+                raise RuntimeError(f"read {read} of {total} messages back")
+        finally:
+            store.close()
+        out["get_s"] = round(get_s, 4)
+        out["get_msgs_per_s"] = round(total / get_s, 1)
+        out["cq_load_s"] = round(_time_cq_load(root, store_type), 4)
+    except OSError as exc:  # e.g. EMFILE: one file per queue runs out of descriptors
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        if owned:
+            shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def _time_cq_load(root: Path, store_type: str) -> float:
+    """The ConsumeQueue part of a restart alone: load the store and its offset table."""
+    from stratamq.store.consume_queue_store import open_consume_queue_store
+    from stratamq.store.layout import StoreLayout
+
+    started = time.perf_counter()
+    cq = open_consume_queue_store(store_type, StoreLayout(root), StoreConfig().cq_file_size)
+    cq.load()
+    cq.recover()
+    cq.queue_offset_table()
+    took = time.perf_counter() - started
+    cq.close()
+    return took
+
+
+def _put(store: MessageStore, batch: list[Message]) -> None:
+    result = store.put_messages(batch)
+    if not result.ok:
+        raise RuntimeError(f"put failed: {result.status.value} {result.error}")

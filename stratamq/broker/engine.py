@@ -1,0 +1,321 @@
+"""The pop/receive engine: receive with long polling, ack, invisible time, redelivery, DLQ, FIFO.
+
+No gRPC here: the servicer turns requests into calls on ``PopEngine`` and its results back into
+responses, so tests and other front ends can drive the semantics directly.
+
+Semantics (Apache RocketMQ 5's pop consumption, simplified where noted):
+
+* A receive pops up to ``batch`` messages of one topic for one group, across all the topic's
+  readable queues (starting at the queue the client named, so clients spread out). A popped
+  message is *in flight* until acked or until its invisible time passes; then the next receive
+  delivers it again with ``delivery_attempt`` + 1. Redelivery is served from the original queue
+  (RocketMQ copies the message into ``%RETRY%<group>`` first; serving it in place keeps FIFO
+  order and writes nothing per retry).
+* A message whose ``delivery_attempt`` reached the group's ``retryMaxTimes + 1`` is not
+  delivered again: it is copied to ``%DLQ%<group>`` (queue 0, with ``DLQ_ORIGIN_TOPIC`` /
+  ``DLQ_ORIGIN_MESSAGE_ID``) and leaves the group's in-flight set.
+* FIFO (the topic is FIFO or the group is ``consumeMessageOrderly``): a queue with a message in
+  flight delivers nothing new to that group, and an expired message is redelivered only when
+  every earlier one in flight in its queue has expired too. Producers' message groups map to
+  queues by hash, so the next message of a group is delivered only after the previous one was
+  acked (a queue is the unit of order, so groups sharing a queue also wait for each other).
+* A new group starts at each queue's min offset: it sees every message still retained.
+* Messages a group's tag filter rejects count as consumed by that group.
+* Every state change is persisted (``PopState``) before the response leaves, so a restart, even
+  after SIGKILL, neither loses an unacked message (it is redelivered after its invisible time)
+  nor redelivers an acked one.
+
+Thread-safety: every public method may be called from any thread; a lock per (group, topic)
+serialises pops and acks of that pair. The store's dispatcher wakes long polls through
+``Notifier.notify`` (registered in ``store.reput.listeners``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from stratamq.broker.convert import (
+    DLQ_ORIGIN_MESSAGE_ID,
+    DLQ_ORIGIN_TOPIC,
+    Receipt,
+    message_id_of,
+)
+from stratamq.broker.errors import BrokerError
+from stratamq.broker.metadata import GroupConfig, MetadataStore, TopicConfig, dlq_topic
+from stratamq.broker.pop_state import InFlight, PopState
+from stratamq.message import DispatchInfo, Message, Prop, StoredMessage
+from stratamq.store.filter import TagFilter
+from stratamq.store.message_store import MessageStore
+from stratamq.store.results import GetMessageStatus
+
+Code = pb.Code
+
+__all__ = ["Notifier", "PopEngine", "Popped", "now_ms"]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Notifier:
+    """Wakes long polls of a topic when the dispatcher makes a message of it readable.
+
+    ``notify`` runs on the dispatcher thread once per record, so it only bumps a counter and
+    takes the condition's lock when somebody is actually waiting.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._seq: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}
+
+    def seq(self, topic: str) -> int:
+        return self._seq.get(topic, 0)
+
+    def notify(self, topic: str) -> None:
+        self._seq[topic] = self._seq.get(topic, 0) + 1
+        if self._waiting.get(topic):
+            with self._cond:
+                self._cond.notify_all()
+
+    def on_dispatch(self, info: DispatchInfo) -> None:
+        self.notify(info.topic)
+
+    def wait(self, topic: str, seen: int, timeout: float) -> None:
+        with self._cond:
+            self._waiting[topic] = self._waiting.get(topic, 0) + 1
+            try:
+                self._cond.wait_for(lambda: self._seq.get(topic, 0) != seen, timeout)
+            finally:
+                self._waiting[topic] -= 1
+
+    def wake_all(self) -> None:
+        with self._cond:
+            for topic in list(self._seq):
+                self._seq[topic] += 1
+            self._cond.notify_all()
+
+
+@dataclass
+class Popped:
+    message: StoredMessage
+    receipt: Receipt
+    attempt: int
+    invisible_ms: int
+
+
+class PopEngine:
+    def __init__(self, store: MessageStore, meta: MetadataStore, state: PopState,
+                 notifier: Notifier) -> None:
+        self.store = store
+        self.meta = meta
+        self.state = state
+        self.notifier = notifier
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self.closing = False
+
+    def _lock(self, group: str, topic: str) -> threading.Lock:
+        key = (group, topic)
+        lock = self._locks.get(key)
+        if lock is None:
+            with self._locks_guard:
+                lock = self._locks.setdefault(key, threading.Lock())
+        return lock
+
+    @staticmethod
+    def orderly(topic: TopicConfig, group: GroupConfig) -> bool:
+        return topic.message_type == "FIFO" or group.consume_message_orderly
+
+    # -- receive --------------------------------------------------------------------------------
+
+    def receive(self, group: GroupConfig, topic: TopicConfig, filt: TagFilter, batch: int,
+                invisible_ms: int, poll_ms: int, start_queue: int = 0,
+                alive: Callable[[], bool] = lambda: True) -> list[Popped]:
+        """Pop up to ``batch`` messages, waiting up to ``poll_ms`` for the first one."""
+        deadline = time.monotonic() + poll_ms / 1000
+        while True:
+            seen = self.notifier.seq(topic.name)
+            popped = self.pop_once(group, topic, filt, batch, invisible_ms, start_queue)
+            remaining = deadline - time.monotonic()
+            if popped or remaining <= 0 or self.closing or not alive():
+                return popped
+            wait = min(remaining, 1.0)  # also the granularity of noticing expired messages
+            next_due = self._next_visible(group.name, topic.name)
+            if next_due is not None:
+                wait = min(wait, max(0.0, (next_due - now_ms()) / 1000) + 0.001)
+            self.notifier.wait(topic.name, seen, wait)
+
+    def _next_visible(self, group: str, topic: str) -> int | None:
+        entries = self.state.entries(group, topic)
+        return min((e.visible_at for e in list(entries.values())), default=None)
+
+    def pop_once(self, group: GroupConfig, topic: TopicConfig, filt: TagFilter, batch: int,
+                 invisible_ms: int, start_queue: int = 0) -> list[Popped]:
+        g, t = group.name, topic.name
+        orderly = self.orderly(topic, group)
+        with self._lock(g, t):
+            now = now_ms()
+            entries = dict(self.state.entries(g, t))
+            out: list[Popped] = []
+            put: dict[tuple[int, int], InFlight] = {}
+            delete: list[tuple[int, int]] = []
+            cursors: dict[int, int] = {}
+            visible_at = now + invisible_ms
+            gen = now
+
+            # 1. Redeliver what has become visible again (oldest queue position first).
+            blocked: set[int] = set()
+            for (qid, off) in sorted(entries):
+                if len(out) >= batch:
+                    break
+                e = entries[(qid, off)]
+                if e.visible_at > now:
+                    blocked.add(qid)
+                    continue
+                if orderly and qid in blocked:
+                    continue
+                msg = self._read_one(g, t, qid, off)
+                if msg is None:  # removed by retention: nothing left to deliver
+                    delete.append((qid, off))
+                    continue
+                if e.attempt >= group.max_delivery_attempts:
+                    self._put_dlq(g, msg, e.attempt)
+                    delete.append((qid, off))
+                    continue
+                ne = InFlight(visible_at, e.attempt + 1, max(gen, e.generation + 1))
+                put[(qid, off)] = ne
+                out.append(Popped(msg, Receipt(qid, off, ne.generation, visible_at),
+                                  ne.attempt, invisible_ms))
+            # Queues still holding a message in flight: closed to new FIFO deliveries.
+            busy = {q for (q, _o) in (set(entries) - set(delete)) | set(put)}
+
+            # 2. New messages, queue by queue from the cursor.
+            qcount = topic.read_queue_nums
+            for i in range(qcount):
+                if len(out) >= batch:
+                    break
+                qid = (start_queue + i) % qcount
+                if orderly and qid in busy:
+                    continue
+                cursor = self.state.cursor(g, t, qid)
+                if cursor is None:
+                    cursor = self.store.get_min_offset_in_queue(t, qid)
+                got = self.store.get_messages(g, t, qid, cursor, max_count=batch - len(out),
+                                              tag_filter=filt)
+                with got:
+                    status = got.status
+                    if status in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
+                                  GetMessageStatus.MESSAGE_WAS_REMOVING,
+                                  GetMessageStatus.OFFSET_TOO_SMALL):
+                        new_cursor = got.next_begin_offset
+                    elif status is GetMessageStatus.OFFSET_OVERFLOW_BADLY:
+                        new_cursor = got.max_offset  # the queue lost its tail (power cut)
+                    else:
+                        new_cursor = cursor
+                    for msg in got.messages():
+                        key = (qid, msg.queue_offset)
+                        ne = InFlight(visible_at, 1, gen)
+                        put[key] = ne
+                        out.append(Popped(msg, Receipt(qid, msg.queue_offset, gen, visible_at),
+                                          1, invisible_ms))
+                if new_cursor != cursor or self.state.cursor(g, t, qid) is None:
+                    cursors[qid] = new_cursor
+            if put or delete or cursors:
+                self.state.apply(g, t, cursors=cursors, put=put, delete=delete)
+            return out
+
+    def _read_one(self, group: str, topic: str, qid: int, offset: int) -> StoredMessage | None:
+        with self.store.get_messages(group, topic, qid, offset, max_count=1) as got:
+            for msg in got.messages():
+                if msg.queue_offset == offset:
+                    return msg
+        return None
+
+    def _put_dlq(self, group: str, msg: StoredMessage, attempts: int) -> None:
+        name = dlq_topic(group)
+        self.meta.create_topic(name, 1, "NORMAL", exist_ok=True)
+        props = dict(msg.properties)
+        props[DLQ_ORIGIN_TOPIC] = msg.topic
+        props[DLQ_ORIGIN_MESSAGE_ID] = message_id_of(msg)
+        props["RECONSUME_TIME"] = str(max(0, attempts - 1))
+        props.pop(Prop.MESSAGE_GROUP, None)  # a DLQ is one plain queue
+        result = self.store.put_message(Message(
+            name, msg.decompressed_body(), 0, props, born_timestamp=msg.born_timestamp,
+            born_host=msg.born_host, reconsume_times=max(0, attempts - 1)))
+        if not result.ok:
+            # Keep the message in flight: losing it would be worse than retrying the move.
+            raise BrokerError(Code.INTERNAL_ERROR, f"cannot write to {name}: {result.status} "
+                              f"{result.error}")
+
+    # -- ack and friends ------------------------------------------------------------------------
+
+    def _current(self, group: str, topic: str, handle: str) -> tuple[Receipt, InFlight | None]:
+        r = Receipt.decode(handle)
+        e = self.state.entries(group, topic).get((r.queue_id, r.offset))
+        if e is not None and e.generation != r.generation:
+            raise BrokerError(Code.INVALID_RECEIPT_HANDLE,
+                              "receipt handle is stale: the message was delivered again or its "
+                              "invisible time was changed since")
+        return r, e
+
+    def ack(self, group: str, topic: str, handle: str) -> None:
+        """Ack one delivery. Acking a message no longer in flight (acked already) is a no-op."""
+        with self._lock(group, topic):
+            r, e = self._current(group, topic, handle)
+            if e is not None:
+                self.state.apply(group, topic, delete=[(r.queue_id, r.offset)])
+        self.notifier.notify(topic)  # a FIFO queue may have become free
+
+    def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
+        with self._lock(group, topic):
+            r, e = self._current(group, topic, handle)
+            if e is None:
+                raise BrokerError(Code.INVALID_RECEIPT_HANDLE,
+                                  "message is not in flight (already acked or moved to the DLQ)")
+            now = now_ms()
+            ne = InFlight(now + invisible_ms, e.attempt, max(now, e.generation + 1))
+            self.state.apply(group, topic, put={(r.queue_id, r.offset): ne})
+        self.notifier.notify(topic)
+        return Receipt(r.queue_id, r.offset, ne.generation, ne.visible_at).encode()
+
+    def forward_to_dlq(self, group: str, topic: str, handle: str) -> None:
+        with self._lock(group, topic):
+            r, e = self._current(group, topic, handle)
+            if e is None:
+                return
+            msg = self._read_one(group, topic, r.queue_id, r.offset)
+            if msg is not None:
+                self._put_dlq(group, msg, e.attempt)
+            self.state.apply(group, topic, delete=[(r.queue_id, r.offset)])
+        self.notifier.notify(topic)
+
+    # -- progress -------------------------------------------------------------------------------
+
+    def progress(self, group: str) -> list[dict]:
+        """Per topic and queue: max offset, the group's consumed offset, in flight, lag."""
+        rows = []
+        topics = sorted({t for (g, t) in self.state.groups_of() if g == group}
+                        | {t for (g, t, _q) in self.state.offsets if g == group})
+        for t in topics:
+            cfg = self.meta.topic(t)
+            qids = range(cfg.queue_count) if cfg else sorted(
+                {q for (g, tt, q) in self.state.cursors if g == group and tt == t})
+            entries = self.state.entries(group, t)
+            for q in qids:
+                max_off = self.store.get_max_offset_in_queue(t, q)
+                committed = self.state.committed(group, t, q)
+                if committed is None:
+                    committed = self.state.offsets.get((group, t, q))
+                if committed is None:
+                    committed = self.store.get_min_offset_in_queue(t, q)
+                rows.append({"topic": t, "queue_id": q, "max_offset": max_off,
+                             "consumer_offset": committed,
+                             "inflight": sum(1 for (qq, _o) in entries if qq == q),
+                             "lag": max(0, max_off - committed)})  # fmt: skip
+        return rows

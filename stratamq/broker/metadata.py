@@ -1,0 +1,281 @@
+"""Topic and consumer-group metadata, kept where Apache RocketMQ keeps it.
+
+Spec: ``docs/formats/broker-metadata.md``. ``<root>/config/topics.json`` holds
+``{"dataVersion": {...}, "topicConfigTable": {name: TopicConfig}}`` and
+``<root>/config/subscriptionGroup.json`` holds ``{"dataVersion": {...},
+"subscriptionGroupTable": {name: GroupConfig}}``, with RocketMQ's field names, so a RocketMQ
+broker's files load here and ours load there. A write goes to ``<file>.tmp``, is fsynced and
+renamed over the file (the previous version is kept as ``<file>.bak`` like RocketMQ does), so a
+kill at any moment leaves either the old or the new table, never a torn one.
+
+Thread-safety: every method may be called from any thread (one lock per table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["GroupConfig", "MetadataError", "MetadataStore", "TopicConfig", "MESSAGE_TYPES",
+           "DEFAULT_RETRY_BACKOFF_MS", "dlq_topic", "retry_topic"]
+
+MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
+PERM_READ, PERM_WRITE, PERM_INHERIT = 4, 2, 1
+NAME_RE = re.compile(r"^[%a-zA-Z0-9_-]{1,127}$")  # RocketMQ's topic and group name rule
+# RocketMQ's delay levels from level 3 on: the push consumer's default retry backoff.
+DEFAULT_RETRY_BACKOFF_MS = [1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000,
+                            300_000, 360_000, 420_000, 480_000, 540_000, 600_000, 1_200_000,
+                            1_800_000, 3_600_000, 7_200_000]  # fmt: skip
+
+
+def retry_topic(group: str) -> str:
+    return f"%RETRY%{group}"
+
+
+def dlq_topic(group: str) -> str:
+    return f"%DLQ%{group}"
+
+
+class MetadataError(ValueError):
+    """A bad topic or group definition; ``kind`` is "invalid", "not_found" or "exists"."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def check_name(what: str, name: str) -> None:
+    if not NAME_RE.match(name or ""):
+        raise MetadataError("invalid", f"{what} name {name!r} must match {NAME_RE.pattern}")
+
+
+@dataclass
+class TopicConfig:
+    name: str
+    read_queue_nums: int = 8
+    write_queue_nums: int = 8
+    perm: int = PERM_READ | PERM_WRITE
+    message_type: str = "NORMAL"
+
+    @property
+    def queue_count(self) -> int:
+        return max(self.read_queue_nums, self.write_queue_nums)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topicName": self.name, "readQueueNums": self.read_queue_nums,
+                "writeQueueNums": self.write_queue_nums, "perm": self.perm,
+                "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0,
+                "order": self.message_type == "FIFO",
+                "attributes": {"message.type": self.message_type}}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TopicConfig:
+        attrs = d.get("attributes") or {}
+        mtype = attrs.get("message.type") or attrs.get("+message.type")
+        if not mtype:
+            mtype = "FIFO" if d.get("order") else "NORMAL"
+        return cls(d["topicName"], int(d.get("readQueueNums", 8)),
+                   int(d.get("writeQueueNums", 8)), int(d.get("perm", 6)), str(mtype).upper())
+
+
+@dataclass
+class GroupConfig:
+    name: str
+    consume_enable: bool = True
+    consume_message_orderly: bool = False
+    retry_max_times: int = 16
+    retry_backoff_ms: list[int] = field(default_factory=lambda: list(DEFAULT_RETRY_BACKOFF_MS))
+
+    @property
+    def max_delivery_attempts(self) -> int:
+        return self.retry_max_times + 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"groupName": self.name, "consumeEnable": self.consume_enable,
+                "consumeFromMinEnable": True, "consumeBroadcastEnable": True,
+                "consumeMessageOrderly": self.consume_message_orderly,
+                "retryQueueNums": 1, "retryMaxTimes": self.retry_max_times, "brokerId": 0,
+                "whichBrokerWhenConsumeSlowly": 1, "notifyConsumerIdsChangedEnable": True,
+                "groupRetryPolicy": {"type": "CUSTOMIZED",
+                                     "customizedRetryPolicy": {"next": self.retry_backoff_ms}},
+                "attributes": {}}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GroupConfig:
+        policy = (d.get("groupRetryPolicy") or {}).get("customizedRetryPolicy") or {}
+        backoff = [int(x) for x in policy.get("next") or DEFAULT_RETRY_BACKOFF_MS]
+        return cls(d["groupName"], bool(d.get("consumeEnable", True)),
+                   bool(d.get("consumeMessageOrderly", False)), int(d.get("retryMaxTimes", 16)),
+                   backoff)
+
+
+class _JsonTable:
+    """One RocketMQ-style JSON config file: a table of named entries plus a data version."""
+
+    def __init__(self, path: Path, table_key: str, load_entry, dump_entry) -> None:
+        self.path = path
+        self.table_key = table_key
+        self._dump_entry = dump_entry
+        self.lock = threading.RLock()
+        self.entries: dict[str, Any] = {}
+        self.counter = 0
+        if path.exists():
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise MetadataError("invalid", f"cannot read {path}: {exc}; the previous version "
+                                    f"is in {path}.bak") from None
+            self.counter = int((doc.get("dataVersion") or {}).get("counter", 0))
+            for name, entry in (doc.get(table_key) or {}).items():
+                self.entries[name] = load_entry(entry)
+
+    def save(self) -> None:
+        with self.lock:
+            self.counter += 1
+            doc = {"dataVersion": {"counter": self.counter, "stateVersion": 0,
+                                   "timestamp": int(time.time() * 1000)},
+                   self.table_key: {n: self._dump_entry(e) for n, e in
+                                    sorted(self.entries.items())}}  # fmt: skip
+            data = json.dumps(doc, indent=2, sort_keys=True).encode("utf-8")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if self.path.exists():
+                os.replace(self.path, self.path.with_name(self.path.name + ".bak"))
+            os.replace(tmp, self.path)
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+
+
+class MetadataStore:
+    """Topics and groups of one broker, persisted under ``<root>/config``."""
+
+    def __init__(self, root: Path, default_retry_max_times: int = 16) -> None:
+        self.dir = Path(root) / "config"
+        self.default_retry_max_times = default_retry_max_times
+        self._topics = _JsonTable(self.dir / "topics.json", "topicConfigTable",
+                                  TopicConfig.from_json, TopicConfig.to_json)
+        self._groups = _JsonTable(self.dir / "subscriptionGroup.json", "subscriptionGroupTable",
+                                  GroupConfig.from_json, GroupConfig.to_json)
+
+    # -- topics ---------------------------------------------------------------------------------
+
+    def topic(self, name: str) -> TopicConfig | None:
+        return self._topics.entries.get(name)
+
+    def topics(self) -> list[TopicConfig]:
+        return [self._topics.entries[n] for n in sorted(self._topics.entries)]
+
+    def create_topic(self, name: str, queues: int, message_type: str = "NORMAL",
+                     *, exist_ok: bool = False) -> TopicConfig:
+        check_name("topic", name)
+        message_type = message_type.upper()
+        if message_type not in MESSAGE_TYPES:
+            raise MetadataError("invalid", f"message type {message_type!r} is not one of "
+                                + "|".join(MESSAGE_TYPES))
+        if not 1 <= queues <= 1024:
+            raise MetadataError("invalid", f"queues must be 1..1024, not {queues}")
+        with self._topics.lock:
+            existing = self._topics.entries.get(name)
+            if existing is not None:
+                if exist_ok:
+                    return existing
+                raise MetadataError("exists", f"topic {name!r} already exists")
+            cfg = TopicConfig(name, queues, queues, PERM_READ | PERM_WRITE, message_type)
+            self._topics.entries[name] = cfg
+            self._topics.save()
+            return cfg
+
+    def update_topic(self, name: str, queues: int | None = None,
+                     message_type: str | None = None, perm: int | None = None) -> TopicConfig:
+        with self._topics.lock:
+            cfg = self._topics.entries.get(name)
+            if cfg is None:
+                raise MetadataError("not_found", f"topic {name!r} does not exist")
+            new = TopicConfig(**vars(cfg))
+            if queues is not None:
+                if not 1 <= queues <= 1024:
+                    raise MetadataError("invalid", f"queues must be 1..1024, not {queues}")
+                new.read_queue_nums = new.write_queue_nums = queues
+            if message_type is not None:
+                if message_type.upper() not in MESSAGE_TYPES:
+                    raise MetadataError("invalid", f"message type {message_type!r} is not one "
+                                        "of " + "|".join(MESSAGE_TYPES))
+                new.message_type = message_type.upper()
+            if perm is not None:
+                new.perm = perm
+            self._topics.entries[name] = new
+            self._topics.save()
+            return new
+
+    def delete_topic(self, name: str) -> None:
+        with self._topics.lock:
+            if self._topics.entries.pop(name, None) is None:
+                raise MetadataError("not_found", f"topic {name!r} does not exist")
+            self._topics.save()
+
+    # -- groups ---------------------------------------------------------------------------------
+
+    def group(self, name: str) -> GroupConfig | None:
+        return self._groups.entries.get(name)
+
+    def groups(self) -> list[GroupConfig]:
+        return [self._groups.entries[n] for n in sorted(self._groups.entries)]
+
+    def create_group(self, name: str, *, retry_max_times: int | None = None,
+                     orderly: bool = False, retry_backoff_ms: list[int] | None = None,
+                     exist_ok: bool = False) -> GroupConfig:
+        check_name("group", name)
+        with self._groups.lock:
+            existing = self._groups.entries.get(name)
+            if existing is not None:
+                if exist_ok:
+                    return existing
+                raise MetadataError("exists", f"group {name!r} already exists")
+            cfg = GroupConfig(name, True, orderly,
+                              self.default_retry_max_times if retry_max_times is None
+                              else retry_max_times)
+            if retry_backoff_ms:
+                cfg.retry_backoff_ms = list(retry_backoff_ms)
+            self._check_group(cfg)
+            self._groups.entries[name] = cfg
+            self._groups.save()
+            return cfg
+
+    def update_group(self, name: str, **changes: Any) -> GroupConfig:
+        with self._groups.lock:
+            cfg = self._groups.entries.get(name)
+            if cfg is None:
+                raise MetadataError("not_found", f"group {name!r} does not exist")
+            new = GroupConfig(**{**vars(cfg), **{k: v for k, v in changes.items()
+                                                 if v is not None}})
+            self._check_group(new)
+            self._groups.entries[name] = new
+            self._groups.save()
+            return new
+
+    def delete_group(self, name: str) -> None:
+        with self._groups.lock:
+            if self._groups.entries.pop(name, None) is None:
+                raise MetadataError("not_found", f"group {name!r} does not exist")
+            self._groups.save()
+
+    @staticmethod
+    def _check_group(cfg: GroupConfig) -> None:
+        if not 0 <= cfg.retry_max_times <= 1000:
+            raise MetadataError("invalid", f"retryMaxTimes must be 0..1000, "
+                                f"not {cfg.retry_max_times}")
+        if not cfg.retry_backoff_ms or any(ms <= 0 for ms in cfg.retry_backoff_ms):
+            raise MetadataError("invalid", "retry backoff must be a list of positive ms")

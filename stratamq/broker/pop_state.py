@@ -1,0 +1,150 @@
+"""Durable consumer progress and in-flight (popped, not yet acked) messages, in RocksDB.
+
+Spec: ``docs/formats/broker-pop-state.md``. The database lives in ``<root>/config/popState``.
+
+Why RocksDB (rocksdict) and not a JSON file or a home-made journal: every receive and every ack
+changes this state, so it must be written per request, atomically for several keys at once (a
+pop moves a cursor *and* records the popped offsets), and it must survive a SIGKILL between any
+two of those writes. A RocksDB ``WriteBatch`` is exactly that: one atomic WAL append per
+request. The WAL is in the OS page cache once ``write`` returns, so a killed process loses
+nothing; ``popStateSyncWrite=true`` also fsyncs it so a power cut loses nothing either.
+Compaction keeps the files small however many acks went by, which a journal would have to
+reimplement.
+
+Keys are ``kind \\0 group \\0 topic \\0`` then big-endian integers, so one group's or one
+topic's keys are contiguous:
+
+* ``C``: ``queue_id u32`` -> ``offset u64``: the pop cursor, the next never-delivered offset.
+* ``I``: ``queue_id u32, offset u64`` -> ``visible_at_ms i64, attempt u32, generation i64``:
+  one in-flight message. ``attempt`` counts deliveries (1 = first); ``generation`` changes on
+  every delivery and every invisible-time change, so a receipt handle from before either is
+  recognised as stale.
+* ``O``: ``queue_id u32`` -> ``offset u64``: the offset a pull consumer committed (UpdateOffset).
+
+The whole state is also held in memory (loaded at open); the in-memory copy is the read path.
+Thread-safety: callers serialise writers per (group, topic) (see ``PopEngine``); the dicts are
+only mutated together with the batch that persists the change.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+__all__ = ["InFlight", "PopState"]
+
+_QID = struct.Struct(">I")
+_QID_OFF = struct.Struct(">IQ")
+_OFFSET = struct.Struct(">Q")
+_ENTRY = struct.Struct(">qIq")
+
+
+@dataclass
+class InFlight:
+    visible_at: int  # ms since the epoch when the message may be delivered again
+    attempt: int  # deliveries so far (1 after the first)
+    generation: int  # identifies the latest receipt handle
+
+
+def _prefix(kind: bytes, group: str, topic: str) -> bytes:
+    return kind + b"\0" + group.encode() + b"\0" + topic.encode() + b"\0"
+
+
+def _split(key: bytes) -> tuple[bytes, str, str, bytes]:
+    kind, group, topic, rest = key.split(b"\0", 3)
+    return kind, group.decode(), topic.decode(), rest
+
+
+class PopState:
+    """Cursors, in-flight entries and pull offsets of every group; see the module docstring."""
+
+    def __init__(self, path: Path, sync: bool = False) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        opts = Options(raw_mode=True)
+        opts.create_if_missing(True)
+        self.db = Rdict(str(path), opts)
+        self.write_opts = WriteOptions()
+        self.write_opts.sync = sync
+        self.cursors: dict[tuple[str, str, int], int] = {}
+        self.inflight: dict[tuple[str, str], dict[tuple[int, int], InFlight]] = {}
+        self.offsets: dict[tuple[str, str, int], int] = {}
+        for key, value in self.db.items():
+            kind, group, topic, rest = _split(key)
+            if kind == b"C":
+                self.cursors[(group, topic, _QID.unpack(rest)[0])] = _OFFSET.unpack(value)[0]
+            elif kind == b"O":
+                self.offsets[(group, topic, _QID.unpack(rest)[0])] = _OFFSET.unpack(value)[0]
+            elif kind == b"I":
+                qid, off = _QID_OFF.unpack(rest)
+                self.inflight.setdefault((group, topic), {})[(qid, off)] = InFlight(
+                    *_ENTRY.unpack(value))
+
+    def close(self) -> None:
+        self.db.flush_wal(True)
+        self.db.close()
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def cursor(self, group: str, topic: str, queue_id: int) -> int | None:
+        return self.cursors.get((group, topic, queue_id))
+
+    def entries(self, group: str, topic: str) -> dict[tuple[int, int], InFlight]:
+        return self.inflight.get((group, topic), {})
+
+    def committed(self, group: str, topic: str, queue_id: int) -> int | None:
+        """Everything below this offset is consumed (acked or filtered out) by the group."""
+        cursor = self.cursors.get((group, topic, queue_id))
+        if cursor is None:
+            return None
+        pending = [off for (q, off) in self.entries(group, topic) if q == queue_id]
+        return min([cursor, *pending])
+
+    def groups_of(self) -> set[tuple[str, str]]:
+        return {(g, t) for (g, t, _q) in self.cursors} | set(self.inflight)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def apply(self, group: str, topic: str, *, cursors: dict[int, int] | None = None,
+              put: dict[tuple[int, int], InFlight] | None = None,
+              delete: Iterable[tuple[int, int]] = ()) -> None:
+        """Persist a set of changes atomically, then mirror them in memory."""
+        batch = WriteBatch(raw_mode=True)
+        delete = list(delete)
+        for qid, off in (cursors or {}).items():
+            batch.put(_prefix(b"C", group, topic) + _QID.pack(qid), _OFFSET.pack(off))
+        for (qid, off), e in (put or {}).items():
+            batch.put(_prefix(b"I", group, topic) + _QID_OFF.pack(qid, off),
+                      _ENTRY.pack(e.visible_at, e.attempt, e.generation))
+        for qid, off in delete:
+            batch.delete(_prefix(b"I", group, topic) + _QID_OFF.pack(qid, off))
+        self.db.write(batch, self.write_opts)
+        for qid, off in (cursors or {}).items():
+            self.cursors[(group, topic, qid)] = off
+        table = self.inflight.setdefault((group, topic), {})
+        table.update(put or {})
+        for key in delete:
+            table.pop(key, None)
+
+    def set_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        batch = WriteBatch(raw_mode=True)
+        batch.put(_prefix(b"O", group, topic) + _QID.pack(queue_id), _OFFSET.pack(offset))
+        self.db.write(batch, self.write_opts)
+        self.offsets[(group, topic, queue_id)] = offset
+
+    def drop_topic(self, topic: str) -> None:
+        """Forget every group's state for a deleted topic."""
+        batch = WriteBatch(raw_mode=True)
+        for key in list(self.db.keys()):
+            _kind, _group, t, _rest = _split(key)
+            if t == topic:
+                batch.delete(key)
+        self.db.write(batch, self.write_opts)
+        for table in (self.cursors, self.offsets):
+            for k in [k for k in table if k[1] == topic]:
+                del table[k]
+        for k in [k for k in self.inflight if k[1] == topic]:
+            del self.inflight[k]

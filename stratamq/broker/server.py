@@ -1,0 +1,819 @@
+"""The gRPC broker: ``apache.rocketmq.v2.MessagingService`` for the official RocketMQ 5 clients,
+plus a small StrataMQ admin service, on one port.
+
+Protocol definitions come from the generated modules shipped in the official client package
+(``rocketmq.grpc_protocol``), never from hand-copied ``.proto`` files.
+
+RPCs (every failure is answered with a ``Status``; nothing a client sends crashes the broker):
+
+* ``QueryRoute``: one ``MessageQueue`` per queue id with READ/WRITE permission, this broker
+  (id 0) and the endpoints the client used, and the topic's message type as the only accepted
+  type. Unknown topic: ``TOPIC_NOT_FOUND`` (auto-create is off by default).
+* ``Heartbeat`` / ``NotifyClientTermination``: the broker tracks live clients per group.
+* ``Telemetry``: each ``settings`` command is answered with the broker's settings: for a
+  producer max body size (``maxMessageSize``), type validation on and an exponential send
+  backoff; for a consumer the subscription (``fifo`` when the group consumes orderly),
+  batch size, long-polling timeout and the group's retry policy (``max_attempts`` =
+  ``retryMaxTimes`` + 1, customized backoff).
+* ``SendMessage``: NORMAL / FIFO (the message group picks the queue by hash) / DELAY (handed to
+  ``Broker.timer``; refused with ``UNSUPPORTED`` when no timer service runs). The message type
+  must match the topic's.
+* ``ReceiveMessage`` (server stream: status, then the messages, then the delivery timestamp),
+  ``AckMessage``, ``ChangeInvisibleDuration``, ``ForwardMessageToDeadLetterQueue``,
+  ``QueryAssignment`` (one assignment per topic with queue id -1: a receive pops across every
+  queue, as RocketMQ's proxy does): see ``engine.py`` for the semantics.
+
+Offset-based reads, for replaying a queue from any offset (what the Spark source uses):
+
+* ``QueryOffset(message_queue{topic.name, id}, query_offset_policy)``: ``BEGINNING`` -> the
+  queue's min offset, ``END`` -> its max offset (the next offset to be written),
+  ``TIMESTAMP`` (+ ``timestamp``) -> the first offset stored at or after that time (the max
+  offset if none). Unknown topic: ``TOPIC_NOT_FOUND``; queue id out of range: ``BAD_REQUEST``.
+* ``PullMessage(group.name, message_queue{topic.name, id}, offset, batch_size,
+  filter_expression, long_polling_timeout)``: a server stream of ``status``, then up to
+  ``batch_size`` messages in offset order (``system_properties.queue_offset`` is each
+  message's offset; bodies are byte-identical; no receipt handle), then ``next_offset``: the
+  offset to pull from next (it moves past messages the tag filter skipped). Status ``OK`` when
+  the pull read something (possibly zero messages after filtering, with ``next_offset``
+  advanced); ``MESSAGE_NOT_FOUND`` when ``offset`` is the end of the queue and nothing arrived
+  within ``long_polling_timeout``; ``ILLEGAL_OFFSET`` when ``offset`` is below the min offset
+  (retention removed it) or past the end, with ``next_offset`` set to the min / max offset to
+  resume from. A reader replays ``[start, end)`` by pulling from ``start`` and following
+  ``next_offset`` until it reaches ``end`` (from ``QueryOffset END`` taken at the start).
+  Pulls keep no state and need no consumer group registration (the group name is only used
+  for logging and access control).
+* ``UpdateOffset`` / ``GetOffset``: a pull consumer's committed offset per (group, queue),
+  durable; ``GetOffset`` falls back to the group's pop progress, else ``OFFSET_NOT_FOUND``.
+
+Not supported (answered ``NOT_IMPLEMENTED``): transactions (``EndTransaction``),
+``RecallMessage``, lite topics (``SyncLiteSubscription``), SQL92 filters
+(``ILLEGAL_FILTER_EXPRESSION``).
+
+Admin (``stratamq.admin.v1.Admin``, JSON request and response bodies, gRPC status codes for
+errors; the client package's ``admin_pb2`` only changes log levels): see ``admin.py``.
+
+Hook points for the parts other modules provide (all off by default):
+
+* ``Broker._authorize(context, resource, action)`` runs at the start of every RPC; with
+  ``Broker.acl`` None it does nothing, else it calls ``acl.authorize(metadata, resource,
+  action)`` which raises ``BrokerError(UNAUTHORIZED | FORBIDDEN, ...)``. Resources are
+  ``"Topic:<name>"``, ``"Group:<name>"`` or ``"Cluster"``; actions ``"Pub"``, ``"Sub"``,
+  ``"Get"``, ``"Create"``, ``"Update"``, ``"Delete"``, ``"List"``.
+* ``Broker.metrics``: ``on_send(topic, count, nbytes, seconds)``, ``on_receive(group, topic,
+  count, nbytes)``, ``on_ack(group, topic, count)``; ``NullMetrics`` by default.
+* ``Broker.timer``: ``submit(message, deliver_at_ms) -> PutMessageResult`` for DELAY sends.
+* ``Broker.server_credentials``: a ``grpc.ServerCredentials`` for TLS (plaintext if None).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from stratamq.broker.convert import to_pb_message, to_store_message
+from stratamq.broker.engine import Notifier, PopEngine, now_ms
+from stratamq.broker.errors import BrokerError
+from stratamq.broker.metadata import GroupConfig, MetadataError, MetadataStore, TopicConfig
+from stratamq.broker.pop_state import PopState
+from stratamq.config import BrokerConfig, StoreConfig
+from stratamq.message import Host, Prop, tags_hash_code
+from stratamq.store.filter import TagFilter
+from stratamq.store.message_store import MessageStore
+from stratamq.store.results import GetMessageStatus, PutMessageStatus
+
+log = logging.getLogger(__name__)
+Code = pb.Code
+
+__all__ = ["Broker", "NullMetrics"]
+
+_PUT_CODES = {
+    PutMessageStatus.PUT_OK: Code.OK,
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: Code.MASTER_PERSISTENCE_TIMEOUT,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: Code.SLAVE_PERSISTENCE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: Code.HA_NOT_AVAILABLE,
+    PutMessageStatus.MESSAGE_ILLEGAL: Code.BAD_REQUEST,
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: Code.MESSAGE_PROPERTIES_TOO_LARGE,
+}
+
+
+class NullMetrics:
+    """The metrics hook when no metrics service is configured: every call does nothing."""
+
+    def on_send(self, topic: str, count: int, nbytes: int, seconds: float) -> None:
+        pass
+
+    def on_receive(self, group: str, topic: str, count: int, nbytes: int) -> None:
+        pass
+
+    def on_ack(self, group: str, topic: str, count: int) -> None:
+        pass
+
+
+def _status(code: int = Code.OK, message: str = "OK") -> pb.Status:
+    return pb.Status(code=code, message=message)
+
+
+def _peer_host(context: grpc.ServicerContext) -> Host:
+    peer = context.peer() or ""
+    try:
+        kind, _, rest = peer.partition(":")
+        if kind in ("ipv4", "ipv6"):
+            return Host.parse(rest)
+    except ValueError:
+        pass
+    return Host("127.0.0.1", 0)
+
+
+def _unary(response_cls: type) -> Callable:
+    """Turn BrokerError (and any bug) into a Status response instead of a failed RPC."""
+
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def handler(self: MessagingServicer, request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                return fn(self, request, context)
+            except BrokerError as exc:
+                return response_cls(status=_status(exc.code, exc.message))
+            except MetadataError as exc:
+                return response_cls(status=_status(Code.BAD_REQUEST, str(exc)))
+            except Exception as exc:  # a bug must cost one request, not the broker
+                log.exception("%s failed", fn.__name__)
+                return response_cls(status=_status(Code.INTERNAL_ERROR,
+                                                   f"{type(exc).__name__}: {exc}"))
+
+        return handler
+
+    return wrap
+
+
+def _streaming(response_cls: type) -> Callable:
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def handler(self: MessagingServicer, request: Any, context: grpc.ServicerContext
+                    ) -> Iterator[Any]:
+            try:
+                yield from fn(self, request, context)
+            except BrokerError as exc:
+                yield response_cls(status=_status(exc.code, exc.message))
+            except Exception as exc:
+                log.exception("%s failed", fn.__name__)
+                yield response_cls(status=_status(Code.INTERNAL_ERROR,
+                                                  f"{type(exc).__name__}: {exc}"))
+
+        return handler
+
+    return wrap
+
+
+class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
+    """Thin adapter: validate, authorize, call the engine/store, build the response."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+        self._round_robin = itertools.count(random.randrange(1 << 16))
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _topic(self, name: str, *, create: bool = False) -> TopicConfig:
+        if not name:
+            raise BrokerError(Code.ILLEGAL_TOPIC, "topic name is empty")
+        cfg = self.b.meta.topic(name)
+        if cfg is None and create and self.b.config.auto_create_topic_enable:
+            cfg = self.b.meta.create_topic(name, self.b.config.default_topic_queue_nums,
+                                           exist_ok=True)
+        if cfg is None:
+            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
+        return cfg
+
+    def _group(self, name: str) -> GroupConfig:
+        if not name:
+            raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, "consumer group name is empty")
+        cfg = self.b.meta.group(name)
+        if cfg is None and self.b.config.auto_create_subscription_group:
+            try:
+                cfg = self.b.meta.create_group(name, exist_ok=True)
+            except MetadataError as exc:
+                raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, str(exc)) from None
+        if cfg is None:
+            raise BrokerError(Code.CONSUMER_GROUP_NOT_FOUND, f"group {name!r} does not exist")
+        if not cfg.consume_enable:
+            raise BrokerError(Code.FORBIDDEN, f"group {name!r} has consumeEnable=false")
+        return cfg
+
+    def _queue_id(self, topic: TopicConfig, qid: int) -> int:
+        if not 0 <= qid < topic.queue_count:
+            raise BrokerError(Code.BAD_REQUEST,
+                              f"queue {qid} out of range: topic {topic.name!r} has "
+                              f"{topic.queue_count} queues")
+        return qid
+
+    def _endpoints(self, requested: pb.Endpoints | None) -> pb.Endpoints:
+        if requested is not None and requested.addresses:
+            return requested  # the address the client reached us on: right behind NAT too
+        host, port = self.b.advertised
+        return pb.Endpoints(scheme=pb.IPv6 if ":" in host else pb.IPv4,
+                            addresses=[pb.Address(host=host, port=port)])
+
+    def _message_queue(self, topic: TopicConfig, qid: int, endpoints: pb.Endpoints
+                       ) -> pb.MessageQueue:
+        readable = qid < topic.read_queue_nums and topic.perm & 4
+        writable = qid < topic.write_queue_nums and topic.perm & 2
+        perm = {(True, True): pb.READ_WRITE, (True, False): pb.READ,
+                (False, True): pb.WRITE}.get((bool(readable), bool(writable)), pb.NONE)
+        return pb.MessageQueue(
+            topic=pb.Resource(name=topic.name), id=qid, permission=perm,
+            broker=pb.Broker(name=self.b.config.broker_name, id=0, endpoints=endpoints),
+            accept_message_types=[pb.MessageType.Value(topic.message_type)])
+
+    @staticmethod
+    def _filter(expr: pb.FilterExpression) -> TagFilter:
+        if expr.type == pb.SQL:
+            raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION,
+                              "SQL92 filter expressions are not supported; use tags")
+        try:
+            return TagFilter(expr.expression or "*")
+        except ValueError as exc:
+            raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION, str(exc)) from None
+
+    # -- route, heartbeat, telemetry ------------------------------------------------------------
+
+    @_unary(svc.QueryRouteResponse)
+    def QueryRoute(self, request, context):
+        self.b._authorize(context, f"Topic:{request.topic.name}", "Get")
+        topic = self._topic(request.topic.name, create=True)
+        endpoints = self._endpoints(request.endpoints)
+        return svc.QueryRouteResponse(status=_status(), message_queues=[
+            self._message_queue(topic, q, endpoints) for q in range(topic.queue_count)])
+
+    @_unary(svc.HeartbeatResponse)
+    def Heartbeat(self, request, context):
+        self.b._authorize(context, "Cluster", "Get")
+        group = request.group.name if request.HasField("group") else ""
+        if group and request.client_type != pb.PRODUCER:
+            self._group(group)
+        self.b.note_client(context, group, pb.ClientType.Name(request.client_type))
+        return svc.HeartbeatResponse(status=_status())
+
+    @_unary(svc.NotifyClientTerminationResponse)
+    def NotifyClientTermination(self, request, context):
+        self.b._authorize(context, "Cluster", "Get")
+        self.b.forget_client(context)
+        return svc.NotifyClientTerminationResponse(status=_status())
+
+    def Telemetry(self, request_iterator, context):
+        try:
+            self.b._authorize(context, "Cluster", "Get")
+            for cmd in request_iterator:
+                if cmd.HasField("settings"):
+                    yield self._settings_reply(cmd.settings, context)
+        except BrokerError as exc:
+            yield svc.TelemetryCommand(status=_status(exc.code, exc.message))
+        except Exception as exc:
+            if context.is_active():
+                log.exception("Telemetry failed")
+                yield svc.TelemetryCommand(status=_status(Code.INTERNAL_ERROR, str(exc)))
+
+    def _settings_reply(self, s: pb.Settings, context) -> svc.TelemetryCommand:
+        out = pb.Settings()
+        out.CopyFrom(s)
+        if s.HasField("publishing"):
+            out.publishing.max_body_size = self.b.store_config.max_message_size
+            out.publishing.validate_message_type = True
+            backoff = out.backoff_policy
+            backoff.Clear()
+            backoff.max_attempts = 3
+            backoff.exponential_backoff.initial.FromMilliseconds(10)
+            backoff.exponential_backoff.max.FromMilliseconds(1000)
+            backoff.exponential_backoff.multiplier = 2.0
+        elif s.HasField("subscription"):
+            group = self._group(s.subscription.group.name)
+            sub = out.subscription
+            orderly = group.consume_message_orderly or any(
+                (t := self.b.meta.topic(e.topic.name)) is not None and t.message_type == "FIFO"
+                for e in s.subscription.subscriptions)
+            sub.fifo = orderly
+            sub.receive_batch_size = self.b.config.receive_batch_size
+            wanted = (s.subscription.long_polling_timeout.ToMilliseconds()
+                      if s.subscription.HasField("long_polling_timeout") else 30_000)
+            sub.long_polling_timeout.FromMilliseconds(
+                max(1000, min(wanted, self.b.config.max_long_polling_time_mills)))
+            backoff = out.backoff_policy
+            backoff.Clear()
+            backoff.max_attempts = group.max_delivery_attempts
+            for ms in group.retry_backoff_ms:
+                backoff.customized_backoff.next.add().FromMilliseconds(ms)
+            self.b.note_client(context, group.name, pb.ClientType.Name(s.client_type))
+        out.metric.on = False
+        return svc.TelemetryCommand(status=_status(), settings=out)
+
+    # -- send -----------------------------------------------------------------------------------
+
+    @_unary(svc.SendMessageResponse)
+    def SendMessage(self, request, context):
+        if not request.messages:
+            raise BrokerError(Code.BAD_REQUEST, "SendMessageRequest has no messages")
+        peer = _peer_host(context)
+        entries = []
+        started = time.perf_counter()
+        nbytes = 0
+        for m in request.messages:
+            try:
+                entries.append(self._send_one(m, peer, context))
+                nbytes += len(m.body)
+            except BrokerError as exc:
+                entries.append(svc.SendResultEntry(status=_status(exc.code, exc.message)))
+        codes = {e.status.code for e in entries}
+        ok_count = sum(1 for e in entries if e.status.code == Code.OK)
+        if ok_count:
+            self.b.metrics.on_send(request.messages[0].topic.name, ok_count, nbytes,
+                                   time.perf_counter() - started)
+        status = entries[0].status if len(codes) == 1 else _status(Code.MULTIPLE_RESULTS,
+                                                                    "mixed results")
+        return svc.SendMessageResponse(status=status, entries=entries)
+
+    def _send_one(self, m: pb.Message, peer: Host, context) -> svc.SendResultEntry:
+        self.b._authorize(context, f"Topic:{m.topic.name}", "Pub")
+        topic = self._topic(m.topic.name, create=True)
+        if not topic.perm & 2:
+            raise BrokerError(Code.FORBIDDEN, f"topic {topic.name!r} is not writable")
+        msg, deliver_at = to_store_message(m, peer, self.b.store_config.max_message_size)
+        sp = m.system_properties
+        declared = sp.message_type
+        if declared == pb.MESSAGE_TYPE_UNSPECIFIED:
+            declared = (pb.FIFO if sp.HasField("message_group") else
+                        pb.DELAY if deliver_at is not None else pb.NORMAL)
+        if pb.MessageType.Name(declared) != topic.message_type:
+            raise BrokerError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                              f"topic {topic.name!r} accepts {topic.message_type} messages, "
+                              f"not {pb.MessageType.Name(declared)}")
+        if topic.message_type == "FIFO" and not sp.HasField("message_group"):
+            raise BrokerError(Code.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message group")
+        if topic.message_type == "DELAY" and deliver_at is None:
+            raise BrokerError(Code.ILLEGAL_DELIVERY_TIME, "a DELAY message needs a delivery time")
+        writable = topic.write_queue_nums
+        if sp.HasField("message_group"):
+            # Java String.hashCode, as RocketMQ's selectors use: a group always lands on one
+            # queue while the queue count stays the same.
+            msg.queue_id = abs(tags_hash_code(sp.message_group)) % writable
+        else:
+            msg.queue_id = next(self._round_robin) % writable
+        if deliver_at is not None and deliver_at > now_ms():
+            if self.b.timer is None or not self.b.config.timer_enable:
+                raise BrokerError(Code.UNSUPPORTED,
+                                  "DELAY messages need the timer service, which is not running "
+                                  "on this broker (timerWheelEnable)")
+            result = self.b.timer.submit(msg, deliver_at)
+        else:
+            result = self.b.store.put_message(msg)
+        code = _PUT_CODES.get(result.status, Code.INTERNAL_SERVER_ERROR)
+        if code != Code.OK:
+            raise BrokerError(code, f"store refused the message: {result.status} {result.error}")
+        return svc.SendResultEntry(status=_status(), message_id=sp.message_id,
+                                   offset=result.queue_offset if result.messages else 0)
+
+    # -- pop consumption ------------------------------------------------------------------------
+
+    @_streaming(svc.ReceiveMessageResponse)
+    def ReceiveMessage(self, request, context):
+        group_name = request.group.name
+        topic_name = request.message_queue.topic.name
+        self.b._authorize(context, f"Group:{group_name}", "Sub")
+        self.b._authorize(context, f"Topic:{topic_name}", "Sub")
+        group = self._group(group_name)
+        topic = self._topic(topic_name)
+        if not topic.perm & 4:
+            raise BrokerError(Code.FORBIDDEN, f"topic {topic.name!r} is not readable")
+        cfg = self.b.config
+        if not 1 <= request.batch_size <= 1024:
+            raise BrokerError(Code.BAD_REQUEST, f"batch_size must be 1..1024, "
+                              f"not {request.batch_size}")
+        filt = self._filter(request.filter_expression)
+        if request.HasField("invisible_duration"):
+            invisible = request.invisible_duration.ToMilliseconds()
+            if not (cfg.min_invisible_time_mills_for_recv <= invisible
+                    <= cfg.max_invisible_time_mills):
+                raise BrokerError(Code.ILLEGAL_INVISIBLE_TIME,
+                                  f"invisible duration {invisible} ms is outside "
+                                  f"[{cfg.min_invisible_time_mills_for_recv}, "
+                                  f"{cfg.max_invisible_time_mills}] ms")
+        else:
+            invisible = cfg.default_invisible_time_mills
+        poll = (request.long_polling_timeout.ToMilliseconds()
+                if request.HasField("long_polling_timeout") else 0)
+        if poll < 0:
+            raise BrokerError(Code.ILLEGAL_POLLING_TIME, f"long polling timeout {poll} ms < 0")
+        poll = min(poll, cfg.max_long_polling_time_mills)
+        remaining = context.time_remaining()
+        if remaining is not None:  # answer before the client gives up on the call
+            poll = max(0, min(poll, int((remaining - 1.0) * 1000)))
+        qid = request.message_queue.id
+        start = qid if 0 <= qid < topic.read_queue_nums else random.randrange(
+            topic.read_queue_nums)
+        popped = self.b.engine.receive(group, topic, filt, request.batch_size, invisible, poll,
+                                       start, alive=context.is_active)
+        if not popped:
+            yield svc.ReceiveMessageResponse(status=_status(Code.MESSAGE_NOT_FOUND,
+                                                            "no new message"))
+            return
+        yield svc.ReceiveMessageResponse(status=_status())
+        nbytes = 0
+        for p in popped:
+            nbytes += len(p.message.body)
+            yield svc.ReceiveMessageResponse(message=to_pb_message(
+                p.message, message_type=self._type_of(p.message, topic),
+                receipt=p.receipt.encode(), attempt=p.attempt, invisible_ms=p.invisible_ms))
+        self.b.metrics.on_receive(group.name, topic.name, len(popped), nbytes)
+        ts = svc.ReceiveMessageResponse()
+        ts.delivery_timestamp.GetCurrentTime()
+        yield ts
+
+    @staticmethod
+    def _type_of(msg, topic: TopicConfig) -> str:
+        if Prop.MESSAGE_GROUP in msg.properties:
+            return "FIFO"
+        if Prop.TIMER_DELIVER_MS in msg.properties:
+            return "DELAY"
+        return topic.message_type
+
+    @_unary(svc.AckMessageResponse)
+    def AckMessage(self, request, context):
+        self.b._authorize(context, f"Group:{request.group.name}", "Sub")
+        self.b._authorize(context, f"Topic:{request.topic.name}", "Sub")
+        group = self._group(request.group.name)
+        topic = self._topic(request.topic.name)
+        if not request.entries:
+            raise BrokerError(Code.BAD_REQUEST, "AckMessageRequest has no entries")
+        results = []
+        for entry in request.entries:
+            try:
+                self.b.engine.ack(group.name, topic.name, entry.receipt_handle)
+                status = _status()
+            except BrokerError as exc:
+                status = _status(exc.code, exc.message)
+            results.append(svc.AckMessageResultEntry(
+                message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status))
+        ok = sum(1 for r in results if r.status.code == Code.OK)
+        if ok:
+            self.b.metrics.on_ack(group.name, topic.name, ok)
+        codes = {r.status.code for r in results}
+        status = results[0].status if len(codes) == 1 else _status(Code.MULTIPLE_RESULTS,
+                                                                    "mixed results")
+        return svc.AckMessageResponse(status=status, entries=results)
+
+    @_unary(svc.ChangeInvisibleDurationResponse)
+    def ChangeInvisibleDuration(self, request, context):
+        self.b._authorize(context, f"Group:{request.group.name}", "Sub")
+        self.b._authorize(context, f"Topic:{request.topic.name}", "Sub")
+        group = self._group(request.group.name)
+        topic = self._topic(request.topic.name)
+        ms = request.invisible_duration.ToMilliseconds()
+        if not 0 < ms <= self.b.config.max_invisible_time_mills:
+            raise BrokerError(Code.ILLEGAL_INVISIBLE_TIME,
+                              f"invisible duration {ms} ms must be in (0, "
+                              f"{self.b.config.max_invisible_time_mills}] ms")
+        handle = self.b.engine.change_invisible(group.name, topic.name, request.receipt_handle,
+                                                ms)
+        return svc.ChangeInvisibleDurationResponse(status=_status(), receipt_handle=handle)
+
+    @_unary(svc.ForwardMessageToDeadLetterQueueResponse)
+    def ForwardMessageToDeadLetterQueue(self, request, context):
+        self.b._authorize(context, f"Group:{request.group.name}", "Sub")
+        self.b._authorize(context, f"Topic:{request.topic.name}", "Sub")
+        group = self._group(request.group.name)
+        topic = self._topic(request.topic.name)
+        self.b.engine.forward_to_dlq(group.name, topic.name, request.receipt_handle)
+        return svc.ForwardMessageToDeadLetterQueueResponse(status=_status())
+
+    @_unary(svc.QueryAssignmentResponse)
+    def QueryAssignment(self, request, context):
+        self.b._authorize(context, f"Group:{request.group.name}", "Sub")
+        self.b._authorize(context, f"Topic:{request.topic.name}", "Sub")
+        self._group(request.group.name)
+        topic = self._topic(request.topic.name)
+        mq = self._message_queue(topic, 0, self._endpoints(request.endpoints))
+        mq.id = -1  # "any queue": a receive pops across all of them
+        return svc.QueryAssignmentResponse(status=_status(),
+                                           assignments=[pb.Assignment(message_queue=mq)])
+
+    # -- offsets and pull -----------------------------------------------------------------------
+
+    @_unary(svc.QueryOffsetResponse)
+    def QueryOffset(self, request, context):
+        self.b._authorize(context, f"Topic:{request.message_queue.topic.name}", "Get")
+        topic = self._topic(request.message_queue.topic.name)
+        qid = self._queue_id(topic, request.message_queue.id)
+        store = self.b.store
+        policy = request.query_offset_policy
+        if policy == pb.BEGINNING:
+            offset = store.get_min_offset_in_queue(topic.name, qid)
+        elif policy == pb.END:
+            offset = store.get_max_offset_in_queue(topic.name, qid)
+        elif policy == pb.TIMESTAMP:
+            if not request.HasField("timestamp"):
+                raise BrokerError(Code.BAD_REQUEST, "TIMESTAMP policy needs a timestamp")
+            offset = self._offset_by_time(topic.name, qid, request.timestamp.ToMilliseconds())
+        else:
+            raise BrokerError(Code.BAD_REQUEST, f"unknown query_offset_policy {policy}")
+        return svc.QueryOffsetResponse(status=_status(), offset=offset)
+
+    def _offset_by_time(self, topic: str, qid: int, ts: int) -> int:
+        """First offset whose store time is >= ts (binary search; store times rise per queue)."""
+        store = self.b.store
+        lo, hi = store.get_min_offset_in_queue(topic, qid), store.get_max_offset_in_queue(topic,
+                                                                                         qid)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            with store.get_messages("stratamq-broker", topic, qid, mid, max_count=1) as got:
+                found = [(m.queue_offset, m.store_timestamp) for m in got.messages()]
+            if not found:
+                lo = mid + 1
+                continue
+            off, stored = found[0]
+            if stored < ts:
+                lo = off + 1
+            else:
+                hi = mid
+        return lo
+
+    @_streaming(svc.PullMessageResponse)
+    def PullMessage(self, request, context):
+        self.b._authorize(context, f"Group:{request.group.name}", "Sub")
+        self.b._authorize(context, f"Topic:{request.message_queue.topic.name}", "Sub")
+        topic = self._topic(request.message_queue.topic.name)
+        qid = self._queue_id(topic, request.message_queue.id)
+        if not 1 <= request.batch_size <= 1024:
+            raise BrokerError(Code.BAD_REQUEST, f"batch_size must be 1..1024, "
+                              f"not {request.batch_size}")
+        if request.offset < 0:
+            raise BrokerError(Code.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
+        filt = self._filter(request.filter_expression)
+        poll = min(request.long_polling_timeout.ToMilliseconds(),
+                   self.b.config.max_long_polling_time_mills)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            poll = max(0, min(poll, int((remaining - 1.0) * 1000)))
+        deadline = time.monotonic() + poll / 1000
+        group = request.group.name or "stratamq-pull"
+        store = self.b.store
+        while True:
+            seen = self.b.notifier.seq(topic.name)
+            got = store.get_messages(group, topic.name, qid, request.offset,
+                                     max_count=request.batch_size, tag_filter=filt)
+            with got:
+                st = got.status
+                if st in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
+                          GetMessageStatus.MESSAGE_WAS_REMOVING):
+                    messages = [to_pb_message(m, message_type=self._type_of(m, topic))
+                                for m in got.messages()]
+                    yield svc.PullMessageResponse(status=_status())
+                    for m in messages:
+                        yield svc.PullMessageResponse(message=m)
+                    yield svc.PullMessageResponse(next_offset=got.next_begin_offset)
+                    return
+                if st is GetMessageStatus.OFFSET_TOO_SMALL:
+                    yield svc.PullMessageResponse(status=_status(
+                        Code.ILLEGAL_OFFSET, f"offset {request.offset} is below the queue's min "
+                        f"offset {got.min_offset}"))
+                    yield svc.PullMessageResponse(next_offset=got.min_offset)
+                    return
+                if st is GetMessageStatus.OFFSET_OVERFLOW_BADLY or (
+                        st is not GetMessageStatus.OFFSET_OVERFLOW_ONE and request.offset > 0):
+                    yield svc.PullMessageResponse(status=_status(
+                        Code.ILLEGAL_OFFSET, f"offset {request.offset} is past the queue's end "
+                        f"{got.max_offset}"))
+                    yield svc.PullMessageResponse(next_offset=got.max_offset)
+                    return
+            # At the end of the queue (or the queue was never written): wait for more.
+            left = deadline - time.monotonic()
+            if left <= 0 or not context.is_active() or self.b.engine.closing:
+                yield svc.PullMessageResponse(status=_status(Code.MESSAGE_NOT_FOUND,
+                                                             "no new message"))
+                yield svc.PullMessageResponse(next_offset=request.offset)
+                return
+            self.b.notifier.wait(topic.name, seen, min(left, 1.0))
+
+    @_unary(svc.UpdateOffsetResponse)
+    def UpdateOffset(self, request, context):
+        self.b._authorize(context, f"Group:{request.group.name}", "Sub")
+        group = self._group(request.group.name)
+        topic = self._topic(request.message_queue.topic.name)
+        qid = self._queue_id(topic, request.message_queue.id)
+        if request.offset < 0:
+            raise BrokerError(Code.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
+        self.b.state.set_offset(group.name, topic.name, qid, request.offset)
+        return svc.UpdateOffsetResponse(status=_status())
+
+    @_unary(svc.GetOffsetResponse)
+    def GetOffset(self, request, context):
+        self.b._authorize(context, f"Group:{request.group.name}", "Get")
+        group = self._group(request.group.name)
+        topic = self._topic(request.message_queue.topic.name)
+        qid = self._queue_id(topic, request.message_queue.id)
+        offset = self.b.state.offsets.get((group.name, topic.name, qid))
+        if offset is None:
+            offset = self.b.state.committed(group.name, topic.name, qid)
+        if offset is None:
+            raise BrokerError(Code.OFFSET_NOT_FOUND,
+                              f"group {group.name!r} has no offset for {topic.name}/{qid}")
+        return svc.GetOffsetResponse(status=_status(), offset=offset)
+
+    # -- not supported --------------------------------------------------------------------------
+
+    @_unary(svc.EndTransactionResponse)
+    def EndTransaction(self, request, context):
+        raise BrokerError(Code.NOT_IMPLEMENTED, "transactional messages are not supported yet")
+
+    @_unary(svc.RecallMessageResponse)
+    def RecallMessage(self, request, context):
+        raise BrokerError(Code.NOT_IMPLEMENTED, "recalling messages is not supported")
+
+    @_unary(svc.SyncLiteSubscriptionResponse)
+    def SyncLiteSubscription(self, request, context):
+        raise BrokerError(Code.NOT_IMPLEMENTED, "lite topics are not supported")
+
+
+class Broker:
+    """One broker process: a store, its metadata and pop state, and the gRPC server.
+
+    ``start()`` binds the port first (so ``--listen host:0`` learns its port and the store
+    writes the real endpoint into offset message ids), then opens the store, then serves.
+    ``stop()``: refuse new calls, let in-flight ones finish for ``shutdownGraceSeconds``, close
+    the pop state and the store (which flushes, writes the checkpoint and removes ``abort``).
+    """
+
+    def __init__(self, store_config: StoreConfig, config: BrokerConfig | None = None,
+                 listen: str | None = None) -> None:
+        self.store_config = store_config
+        self.config = config or BrokerConfig()
+        if listen is None:
+            listen = f"{self.config.listen_host}:{store_config.listen_port}"
+        host, _, port = listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"--listen must be HOST:PORT, not {listen!r}")
+        self.listen_host, self.listen_port = host.strip("[]"), int(port)
+        # Hook points (see the module docstring); set before start() or by _install_extensions.
+        self.acl: Any = None
+        self.metrics: Any = NullMetrics()
+        self.timer: Any = None
+        self.server_credentials: grpc.ServerCredentials | None = None
+        self.clients: dict[str, dict[str, Any]] = {}
+        self._clients_lock = threading.Lock()
+        self.server: grpc.Server | None = None
+        self.store: MessageStore
+        self.advertised: tuple[str, int] = (self.listen_host, self.listen_port)
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self.advertised
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def _authorize(self, context: grpc.ServicerContext, resource: str, action: str) -> None:
+        """Called first by every RPC; a no-op unless ACL is configured."""
+        if self.acl is not None:
+            self.acl.authorize(dict(context.invocation_metadata()), resource, action)
+
+    def _install_extensions(self) -> None:
+        """Where the timer, ACL, TLS and metrics services are wired in from ``self.config``.
+
+        Runs after the store is open and before the server starts; each part sets one of
+        ``self.timer``, ``self.acl``, ``self.server_credentials`` (before binding, in start),
+        ``self.metrics``. Each is built from ``self.config`` unless a caller set it already.
+        """
+        cfg = self.config
+        if self.acl is None and cfg.acl_enable:
+            from stratamq.broker.acl import AclChecker
+
+            self.acl = AclChecker.from_config(cfg.acl_file, cfg.acl_access_key,
+                                              cfg.acl_secret_key, cfg.acl_signature_window_sec)
+        if self.timer is None and cfg.timer_enable:
+            from stratamq.broker.timer import TimerMessageStore
+
+            self.timer = TimerMessageStore(self.store,
+                                           max_delay_ms=cfg.timer_max_delay_sec * 1000,
+                                           flush_interval_ms=cfg.timer_flush_interval_ms)
+            self.timer.start()
+        if cfg.metrics_port and isinstance(self.metrics, NullMetrics):
+            from stratamq.broker.metrics import BrokerMetrics
+
+            def consumer_lag() -> Iterator[tuple[str, str, int]]:
+                for group in self.meta.groups():
+                    for row in self.engine.progress(group.name):
+                        yield group.name, row["topic"], row["lag"]
+
+            self.metrics = BrokerMetrics(self.store, lag_provider=consumer_lag, timer=self.timer)
+            port = self.metrics.serve(self.listen_host, cfg.metrics_port)
+            log.info("Prometheus metrics on %s:%d/metrics", self.listen_host, port)
+
+    def _tls_credentials(self) -> grpc.ServerCredentials | None:
+        """TLS from ``tls.server.*`` when ``tlsEnable``; TlsConfigError says what is wrong."""
+        cfg = self.config
+        if self.server_credentials is not None or not cfg.tls_enable:
+            return self.server_credentials
+        from stratamq.broker.tls import server_credentials
+
+        return server_credentials(cfg.tls_server_cert_path, cfg.tls_server_key_path,
+                                  cfg.tls_server_trust_cert_path,
+                                  cfg.tls_server_need_client_auth)
+
+    def _close_extensions(self) -> None:
+        """Stop the timer (it puts to the store) and the metrics exporter before the store."""
+        if self.timer is not None and hasattr(self.timer, "close"):
+            self.timer.close()
+        if hasattr(self.metrics, "close"):
+            self.metrics.close()
+
+    def start(self) -> str:
+        cfg = self.config
+        max_len = self.store_config.max_message_size + 1024 * 1024
+        self.server = grpc.server(
+            ThreadPoolExecutor(max_workers=cfg.grpc_thread_pool_nums,
+                               thread_name_prefix="grpc-broker"),
+            options=[("grpc.max_receive_message_length", max_len),
+                     ("grpc.max_send_message_length", max_len),
+                     ("grpc.so_reuseport", 0)])
+        address = (f"[{self.listen_host}]:{self.listen_port}" if ":" in self.listen_host
+                   else f"{self.listen_host}:{self.listen_port}")
+        self.server_credentials = self._tls_credentials()
+        try:
+            if self.server_credentials is not None:
+                port = self.server.add_secure_port(address, self.server_credentials)
+            else:
+                port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {address}: {exc}") from None
+        if not port:
+            raise OSError(f"cannot listen on {address}")
+        advertised = self.listen_host
+        if advertised in ("0.0.0.0", "::", ""):
+            advertised = self.store_config.broker_ip
+        self.advertised = (advertised, port)
+        # The store host in every record and offset message id is this broker's real endpoint.
+        self.store_config = replace(self.store_config, listen_port=port)
+        self.store = MessageStore(self.store_config).open()
+        try:
+            root = self.store_config.root
+            self.meta = MetadataStore(root, cfg.default_retry_max_times)
+            self.state = PopState(root / "config" / "popState", cfg.pop_state_sync_write)
+            self.notifier = Notifier()
+            self.engine = PopEngine(self.store, self.meta, self.state, self.notifier)
+            self.store.reput.listeners.append(self.notifier.on_dispatch)
+            self._install_extensions()
+            from stratamq.broker.admin import admin_handler
+
+            service_pb2_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(self),
+                                                                    self.server)
+            self.server.add_generic_rpc_handlers((admin_handler(self),))
+            self.server.start()
+        except BaseException:
+            self._close_extensions()
+            self.store.close()
+            raise
+        log.info("broker %s serving on %s", cfg.broker_name, self.endpoint)
+        return self.endpoint
+
+    def stop(self, grace: float | None = None) -> None:
+        if self.server is None:
+            return
+        grace = self.config.shutdown_grace_seconds if grace is None else grace
+        self.engine.closing = True
+        self.notifier.wake_all()  # long polls answer now instead of holding the shutdown
+        self.server.stop(grace).wait()
+        self.server = None
+        self._close_extensions()
+        self.state.close()
+        self.store.close()
+
+    # -- clients --------------------------------------------------------------------------------
+
+    def note_client(self, context: grpc.ServicerContext, group: str, client_type: str) -> None:
+        md = dict(context.invocation_metadata())
+        client_id = md.get("x-mq-client-id") or context.peer()
+        with self._clients_lock:
+            self.clients[client_id] = {"client_id": client_id, "group": group,
+                                       "type": client_type, "peer": context.peer(),
+                                       "last_seen": now_ms()}  # fmt: skip
+
+    def forget_client(self, context: grpc.ServicerContext) -> None:
+        md = dict(context.invocation_metadata())
+        with self._clients_lock:
+            self.clients.pop(md.get("x-mq-client-id") or context.peer(), None)
+
+    def live_clients(self, group: str) -> list[dict[str, Any]]:
+        cutoff = now_ms() - 60_000  # clients heartbeat every 10 s
+        with self._clients_lock:
+            return [c for c in self.clients.values()
+                    if c["group"] == group and c["last_seen"] >= cutoff]
+

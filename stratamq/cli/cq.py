@@ -1,0 +1,106 @@
+"""``stratamq store migrate-cq`` and ``stratamq bench cq``: the ConsumeQueue store commands.
+
+``migrate-cq`` builds the other ConsumeQueue store of an existing store from its CommitLog (a
+progress bar on stderr), checks that both answer the same for every queue and unit, and only
+then records the new type. It prints one JSON summary; exit 1 if the stores differ (the type
+is then left as it was). The old store's files are kept: remove them once satisfied.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from stratamq.cli.app import main
+from stratamq.cli.bench import bench
+from stratamq.cli.common import emit, open_store
+from stratamq.cli.store import store
+from stratamq.store.consume_queue_store import (
+    ROCKSDB_CQ_DIR,
+    STORE_TYPE_FILES,
+    STORE_TYPE_ROCKSDB,
+    STORE_TYPES,
+    compare_stores,
+    open_consume_queue_store,
+    rebuild_from_commitlog,
+    write_store_type,
+)
+
+TARGETS = {"rocksdb": STORE_TYPE_ROCKSDB, "files": STORE_TYPE_FILES}
+
+
+@store.command("migrate-cq")
+@click.option("--store", "store_dir", required=True, help="Store root directory.")
+@click.option("--to", "to", type=click.Choice(sorted(TARGETS)), required=True,
+              help="The ConsumeQueue store to build: rocksdb (defaultRocksDB) or files.")
+@click.option("--store-type", type=click.Choice(list(STORE_TYPES)), default=None,
+              help="The store type to migrate from (default: the recorded one).")
+def migrate_cq(store_dir: str, to: str, store_type: str | None) -> None:
+    """Build the other ConsumeQueue store from the CommitLog, verify, record the new type."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    target_type = TARGETS[to]
+    s = open_store(store_dir, read_only=False, store_type=store_type)
+    try:
+        if s.store_type == target_type:
+            raise click.ClickException(f"store {store_dir} already uses {target_type}")
+        root = Path(store_dir)
+        stale = root / (ROCKSDB_CQ_DIR if target_type == STORE_TYPE_ROCKSDB else "consumequeue")
+        if stale.exists():  # left from an earlier store of that type: built afresh
+            shutil.rmtree(stale)
+        target = open_consume_queue_store(target_type, s.layout, s.config.cq_file_size)
+        target.load()
+        try:
+            files = s.commitlog.files
+            start, end = s.commitlog.min_offset, s.commitlog.max_offset
+            started = time.perf_counter()
+            with Progress("[progress.description]{task.description}", BarColumn(),
+                          DownloadColumn(), TimeRemainingColumn(),
+                          console=Console(stderr=True), transient=not sys.stderr.isatty()) as bar:
+                task = bar.add_task(f"building {target_type}", total=max(end - start, 1))
+                records = rebuild_from_commitlog(
+                    target, files, start, end, lambda done: bar.update(task, completed=done))
+            target.correct_min_offsets(s.commitlog.min_offset)
+            target.flush(0)
+            build_s = time.perf_counter() - started
+            check = compare_stores(s.consume_queues, target)
+        finally:
+            target.close()
+        if check["same"]:
+            write_store_type(root, target_type)
+        summary = {"ok": bool(check["same"]), "store": store_dir, "from": s.store_type,
+                   "to": target_type, "records": records, "build_s": round(build_s, 3),
+                   "recorded_type": target_type if check["same"] else s.store_type, **check}
+    finally:
+        s.close()
+    emit(summary)
+    if not summary["ok"]:
+        sys.exit(1)
+
+
+@bench.command("cq")
+@click.option("--queues", type=click.IntRange(min=1), required=True)
+@click.option("--messages-per-queue", type=click.IntRange(min=1), required=True)
+@click.option("--store-type", type=click.Choice(list(STORE_TYPES)), required=True)
+@click.option("--store", "store_dir", default=None,
+              help="Directory for the bench store (must be empty; default: a temp dir).")
+@click.option("--body-size", type=click.IntRange(min=0), default=128, show_default=True)
+def bench_cq(queues: int, messages_per_queue: int, store_type: str, store_dir: str | None,
+             body_size: int) -> None:
+    """Create N queues with M messages each, reopen the store, read every queue; one JSON line
+    with cq_disk_bytes, restart_s, put_msgs_per_s and get_msgs_per_s."""
+    from stratamq.benchmarks.cq_bench import run_cq_bench
+
+    try:
+        emit(run_cq_bench(queues=queues, messages_per_queue=messages_per_queue,
+                          store_type=store_type, store_dir=store_dir, body_size=body_size))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+__all__ = ["main"]

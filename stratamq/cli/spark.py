@@ -1,0 +1,44 @@
+"""``stratamq spark ...``: Spark pipelines over StrataMQ topics."""
+
+from __future__ import annotations
+
+import click
+
+from stratamq.cli.app import main
+from stratamq.cli.common import emit
+
+
+@main.group()
+def spark() -> None:
+    """Spark pipelines (PySpark, embedded local[*] unless run under spark-submit)."""
+
+
+@spark.command("export")
+@click.option("--store", "store_dir", default=None, help="Store directory to read (read-only).")
+@click.option("--endpoints", default=None, help="Broker host:port to read from instead.")
+@click.option("--topics", default=None, help="Comma list or regex (default: every topic).")
+@click.option("--out", required=True, help="Output directory.")
+@click.option("--format", "fmt", default="parquet", show_default=True,
+              type=click.Choice(["parquet", "orc", "json"]))
+@click.option("--checkpoint", default=None, help="Checkpoint directory [<out>/_checkpoint].")
+@click.option("--max-offsets-per-trigger", type=int, default=None,
+              help="Cap messages per micro-batch.")
+@click.option("--master", default=None, help="Spark master [local[*]].")
+@click.option("--progress/--no-progress", default=True, help="Live progress on stderr.")
+def spark_export(store_dir: str | None, endpoints: str | None, topics: str | None, out: str,
+                 fmt: str, checkpoint: str | None, max_offsets_per_trigger: int | None,
+                 master: str | None, progress: bool) -> None:
+    """Export topics to Parquet partitioned by topic and date; a second run exports only what
+    is new (Spark checkpoint). Prints a JSON summary."""
+    from stratamq.spark.export import run_export, source_options, spark_session
+
+    try:
+        source = source_options(store_dir, endpoints, topics, max_offsets_per_trigger)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    session = spark_session(master=master)
+    try:
+        emit(run_export(session, source, out, checkpoint=checkpoint, fmt=fmt,
+                        progress=progress))
+    finally:
+        session.stop()

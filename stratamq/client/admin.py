@@ -1,0 +1,54 @@
+"""A thin client for the broker's admin service (``stratamq.broker.admin``): JSON over gRPC."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import grpc
+
+__all__ = ["AdminClient", "AdminError"]
+
+SERVICE = "stratamq.admin.v1.Admin"
+
+
+class AdminError(RuntimeError):
+    """The broker refused an admin call (``code`` is the gRPC status code name)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class AdminClient:
+    """``AdminClient("127.0.0.1:10911").call("ListTopics")``; use as a context manager."""
+
+    def __init__(self, endpoint: str, timeout: float = 10.0,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.channel = (grpc.secure_channel(endpoint, credentials) if credentials
+                        else grpc.insecure_channel(endpoint))
+
+    def call(self, method: str, **request: Any) -> dict[str, Any]:
+        stub = self.channel.unary_unary(f"/{SERVICE}/{method}")
+        body = json.dumps({k: v for k, v in request.items() if v is not None}).encode()
+        try:
+            reply = stub(body, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            name = code.name if code is not None else "UNKNOWN"
+            if code is grpc.StatusCode.UNAVAILABLE:
+                raise AdminError(name, f"no broker reachable at {self.endpoint}") from None
+            raise AdminError(name, exc.details() or "") from None
+        return json.loads(reply.decode("utf-8"))
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

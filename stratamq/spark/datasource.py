@@ -1,0 +1,303 @@
+"""The ``stratamq`` PySpark data source: one ``DataSource`` with batch and streaming readers and
+writers (PySpark 4 Python Data Source API). Options are in ``docs/SPARK.md``.
+
+Reads plan on the driver (``stratamq.spark.planning``) and run on executors
+(``stratamq.spark.reading``), yielding Arrow record batches; writes append from each task
+(``stratamq.spark.write``). Options are checked when the DataFrame is defined (``schema`` runs
+at ``load()``) so a bad one fails before any task starts, with a message naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from stratamq.spark import planning
+from stratamq.spark.planning import (
+    EARLIEST,
+    LATEST,
+    Catalog,
+    LogSplit,
+    OptionError,
+    Queue,
+    QueueSplit,
+)
+from stratamq.spark.reading import DataLoss, read_log_split, read_queue_split
+from stratamq.spark.rows import spark_schema
+
+log = logging.getLogger(__name__)
+
+
+class StrataMQDataSource(DataSource):
+    """``spark.read.format("stratamq")``: topics of a store directory (or broker) as rows."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "stratamq"
+
+    def schema(self):
+        _no_endpoints(self.options)
+        planning.check_read_options(_lower(self.options))  # runs at load(), before any task
+        return spark_schema()
+
+    def reader(self, schema) -> DataSourceReader:
+        return BatchReader(dict(self.options))
+
+    def streamReader(self, schema) -> DataSourceStreamReader:
+        return StreamReader(dict(self.options))
+
+    def writer(self, schema, overwrite: bool) -> DataSourceArrowWriter:
+        return BatchWriter(dict(self.options), schema.fieldNames(), overwrite)
+
+    def streamWriter(self, schema, overwrite: bool) -> DataSourceStreamArrowWriter:
+        return StreamWriter(dict(self.options), schema.fieldNames(), overwrite)
+
+
+def _no_endpoints(options: Mapping[str, str]) -> None:
+    if "endpoints" in _lower(options):
+        raise OptionError("option 'endpoints': reading from or writing to a running broker is "
+                          "not implemented yet; use the store directory (path) instead")
+
+
+def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    reader = read_log_split if isinstance(partition, LogSplit) else read_queue_split
+    for batch in reader(partition):
+        if batch.num_rows:
+            yield batch
+
+
+# -- batch read ---------------------------------------------------------------------------------
+
+
+class BatchReader(DataSourceReader):
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.splits = plan_batch(options)
+
+    def partitions(self) -> list[InputPartition]:
+        return list(self.splits) or [QueueSplit("", "", 0, 0, 0, True)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(partition)
+
+
+def plan_batch(options: Mapping[str, str]) -> list[InputPartition]:
+    options = _lower(options)
+    root = planning.store_root(options)
+    catalog = Catalog.load(root)
+    min_parts = planning.int_option(options, "minPartitions", 1)
+    fail = planning.bool_option(options, "failOnDataLoss", True)
+    starting = planning.parse_offsets(options, "startingOffsets", "earliest")
+    ending = planning.parse_offsets(options, "endingOffsets", "latest")
+    timestamp = planning.int_option(options, "startingTimestamp", None, minimum=0)
+    known = sorted(catalog.topics)
+    topics = planning.select_topics(options, known, must_match=True, offsets=[starting, ending])
+    if topics is None and starting == "earliest" and ending == "latest" and timestamp is None:
+        low, end = planning.commitlog_bounds(root)
+        return list(planning.log_splits(root, catalog, low, end, min_parts))
+    topics = topics if topics is not None else known
+    planning.check_offset_topics(starting, "startingOffsets", topics)
+    planning.check_offset_topics(ending, "endingOffsets", topics)
+    if ending == "earliest" or (isinstance(ending, dict) and any(
+            v == EARLIEST for q in ending.values() for v in q.values())):
+        raise OptionError("option 'endingOffsets': earliest (-2) is not allowed as an end")
+    queues = {q: b for q, b in catalog.queues.items() if q[0] in topics}
+    by_time = _offsets_by_time(root, list(queues), timestamp) if timestamp is not None else {}
+    ranges = {}
+    for queue, bounds in queues.items():
+        start = by_time.get(queue, planning.resolve(starting, queue, bounds, "startingOffsets",
+                                                    EARLIEST))
+        end = min(planning.resolve(ending, queue, bounds, "endingOffsets", LATEST), bounds[1])
+        ranges[queue] = (_check_loss(queue, start, bounds, fail), end)
+    return list(planning.queue_splits(root, ranges, min_parts, fail))
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in options.items()}
+
+
+def _check_loss(queue: Queue, start: int, bounds: tuple[int, int], fail: bool) -> int:
+    if start >= bounds[0]:
+        return start
+    text = (f"{queue[0]}/{queue[1]}: offsets [{start}, {bounds[0]}) were deleted by retention "
+            "before they were read")
+    if fail:
+        raise DataLoss(text + "; set failOnDataLoss=false to skip them with a warning")
+    log.warning("%s; skipping to %d (failOnDataLoss=false)", text, bounds[0])
+    return bounds[0]
+
+
+def _offsets_by_time(root: str, queues: list[Queue], timestamp: int) -> dict[Queue, int]:
+    """Per queue, the first offset stored at or after ``timestamp``, through the store's index."""
+    from stratamq.config import StoreConfig
+    from stratamq.store.message_store import MessageStore
+
+    if not hasattr(MessageStore, "get_offset_in_queue_by_time"):
+        raise OptionError("option 'startingTimestamp' needs the store index "
+                          "(MessageStore.get_offset_in_queue_by_time), not in this build")
+    with MessageStore(StoreConfig(store_path_root_dir=root), read_only=True).open() as store:
+        return {(t, q): store.get_offset_in_queue_by_time(t, q, timestamp) for t, q in queues}
+
+
+# -- streaming read -----------------------------------------------------------------------------
+
+
+def _encode(offsets: dict[Queue, int]) -> dict:
+    out: dict[str, dict[str, int]] = {}
+    for (topic, qid), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(qid)] = offset
+    return out
+
+
+def _decode(offsets: dict) -> dict[Queue, int]:
+    return {(t, int(q)): int(o) for t, queues in offsets.items() for q, o in queues.items()}
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are ``{"topic": {"queueId": next offset}}``; the checkpoint keeps them, so a
+    restarted query continues where the last committed micro-batch ended."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        opts = _lower(options)
+        self.options = opts
+        self.root = planning.store_root(opts)
+        self.starting = planning.parse_offsets(opts, "startingOffsets", "latest")
+        self.max_per_trigger = planning.int_option(opts, "maxOffsetsPerTrigger", None)
+        self.fail = planning.bool_option(opts, "failOnDataLoss", True)
+        self.min_parts = planning.int_option(opts, "minPartitions", 1)
+        self.target: dict[Queue, int] | None = None
+        self._queues()  # checks ``topics`` now
+
+    def _queues(self) -> dict[Queue, tuple[int, int]]:
+        catalog = Catalog.load(self.root)
+        topics = planning.select_topics(self.options, sorted(catalog.topics), must_match=False,
+                                        offsets=[self.starting])
+        return {q: b for q, b in catalog.queues.items() if topics is None or q[0] in topics}
+
+    def initialOffset(self) -> dict:
+        return _encode({q: planning.resolve(self.starting, q, b, "startingOffsets", EARLIEST)
+                        for q, b in self._queues().items()})
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_per_trigger:
+            return ReadMaxRows(self.max_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = {q: b[1] for q, b in self._queues().items()}
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = _decode(start)
+        queues = self._queues()
+        latest = self.target if self.target is not None else {q: b[1] for q, b in
+                                                             queues.items()}
+        # A queue that appeared after the query started is read from its beginning.
+        begin_of = {q: begin.get(q, queues.get(q, (0, 0))[0]) for q in latest}
+        end = {q: max(begin_of[q], latest[q]) for q in latest}
+        if isinstance(limit, ReadMaxRows):
+            end = _limit(begin_of, end, limit.max_rows)
+        return _encode({**begin, **end})
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        begin, finish = _decode(start), _decode(end)
+        bounds = self._queues()
+        ranges = {}
+        for queue, stop in finish.items():
+            low = begin.get(queue, bounds.get(queue, (0, 0))[0])
+            if queue in bounds and low < stop:
+                low = _check_loss(queue, low, bounds[queue], self.fail)
+            ranges[queue] = (low, max(low, stop))
+        return list(planning.queue_splits(self.root, ranges, self.min_parts, self.fail))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return _read(partition)
+
+
+def _limit(begin: dict[Queue, int], end: dict[Queue, int], max_rows: int) -> dict[Queue, int]:
+    """Share ``max_rows`` among queues in proportion to what each has (as spark-sql-kafka)."""
+    available = {q: end[q] - begin[q] for q in end}
+    total = sum(available.values())
+    if total <= max_rows:
+        return end
+    out = {}
+    given = 0
+    for q, n in sorted(available.items()):
+        take = n * max_rows // total
+        out[q] = begin[q] + take
+        given += take
+    for q, _n in sorted(available.items(), key=lambda kv: -kv[1]):  # hand out the remainder
+        if given >= max_rows:
+            break
+        if out[q] < end[q]:
+            out[q] += 1
+            given += 1
+    return out
+
+
+# -- writes -------------------------------------------------------------------------------------
+
+
+class WriteCount(WriterCommitMessage):
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
+class BatchWriter(DataSourceArrowWriter):
+    """Appends rows to the embedded store at ``path`` (at-least-once; see stratamq.spark.write)."""
+
+    def __init__(self, options: Mapping[str, str], columns: list[str], overwrite: bool) -> None:
+        from stratamq.spark.write import check_write_schema
+
+        if overwrite:
+            raise OptionError("mode 'overwrite' is not supported: a topic is append-only "
+                              "(use mode 'append')")
+        _no_endpoints(options)
+        self.options = _lower(options)
+        path = self.options.get("path")
+        if not path:
+            raise OptionError("option 'path' is missing: use .save(<store directory>)")
+        self.root = path
+        check_write_schema(columns, self.options)
+        self.written = 0
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCount:
+        from stratamq.spark.write import append_batches
+
+        return WriteCount(append_batches(self.root, self.options, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self.written = sum(m.count for m in messages if isinstance(m, WriteCount))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.warning("write to %s aborted; messages already appended stay (at-least-once)",
+                    self.root)
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: Mapping[str, str], columns: list[str], overwrite: bool) -> None:
+        self._batch = BatchWriter(options, columns, False)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCount:
+        return self._batch.write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self._batch.abort(messages)

@@ -1,0 +1,284 @@
+"""Planning reads of a store directory: options, the store's catalog, and the splits.
+
+Runs on the Spark driver. Two kinds of split:
+
+* ``LogSplit``: a byte range of one CommitLog segment (a whole-store read). A record belongs to
+  the split where it *starts*; a split that starts mid-segment resyncs on the magic code and
+  confirms the record by its stored physical offset (``message.resync``); the segment's blank
+  record ends the last split of a segment.
+* ``QueueSplit``: a range of queue offsets of one topic/queue, read through its ConsumeQueue
+  (used whenever topics or offsets are given, and by every streaming read).
+
+Every bad option raises ``OptionError`` naming the option, before any task runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql.datasource import InputPartition
+
+from stratamq.config import StoreConfig
+from stratamq.store.consume_queue import FileConsumeQueueStore
+from stratamq.store.layout import StoreLayout, parse_segment_name
+from stratamq.store.mapped_file_queue import MappedFileQueue
+
+EARLIEST = -2
+LATEST = -1
+# RocketMQ's topic charset; a ``topics`` value with anything else in it is a regex.
+_TOPIC_LIST = re.compile(r"^[%|a-zA-Z0-9_\-]+(\s*,\s*[%|a-zA-Z0-9_\-]+)*$")
+
+
+class OptionError(ValueError):
+    """A ``stratamq`` data source option is missing or malformed; the message names it."""
+
+
+Queue = tuple[str, int]
+
+
+class LogSplit(InputPartition):
+    """Records starting in CommitLog offsets [start, end) of the segment at ``segment_start``;
+    ``limit`` is where the segment's valid data ends."""
+
+    def __init__(self, root: str, segment_start: int, start: int, end: int, limit: int) -> None:
+        self.root, self.segment_start = root, segment_start
+        self.start, self.end, self.limit = start, end, limit
+
+
+class QueueSplit(InputPartition):
+    """Queue offsets [start, end) of one topic/queue, read through its ConsumeQueue."""
+
+    def __init__(self, root: str, topic: str, queue_id: int, start: int, end: int,
+                 fail_on_data_loss: bool) -> None:
+        self.root, self.topic, self.queue_id = root, topic, queue_id
+        self.start, self.end, self.fail_on_data_loss = start, end, fail_on_data_loss
+
+
+# -- options ------------------------------------------------------------------------------------
+
+
+def store_root(options: Mapping[str, str]) -> str:
+    path = options.get("path")
+    if not path:
+        raise OptionError("option 'path' is missing: use .load(<store directory>) or "
+                          "option('endpoints', 'host:port') to read a running broker")
+    if not (Path(path) / "commitlog").is_dir():
+        raise OptionError(f"option 'path': {path} is not a store directory (no commitlog/)")
+    return path
+
+
+def int_option(options: Mapping[str, str], name: str, default: int | None,
+               minimum: int = 1) -> int | None:
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OptionError(f"option '{name}': {raw!r} is not an integer") from None
+    if value < minimum:
+        raise OptionError(f"option '{name}': must be at least {minimum}, got {value}")
+    return value
+
+
+def bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    if raw.lower() not in ("true", "false"):
+        raise OptionError(f"option '{name}': {raw!r} is not true or false")
+    return raw.lower() == "true"
+
+
+def parse_offsets(options: Mapping[str, str], name: str,
+                  default: str) -> str | dict[str, dict[int, int]]:
+    """"earliest", "latest", or {topic: {queue_id: offset}} from JSON (-2 earliest, -1 latest)."""
+    raw = options.get(name.lower(), default).strip()
+    if raw in ("earliest", "latest"):
+        return raw
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"option '{name}': not JSON ({exc.msg} at char {exc.pos}): {raw!r}; "
+                          f"want \"earliest\", \"latest\" or "
+                          f"{{\"topic\": {{\"0\": 23, \"1\": -2}}}}") from None
+    if not isinstance(parsed, dict) or not all(isinstance(v, dict) for v in parsed.values()):
+        raise OptionError(f"option '{name}': want {{\"topic\": {{\"queueId\": offset}}}}, "
+                          f"got {raw!r}")
+    out: dict[str, dict[int, int]] = {}
+    for topic, queues in parsed.items():
+        for qid, offset in queues.items():
+            if not str(qid).isdigit() or type(offset) is not int or offset < EARLIEST:
+                raise OptionError(f"option '{name}': {topic}/{qid}: want a queue id and an "
+                                  f"offset (-2 earliest, -1 latest, or >= 0), got {offset!r}")
+            out.setdefault(topic, {})[int(qid)] = offset
+    return out
+
+
+# -- the store's catalog ------------------------------------------------------------------------
+
+
+@dataclass
+class Catalog:
+    """What planning needs to know about a store directory, read without writing a byte."""
+
+    root: str
+    queues: dict[Queue, tuple[int, int]]  # (topic, queue id) -> (min offset, max offset)
+    segment_size: int
+    segments: list[int]  # start offsets of the CommitLog segments
+
+    @property
+    def topics(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for topic, qid in sorted(self.queues):
+            out.setdefault(topic, []).append(qid)
+        return out
+
+    @classmethod
+    def load(cls, root: str) -> Catalog:
+        """ConsumeQueue bounds straight from the files (cheap enough for every micro-batch)."""
+        layout = StoreLayout(root)
+        segments = sorted(s for p in layout.commitlog_dir.iterdir()
+                          if (s := parse_segment_name(p.name)) is not None)
+        segment_size = MappedFileQueue.size_on_disk(layout.commitlog_dir) or 0
+        store = FileConsumeQueueStore(layout, StoreConfig().cq_file_size, read_only=True)
+        store.load()
+        try:
+            store.recover()
+            store.correct_min_offsets(segments[0] if segments else 0)
+            queues = {(cq.topic, cq.queue_id): (cq.min_offset(), cq.max_offset())
+                      for cq in store}
+        finally:
+            store.close()
+        return cls(root, queues, segment_size, segments)
+
+
+def commitlog_bounds(root: str) -> tuple[int, int]:
+    """(min, end) of the CommitLog's valid data, as a read-only open recovers it."""
+    from stratamq.store.message_store import MessageStore
+
+    with MessageStore(StoreConfig(store_path_root_dir=root), read_only=True).open() as store:
+        return store.min_physical_offset, store.max_physical_offset
+
+
+# -- topics and offsets -------------------------------------------------------------------------
+
+
+def select_topics(options: Mapping[str, str], known: list[str], *, must_match: bool,
+                  offsets: list[object]) -> list[str] | None:
+    """Topics the ``topics`` option names; None = all. A value made only of topic-name
+    characters and commas is a list (every topic must exist); anything else is a regex
+    (``must_match``: it must match a topic now). ``options`` keys are lower case."""
+    raw = options.get("topics")
+    if raw is None:
+        named = sorted({t for o in offsets if isinstance(o, dict) for t in o})
+        return named or None
+    raw = raw.strip()
+    if not raw:
+        raise OptionError("option 'topics' is empty")
+    if _TOPIC_LIST.match(raw):
+        listed = [t.strip() for t in raw.split(",")]
+        unknown = [t for t in listed if t not in known]
+        if unknown:
+            raise OptionError(f"option 'topics': unknown topic(s) {', '.join(unknown)}; the store "
+                              f"has {', '.join(known) or 'no topics'}")
+        return listed
+    try:
+        pattern = re.compile(raw)
+    except re.error as exc:
+        raise OptionError(f"option 'topics': {raw!r} is neither a topic list nor a regex "
+                          f"({exc})") from None
+    matched = [t for t in known if pattern.fullmatch(t)]
+    if must_match and not matched:
+        raise OptionError(f"option 'topics': pattern {raw!r} matches no topic; the store has "
+                          f"{', '.join(known) or 'no topics'}")
+    return matched
+
+
+def check_read_options(options: Mapping[str, str]) -> None:
+    """Every read option, checked when the DataFrame is defined (lower-case keys)."""
+    root = store_root(options)
+    for name in ("minPartitions", "maxOffsetsPerTrigger"):
+        int_option(options, name, None)
+    int_option(options, "startingTimestamp", None, minimum=0)
+    bool_option(options, "failOnDataLoss", True)
+    offsets = [parse_offsets(options, "startingOffsets", "earliest"),
+               parse_offsets(options, "endingOffsets", "latest")]
+    known = sorted(Catalog.load(root).topics)
+    topics = select_topics(options, known, must_match=False, offsets=offsets)
+    for spec, name in zip(offsets, ("startingOffsets", "endingOffsets")):
+        check_offset_topics(spec, name, topics if topics is not None else known)
+
+
+def resolve(spec: str | dict[str, dict[int, int]], queue: Queue, bounds: tuple[int, int],
+            name: str, default: int) -> int:
+    """One queue's offset from an offsets option: earliest/latest resolved to its bounds."""
+    if spec == "earliest":
+        value = EARLIEST
+    elif spec == "latest":
+        value = LATEST
+    else:
+        value = spec.get(queue[0], {}).get(queue[1], default)
+    if value == EARLIEST:
+        return bounds[0]
+    if value == LATEST:
+        return bounds[1]
+    return value
+
+
+def check_offset_topics(spec: object, name: str, topics: list[str]) -> None:
+    if isinstance(spec, dict):
+        unknown = [t for t in spec if t not in topics]
+        if unknown:
+            raise OptionError(f"option '{name}': unknown or unselected topic(s) "
+                              f"{', '.join(unknown)}")
+
+
+# -- splits -------------------------------------------------------------------------------------
+
+
+def log_splits(root: str, catalog: Catalog, min_offset: int, end: int,
+               min_partitions: int) -> list[LogSplit]:
+    """Byte ranges of CommitLog segments, at least ``min_partitions`` of them when there are
+    that many bytes, never crossing a segment."""
+    size = catalog.segment_size
+    total = max(0, end - min_offset)
+    if total == 0 or size == 0:
+        return []
+    piece = max(1, math.ceil(total / max(1, min_partitions)))
+    splits = []
+    for seg in catalog.segments:
+        lo, hi = max(seg, min_offset), min(seg + size, end)
+        if lo >= hi:
+            continue
+        count = math.ceil((hi - lo) / piece)
+        step = math.ceil((hi - lo) / count)
+        limit = min(seg + size, end)
+        for k in range(count):
+            a, b = lo + k * step, min(hi, lo + (k + 1) * step)
+            if a < b:
+                splits.append(LogSplit(root, seg, a, b, limit))
+    return splits
+
+
+def queue_splits(root: str, ranges: dict[Queue, tuple[int, int]], min_partitions: int,
+                 fail_on_data_loss: bool) -> list[QueueSplit]:
+    """One split per non-empty queue range, the ranges cut so that there are at least
+    ``min_partitions`` (largest first) when there are that many messages."""
+    live = {q: r for q, r in ranges.items() if r[1] > r[0]}
+    total = sum(e - s for s, e in live.values())
+    if not total:
+        return []
+    piece = max(1, math.ceil(total / max(min_partitions, len(live))))
+    splits = []
+    for (topic, qid), (start, end) in sorted(live.items()):
+        count = max(1, math.ceil((end - start) / piece))
+        step = math.ceil((end - start) / count)
+        for a in range(start, end, step):
+            splits.append(QueueSplit(root, topic, qid, a, min(end, a + step), fail_on_data_loss))
+    return splits

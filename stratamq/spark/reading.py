@@ -1,0 +1,178 @@
+"""Reading splits on Spark executors: segment files mapped read-only, Arrow batches out.
+
+Nothing here takes the store lock or writes a byte, so it reads a directory a running broker
+(StrataMQ's or Apache RocketMQ's) is writing, a copy of one, or one on a shared mount.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stratamq import message as codec
+from stratamq.spark.planning import LogSplit, QueueSplit
+from stratamq.spark.rows import records_to_batch
+from stratamq.store.consume_queue import ConsumeQueue
+from stratamq.store.consume_queue_format import is_blank_unit
+from stratamq.store.layout import StoreLayout, segment_name
+from stratamq.store.mapped_file_queue import MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+BATCH_BYTES = 8 * 1024 * 1024  # CommitLog bytes per Arrow batch
+BATCH_ROWS = 8192  # records per Arrow batch when reading through a ConsumeQueue
+
+
+class DataLoss(RuntimeError):
+    """Messages an offset range covers are gone (deleted by retention) and failOnDataLoss."""
+
+
+class Segments:
+    """Read-only maps of CommitLog segments, opened on first use and closed together."""
+
+    def __init__(self, root: str) -> None:
+        self.dir = StoreLayout(root).commitlog_dir
+        self.size = MappedFileQueue.size_on_disk(self.dir) or 0
+        self._maps: dict[int, mmap.mmap] = {}
+
+    def get(self, start: int) -> mmap.mmap | None:
+        m = self._maps.get(start)
+        if m is None:
+            try:
+                fd = os.open(self.dir / segment_name(start), os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            try:
+                m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            finally:
+                os.close(fd)
+            self._maps[start] = m
+        return m
+
+    def close(self) -> None:
+        for m in self._maps.values():
+            with contextlib.suppress(BufferError):  # an Arrow view is alive: the GC unmaps it
+                m.close()
+        self._maps.clear()
+
+
+def read_log_split(split: LogSplit) -> Iterator[pa.RecordBatch]:
+    if split.start >= split.end:
+        return
+    segments = Segments(split.root)
+    try:
+        buf = segments.get(split.segment_start)
+        if buf is None:
+            raise DataLoss(f"CommitLog segment {segment_name(split.segment_start)} is gone")
+        base = split.segment_start
+        limit = min(len(buf), split.limit - base)
+        pos = split.start - base
+        if pos > 0:
+            found = codec.resync(buf, pos, limit, base)
+            if found is None:
+                return
+            pos = found
+        end = split.end - base
+        while pos < end:
+            walk = codec.walk_records(buf, pos, min(end, pos + BATCH_BYTES), limit)
+            if walk.positions:
+                yield records_to_batch(buf, walk.positions, base)
+            if walk.reason == "corrupt":
+                raise codec.RecordCorrupt(base + walk.stop, f"in {segments.dir}/"
+                                          f"{segment_name(base)}: not a record")
+            if walk.reason != "end":
+                break  # blank record (segment complete) or never-written bytes
+            pos = walk.stop
+    finally:
+        segments.close()
+
+
+def read_queue_split(split: QueueSplit) -> Iterator[pa.RecordBatch]:
+    layout = StoreLayout(split.root)
+    directory = layout.consume_queue_dir(split.topic, split.queue_id)
+    size = MappedFileQueue.size_on_disk(directory)
+    if size is None:
+        _lost(split, split.start, split.end, "its ConsumeQueue is gone")
+        return
+    cq = ConsumeQueue(split.topic, split.queue_id, Path(directory), size, read_only=True)
+    cq.load()
+    segments = Segments(split.root)
+    try:
+        first = cq.files.min_offset() // 20 if cq.files.files else split.end
+        start = split.start
+        if start < first:
+            _lost(split, start, min(first, split.end), "retention deleted them")
+            start = min(first, split.end)
+        offset = start
+        while offset < split.end:
+            units = cq.get_units(offset, min(BATCH_ROWS, split.end - offset))
+            if not units:
+                raise DataLoss(f"{split.topic}/{split.queue_id}: ConsumeQueue ends at {offset}, "
+                               f"before {split.end}")
+            yield from _units_to_batches(split, segments, offset, units)
+            offset += len(units)
+    finally:
+        segments.close()
+        cq.close()
+
+
+def _units_to_batches(split: QueueSplit, segments: Segments, first_offset: int,
+                      units: list[tuple[int, int, int]]) -> Iterator[pa.RecordBatch]:
+    """Records the units point at, grouped by segment, with each record checked against its
+    unit (topic, queue and queue offset) so a stale ConsumeQueue is caught, not believed."""
+    seg_size = segments.size
+    run: list[int] = []
+    expected: list[int] = []
+    run_seg = -1
+    for queue_offset, (phys, _size, code) in enumerate(units, first_offset):
+        if is_blank_unit(phys, _size, code):
+            continue
+        seg = phys - phys % seg_size
+        if seg != run_seg and run:
+            yield from _batch(split, segments, run_seg, run, expected)
+            run, expected = [], []
+        run_seg = seg
+        run.append(phys - seg)
+        expected.append(queue_offset)
+    if run:
+        yield from _batch(split, segments, run_seg, run, expected)
+
+
+def _batch(split: QueueSplit, segments: Segments, seg: int, positions: list[int],
+           expected: list[int]) -> Iterator[pa.RecordBatch]:
+    buf = segments.get(seg)
+    if buf is None:
+        _lost(split, expected[0], expected[-1] + 1, f"CommitLog segment {segment_name(seg)} "
+              "was deleted")
+        return
+    batch = records_to_batch(buf, positions, seg)
+    if batch.num_rows != len(positions):  # a unit pointing at a non-message
+        raise codec.RecordCorrupt(seg + positions[0], "ConsumeQueue unit points at a "
+                                  "prepared or rolled-back transactional record")
+    if batch.num_rows and not pc.all(pc.equal(batch.column("topic"), split.topic)).as_py():
+        raise codec.RecordCorrupt(seg + positions[0], f"ConsumeQueue {split.topic}/"
+                                  f"{split.queue_id} points at records of another topic")
+    offsets = batch.column("queue_offset").to_numpy()
+    qids = batch.column("queue_id").to_numpy()
+    if not (np.array_equal(offsets, expected) and (qids == split.queue_id).all()):
+        bad = int(np.flatnonzero((offsets != expected) | (qids != split.queue_id))[0])
+        raise codec.RecordCorrupt(seg + positions[bad], f"ConsumeQueue {split.topic}/"
+                                  f"{split.queue_id} offset {expected[bad]} points at a record "
+                                  f"of queue {qids[bad]} offset {offsets[bad]}")
+    yield batch
+
+
+def _lost(split: QueueSplit, start: int, end: int, why: str) -> None:
+    text = (f"{split.topic}/{split.queue_id}: messages at offsets [{start}, {end}) cannot be "
+            f"read: {why}. Set failOnDataLoss=false to skip them with a warning.")
+    if split.fail_on_data_loss:
+        raise DataLoss(text)
+    log.warning("%s (skipped: failOnDataLoss=false)", text)

@@ -1,0 +1,396 @@
+"""Retention: delete old CommitLog files, then the ConsumeQueue and index files that pointed
+into them, and refuse puts while the disk is dangerously full.
+
+RocketMQ's ``CleanCommitLogService`` and ``CleanConsumeQueueService`` (seed 004, section 1.8),
+as one service:
+
+* **When CommitLog files go.** A file is *expired* once its last modification is older than
+  ``fileReservedTime`` hours. Expired files are deleted, oldest first, when the local hour is
+  one of ``deleteWhen`` ("04", or "03;04;05"), or at any hour once disk usage passes
+  ``diskMaxUsedSpaceRatio`` (75 %). Past ``diskSpaceCleanForciblyRatio`` (85 %) the oldest
+  files go even if not expired (``cleanFileForciblyEnable``). At most ``deleteFileBatchMax``
+  files go in one pass, ``deleteCommitLogFilesInterval`` ms apart. The first unexpired file
+  stops a pass (files age in log order), and the file being written never goes.
+* **Disk full.** Past ``diskSpaceWarningLevelRatio`` (90 %) the store is marked disk-full
+  (RocketMQ's ``RunningFlags`` DISK_FULL bit) and puts get ``SERVICE_NOT_AVAILABLE`` with a
+  "disk full" reason until usage is at or below the mark again. The mark is re-checked by every
+  pass and by the put path itself, at most every ``PUT_CHECK_INTERVAL_MS``.
+  As in RocketMQ, the warning ratio is clamped to 35..90 %, the forcible one to 30..85 % and
+  the max-used one to 10..95 %, so a typo cannot switch the protection off.
+* **Readers.** A deleted file leaves the file list at once (no new reader finds it) and its
+  name is unlinked, but its map stays until the last reader holding it releases it; the space
+  comes back then. Files still held are retried each pass and unmapped by force after
+  ``destroyMapedFileIntervalForcibly``; even then a view a reader still has keeps its pages
+  (the map cannot close under an exported view), so a reader never sees garbage.
+* **ConsumeQueues and index.** Whenever the CommitLog's min offset has moved, every queue's
+  files wholly below it go and its min offset moves forward (``delete_expired``); a consumer
+  asking below gets ``OFFSET_TOO_SMALL`` and the new min. Index files below it go through
+  ``index_service.delete_expired_files`` when the store has an index.
+* **Restarts.** Nothing is recorded about a deletion: the CommitLog's min offset is the start
+  of its first remaining file, and files are deleted oldest first, so a pass cut short (even by
+  SIGKILL) leaves a contiguous log that opens normally; the next pass finishes the rest.
+
+Threads: the ``clean-up`` thread runs a pass every ``cleanResourceInterval`` ms; ``run_once``
+may also be called from another thread (the CLI, tests) — passes are serialised by a lock.
+``put_refusal`` is called on the put path by any writer thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stratamq.config import StoreConfig
+from stratamq.store.mapped_file import MappedFile
+from stratamq.store.mapped_file_queue import MappedFileQueue
+
+__all__ = [
+    "CleanupReport",
+    "CleanupService",
+    "DiskUsageProbe",
+    "is_time_to_delete",
+    "statvfs_used_ratio",
+]
+
+log = logging.getLogger(__name__)
+
+PUT_CHECK_INTERVAL_MS = 300  # the put path re-reads disk usage at most this often
+
+DiskUsageProbe = Callable[[Path], float]
+"""Returns the used fraction (0.0..1.0) of the file system holding a path."""
+
+
+def statvfs_used_ratio(path: Path) -> float:
+    """Used fraction of the file system holding ``path``, as RocketMQ computes it
+    ((total - free) / total, blocks reserved for root counting as free)."""
+    st = os.statvfs(path)
+    total = st.f_blocks * st.f_frsize
+    if total <= 0:
+        return 0.0
+    return (total - st.f_bfree * st.f_frsize) / total
+
+
+def is_time_to_delete(delete_when: str, now_ms: int) -> bool:
+    """True if the local hour of ``now_ms`` is one of the ``;``-separated hours of
+    ``deleteWhen`` (RocketMQ's ``UtilAll.isItTimeToDo``); malformed entries are ignored."""
+    hour = time.localtime(now_ms / 1000).tm_hour
+    for part in delete_when.split(";"):
+        part = part.strip()
+        if part.isdigit() and int(part) == hour:
+            return True
+    return False
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return min(max(value, low), high)
+
+
+@dataclass
+class CleanupReport:
+    """What one pass did. Paths are relative to the store root."""
+
+    triggers: list[str] = field(default_factory=list)  # time, space, forcibly, manual, force
+    disk_used_before: float = 0.0  # fraction of the fullest store file system
+    disk_used_after: float = 0.0
+    disk_full: bool = False  # puts are refused after this pass
+    min_offset_before: int = 0
+    min_offset: int = 0  # the CommitLog's min offset after this pass
+    commitlog_files: list[str] = field(default_factory=list)
+    consumequeue_files: list[str] = field(default_factory=list)
+    index_files: list[str] = field(default_factory=list)
+    # Counts as each store reports them: files for file ConsumeQueues, units for RocksDB
+    # (which has no per-queue files to name).
+    consumequeue_deleted: int = 0
+    index_deleted: int = 0
+    bytes_freed: int = 0  # disk blocks of the deleted files (freed once no reader holds them)
+    held_by_readers: list[str] = field(default_factory=list)  # deleted, map still alive
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "commitlog_files": self.commitlog_files,
+            "consumequeue_files": self.consumequeue_files,
+            "index_files": self.index_files,
+            "deleted": {
+                "commitlog": len(self.commitlog_files),
+                "consumequeue": self.consumequeue_deleted,
+                "index": self.index_deleted,
+            },
+            "bytes_freed": self.bytes_freed,
+            "min_offset": self.min_offset,
+            "min_offset_before": self.min_offset_before,
+            "triggers": self.triggers,
+            "disk_used_percent": round(self.disk_used_before * 100, 2),
+            "disk_used_percent_after": round(self.disk_used_after * 100, 2),
+            "disk_full": self.disk_full,
+            "held_by_readers": self.held_by_readers,
+        }
+
+
+class CleanupService:
+    """Deletes expired files and tracks the disk-full mark for one store.
+
+    It is handed the parts it needs: the CommitLog's file queue, the ConsumeQueue stores (one,
+    or two under double write; each has ``delete_expired(min_commitlog_offset) -> int``),
+    optionally the index service
+    (``delete_expired_files(min_commitlog_offset)``), and ``safe_offset``: the CommitLog offset
+    below which records are both dispatched and flushed, so a file is never deleted before the
+    ConsumeQueues point at its records or before the flusher has moved past it.
+    ``usage_probe`` and ``clock`` (wall time in ms) are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        root: Path,
+        commitlog_files: MappedFileQueue,
+        consume_queue_stores: Sequence[Any],
+        *,
+        index_service: Any = None,
+        safe_offset: Callable[[], int] | None = None,
+        usage_probe: DiskUsageProbe | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.config = config
+        self.root = root
+        self.commitlog_files = commitlog_files
+        self.consume_queue_stores = list(consume_queue_stores)
+        self.index_service = index_service
+        self.safe_offset = safe_offset or (lambda: commitlog_files.flushed_where)
+        self.usage_probe: DiskUsageProbe = usage_probe or statvfs_used_ratio
+        self.clock = clock or (lambda: int(time.time() * 1000))
+        self.put_check_interval_ms = PUT_CHECK_INTERVAL_MS
+        self._pass_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._hanging: list[MappedFile] = []  # deleted but still mapped by a reader
+        self._last_cq_min = -1  # CommitLog min the ConsumeQueues were last cleaned for
+        self._disk_full = False
+        self._disk_used = 0.0
+        self._last_probe = float("-inf")  # monotonic seconds
+
+    # -- thresholds -----------------------------------------------------------------------------
+
+    @property
+    def warning_ratio(self) -> float:
+        return _clamp(self.config.disk_space_warning_level_ratio / 100, 0.35, 0.90)
+
+    @property
+    def forcibly_ratio(self) -> float:
+        return _clamp(self.config.disk_space_clean_forcibly_ratio / 100, 0.30, 0.85)
+
+    @property
+    def max_used_ratio(self) -> float:
+        return _clamp(self.config.disk_max_used_space_ratio / 100, 0.10, 0.95)
+
+    # -- disk usage and the disk-full mark --------------------------------------------------------
+
+    def _probe_paths(self) -> list[Path]:
+        """The CommitLog's and the ConsumeQueues' directories (RocketMQ checks both; they are
+        usually on one file system), falling back to the root while they do not exist."""
+        paths = []
+        for p in (self.commitlog_files.directory, self.root / "consumequeue"):
+            paths.append(p if p.exists() else self.root)
+        return list(dict.fromkeys(paths))
+
+    def disk_used(self) -> float:
+        """Read disk usage now and update the disk-full mark; returns the used fraction."""
+        used = 0.0
+        for path in self._probe_paths():
+            try:
+                used = max(used, self.usage_probe(path))
+            except OSError as exc:  # an unreadable probe must not stop writes or clean-up
+                log.warning("cannot read disk usage of %s: %s", path, exc)
+        full = used > self.warning_ratio
+        if full != self._disk_full:
+            if full:
+                log.error("disk full: store file system %.1f%% used, past "
+                          "diskSpaceWarningLevelRatio %.0f%%; refusing puts",
+                          used * 100, self.warning_ratio * 100)
+            else:
+                log.warning("disk space OK again (%.1f%% used); accepting puts", used * 100)
+        self._disk_used = used
+        self._disk_full = full
+        self._last_probe = time.monotonic()
+        return used
+
+    @property
+    def disk_full(self) -> bool:
+        return self._disk_full
+
+    def put_refusal(self) -> str | None:
+        """Why a put must be refused now ("disk full ..."), or None. Cheap: re-reads disk usage
+        only when the last reading is older than ``put_check_interval_ms``."""
+        if (time.monotonic() - self._last_probe) * 1000 >= self.put_check_interval_ms:
+            self.disk_used()
+        if not self._disk_full:
+            return None
+        return (f"disk full: the store's file system is {self._disk_used * 100:.1f}% used, past "
+                f"diskSpaceWarningLevelRatio ({self.warning_ratio * 100:.0f}%); puts resume "
+                "once clean-up frees space")
+
+    # -- one pass -------------------------------------------------------------------------------
+
+    def run_once(self, force: bool = False, now_ms: int | None = None, *,
+                 manual: bool = False) -> CleanupReport:
+        """One clean-up pass.
+
+        ``force`` deletes the oldest CommitLog files even if not expired (what a disk past
+        ``diskSpaceCleanForciblyRatio`` triggers), at most ``deleteFileBatchMax``. ``manual``
+        deletes expired files whatever the hour or disk usage (RocketMQ's
+        ``executeDeleteFilesManually``; what ``stratamq store clean`` does). ``now_ms`` is the
+        wall clock used for file ages and ``deleteWhen``.
+        """
+        with self._pass_lock:
+            now = self.clock() if now_ms is None else now_ms
+            report = CleanupReport(min_offset_before=self.commitlog_files.min_offset())
+            self._retry_hanging()
+            self._clean_commitlog(report, now, force=force, manual=manual)
+            self._clean_logics(report)
+            self._retry_hanging()
+            report.min_offset = self.commitlog_files.min_offset()
+            report.disk_used_after = self.disk_used()
+            report.disk_full = self._disk_full
+            report.held_by_readers = [self._rel(mf.path) for mf in self._hanging]
+            if report.commitlog_files or report.consumequeue_deleted or report.index_deleted:
+                log.info("clean-up %s: %s", report.triggers, report.as_dict())
+            return report
+
+    def _clean_commitlog(self, report: CleanupReport, now: int, *, force: bool,
+                         manual: bool) -> None:
+        cfg = self.config
+        used = self.disk_used()
+        report.disk_used_before = used
+        clean_at_once = used > self.forcibly_ratio  # includes past the warning mark
+        if is_time_to_delete(cfg.delete_when, now):
+            report.triggers.append("time")
+        if used > self.max_used_ratio:
+            report.triggers.append("space")
+        if clean_at_once and cfg.clean_file_forcibly_enable:
+            report.triggers.append("forcibly")
+        else:
+            clean_at_once = False
+        if manual:
+            report.triggers.append("manual")
+        if force:
+            report.triggers.append("force")
+            clean_at_once = True
+        if not report.triggers:
+            return
+        reserved_ms = cfg.file_reserved_time * 3600 * 1000
+        safe = self.safe_offset()
+        deleted = 0
+        # Files age in log order: the first one kept ends the pass, so no gap can open.
+        for mf in self.commitlog_files.files[:-1]:  # never the file being written
+            if deleted >= cfg.delete_file_batch_max or self._stop.is_set():
+                break
+            if mf.file_end_offset > safe:
+                break  # not yet dispatched or flushed: its records must reach the queues first
+            try:
+                st = os.stat(mf.path)
+            except FileNotFoundError:
+                st = None  # removed behind our back: drop it from the list like an expired one
+            expired = st is None or now >= st.st_mtime_ns // 1_000_000 + reserved_ms
+            if not (expired or clean_at_once):
+                break
+            # Spread the I/O of many unlinks, as RocketMQ does; close() cuts the wait short.
+            pause = cfg.delete_commit_log_files_interval / 1000
+            if deleted and pause > 0 and self._stop.wait(pause):
+                break
+            gone = self.commitlog_files.delete_below(
+                mf.file_end_offset, cfg.destroy_mapped_file_interval_forcibly)
+            for dead in gone:
+                report.commitlog_files.append(self._rel(dead.path))
+                if not dead.closed:
+                    self._hanging.append(dead)
+            if st is not None:
+                report.bytes_freed += st.st_blocks * 512
+            deleted += len(gone)
+        if not deleted and report.triggers and used > self.max_used_ratio:
+            log.warning("disk %.1f%% used but no CommitLog file could be deleted", used * 100)
+
+    def _clean_logics(self, report: CleanupReport) -> None:
+        """ConsumeQueue and index files wholly below the CommitLog's min offset (only when
+        that min moved since the last time, as RocketMQ's CleanConsumeQueueService does)."""
+        min_offset = self.commitlog_files.min_offset()
+        if min_offset <= self._last_cq_min or self._stop.is_set():
+            return
+        before = self._cq_files()
+        for cq_store in self.consume_queue_stores:
+            report.consumequeue_deleted += int(cq_store.delete_expired(min_offset) or 0)
+        after = {id(mf) for mf in self._cq_files().values()}
+        for key, mf in before.items():
+            if key not in after:
+                report.consumequeue_files.append(self._rel(mf.path))
+                report.bytes_freed += mf.file_size
+                if not mf.closed:
+                    self._hanging.append(mf)
+        index = self.index_service
+        deleter = getattr(index, "delete_expired_files", None) if index is not None else None
+        if deleter is not None:
+            removed = deleter(min_offset)
+            if isinstance(removed, int):
+                report.index_deleted = removed
+            elif removed is not None:
+                names = [self._rel(Path(getattr(r, "path", r))) for r in removed]
+                report.index_files.extend(names)
+                report.index_deleted = len(names)
+        self._last_cq_min = min_offset
+
+    def _cq_files(self) -> dict[int, MappedFile]:
+        """Every ConsumeQueue file of a file-based store, by identity (empty for others)."""
+        out: dict[int, MappedFile] = {}
+        for cq_store in self.consume_queue_stores:
+            for cq in list(cq_store):
+                files = getattr(cq, "files", None)  # a RocksDB queue has no files of its own
+                for mf in getattr(files, "files", ()):
+                    out[id(mf)] = mf
+        return out
+
+    def _retry_hanging(self) -> None:
+        """Unmap files whose readers let go, or that have waited past the forcible bound."""
+        interval = self.config.destroy_mapped_file_interval_forcibly
+        still = []
+        for mf in self._hanging:
+            if not mf.destroy(interval):
+                still.append(mf)
+        self._hanging = still
+
+    def _rel(self, path: Path) -> str:
+        try:
+            return str(Path(path).relative_to(self.root))
+        except ValueError:
+            return str(path)
+
+    # -- the service thread ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.disk_used()
+        self._thread = threading.Thread(target=self._run, name="clean-up", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        interval = max(self.config.clean_resource_interval, 1) / 1000
+        while not self._stop.wait(interval):
+            try:
+                self.run_once()
+            except Exception:  # keep cleaning on the next round; a failed pass deletes nothing
+                log.exception("clean-up pass failed")
+
+    def shutdown(self) -> None:
+        """Stop the thread (a pass in progress stops between two files)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        with self._pass_lock:
+            # Files still held by readers at shutdown are unmapped when the store closes.
+            for mf in self._hanging:
+                with contextlib.suppress(OSError):
+                    mf.destroy(0)
+            self._hanging = []

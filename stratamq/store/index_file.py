@@ -1,0 +1,427 @@
+"""One index file: RocketMQ's on-disk hash index from ``topic#key`` to CommitLog offsets.
+
+Spec: ``docs/formats/index-file.md``. A file is a 40-byte header, a table of ``hash_slot_num``
+4-byte slots and ``index_num`` 20-byte entries, all big-endian::
+
+    header  begin_timestamp q | end_timestamp q | begin_phy_offset q | end_phy_offset q
+            | hash_slot_count i | index_count i
+    slot    i   number of the newest entry whose key hash falls in this slot (0 = empty)
+    entry   key_hash i | phy_offset q | time_diff_s i | prev_entry i
+
+Entry 0 is never used (``index_count`` starts at 1), so "0" means "no entry" everywhere.
+Entries of one slot form a list through ``prev_entry``, newest first (head insertion).
+
+Ownership and threads: one writer (the dispatcher thread) calls ``put_key``; any thread may
+call ``select`` / ``contains`` while it holds a reference (``hold``/``release``; ``select`` takes
+its own). The file owns its descriptor and its ``mmap``; ``destroy`` unlinks at once and unmaps
+when the last reader lets go (or forcibly after an interval), like ``MappedFile``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import struct
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from stratamq.config import OS_PAGE_SIZE
+
+HEADER = struct.Struct(">qqqqii")
+SLOT = struct.Struct(">i")
+ENTRY = struct.Struct(">iqii")
+HEADER_SIZE = HEADER.size
+SLOT_SIZE = SLOT.size
+ENTRY_SIZE = ENTRY.size
+assert (HEADER_SIZE, SLOT_SIZE, ENTRY_SIZE) == (40, 4, 20)
+
+INVALID_INDEX = 0  # slot / prev_entry value meaning "none"
+KEY_SEPARATOR = "#"  # between topic and key (IndexService.buildKey)
+NAME_DIGITS = 17  # yyyyMMddHHmmssSSS, local time (UtilAll.timeMillisToHumanString)
+_INT_MAX = 2**31 - 1
+# Reserve disk for entries this far past the write position before writing through the map:
+# a write into a hole of a full disk raises SIGBUS (see MappedFile._ensure_allocated).
+ENTRY_ALLOCATE_AHEAD = 1024 * 1024
+
+
+class IndexFileError(OSError):
+    """An index file could not be created, mapped or written (disk full, wrong size...)."""
+
+
+def file_size(hash_slot_num: int, index_num: int) -> int:
+    return HEADER_SIZE + hash_slot_num * SLOT_SIZE + index_num * ENTRY_SIZE
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode()`` (signed 32 bits, over UTF-16 code units)."""
+    h = 0
+    if text.isascii():
+        units: bytes | memoryview = text.encode("ascii")
+    else:
+        raw = text.encode("utf-16-le" if sys.byteorder == "little" else "utf-16-be")
+        units = memoryview(raw).cast("H")
+    for unit in units:
+        h = (31 * h + unit) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def key_hash(key: str) -> int:
+    """RocketMQ's ``indexKeyHashMethod``: ``abs(hashCode)``, and 0 for Integer.MIN_VALUE."""
+    h = abs(java_string_hash(key))
+    return 0 if h > _INT_MAX else h
+
+
+def build_key(topic: str, key: str) -> str:
+    return f"{topic}{KEY_SEPARATOR}{key}"
+
+
+def file_name_for(ms: int) -> str:
+    """The 17-digit local-time name RocketMQ gives a file created at ``ms``."""
+    stamp = datetime.fromtimestamp(ms / 1000)
+    return stamp.strftime("%Y%m%d%H%M%S") + f"{ms % 1000:03d}"
+
+
+def is_index_file_name(name: str) -> bool:
+    return len(name) == NAME_DIGITS and name.isdigit()
+
+
+@dataclass
+class IndexHeader:
+    begin_timestamp: int = 0
+    end_timestamp: int = 0
+    begin_phy_offset: int = 0
+    end_phy_offset: int = 0
+    hash_slot_count: int = 0
+    index_count: int = 1
+
+    def pack(self) -> bytes:
+        return HEADER.pack(self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
+                           self.end_phy_offset, self.hash_slot_count, self.index_count)
+
+    @classmethod
+    def unpack(cls, buf: bytes | memoryview | mmap.mmap) -> IndexHeader:
+        return cls(*HEADER.unpack_from(buf, 0))
+
+
+class IndexFile:
+    """One index file, mapped. ``create=True`` makes a new one (it must not exist yet).
+
+    ``begin_phy_offset``/``begin_timestamp`` seed the header of a new file with where the
+    previous file ended, as RocketMQ does; the first ``put_key`` overwrites them.
+    """
+
+    def __init__(self, path: Path, hash_slot_num: int, index_num: int, *,
+                 read_only: bool = False, create: bool = False,
+                 begin_phy_offset: int = 0, begin_timestamp: int = 0) -> None:
+        if hash_slot_num <= 0 or index_num <= 1:
+            raise ValueError("an index file needs at least 1 hash slot and 2 entries")
+        self.path = path
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.read_only = read_only
+        self.size = file_size(hash_slot_num, index_num)
+        self._entries_at = HEADER_SIZE + hash_slot_num * SLOT_SIZE
+        self._refs = 1  # the owner's, dropped by destroy()
+        self._available = True
+        self._closed = False
+        self._lock = threading.Lock()
+        self._destroy_requested_at = 0.0
+        self.dirty = False  # written since the last flush
+        flags = os.O_RDONLY if read_only else os.O_RDWR
+        if create:
+            flags |= os.O_CREAT | os.O_EXCL
+        try:
+            self._fd = os.open(path, flags, 0o644)
+        except OSError as exc:
+            raise IndexFileError(exc.errno, f"cannot open index file {path}: {exc.strerror}"
+                                 ) from exc
+        try:
+            actual = os.fstat(self._fd).st_size
+            if create:
+                os.ftruncate(self._fd, self.size)  # sparse, like RocketMQ's
+            elif actual != self.size:
+                raise IndexFileError(
+                    f"{path}: size {actual} bytes, expected {self.size} for maxHashSlotNum="
+                    f"{hash_slot_num}, maxIndexNum={index_num}"
+                )
+            access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
+            self._map = mmap.mmap(self._fd, self.size, access=access)
+        except BaseException:
+            os.close(self._fd)
+            if create:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            raise
+        # Disk reserved so far: the header page and slot-table pages one by one (the table is
+        # written at random places; reserving all of it would cost 20 MB per default file),
+        # entries in chunks ahead of the write position.
+        self._slot_pages: set[int] = set()
+        self._entries_allocated_until = self._entries_at
+        if create:
+            self._reserve(0, HEADER_SIZE)
+            self.header = IndexHeader(begin_timestamp, begin_timestamp, begin_phy_offset,
+                                      begin_phy_offset, 0, 1)
+            self._map[0:HEADER_SIZE] = self.header.pack()
+            self.dirty = True
+        else:
+            self.header = IndexHeader.unpack(self._map)
+            # Reserving what is already allocated is a cheap no-op, so start from nothing.
+            self._entries_allocated_until = self.entry_pos(self.header.index_count)
+
+    # -- geometry -------------------------------------------------------------------------------
+
+    def slot_pos(self, hash_: int) -> int:
+        return HEADER_SIZE + (hash_ % self.hash_slot_num) * SLOT_SIZE
+
+    def entry_pos(self, number: int) -> int:
+        return self._entries_at + number * ENTRY_SIZE
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def index_count(self) -> int:
+        return self.header.index_count
+
+    @property
+    def entries(self) -> int:
+        """Entries written (``index_count`` counts the unused entry 0 too)."""
+        return max(0, self.header.index_count - 1)
+
+    @property
+    def begin_timestamp(self) -> int:
+        return self.header.begin_timestamp
+
+    @property
+    def end_timestamp(self) -> int:
+        return self.header.end_timestamp
+
+    @property
+    def begin_phy_offset(self) -> int:
+        return self.header.begin_phy_offset
+
+    @property
+    def end_phy_offset(self) -> int:
+        return self.header.end_phy_offset
+
+    def is_full(self) -> bool:
+        return self.header.index_count >= self.index_num
+
+    def is_time_matched(self, begin: int, end: int) -> bool:
+        """Does [begin, end] overlap this file's time span (RocketMQ's isTimeMatched)."""
+        b, e = self.header.begin_timestamp, self.header.end_timestamp
+        return (begin < b and end > e) or b <= begin <= e or b <= end <= e
+
+    # -- checking -------------------------------------------------------------------------------
+
+    def damage(self) -> str | None:
+        """Why this file cannot be trusted, or None. Checks the header against itself and
+        against the newest entry; a write cut short (entry without header, header without
+        slot) shows up here."""
+        h = self.header
+        count = h.index_count
+        if not 1 <= count <= self.index_num:
+            return f"index count {count} outside 1..{self.index_num}"
+        if not 0 <= h.hash_slot_count <= count:
+            return f"hash slot count {h.hash_slot_count} exceeds index count {count}"
+        if count > 1:
+            if h.begin_phy_offset > h.end_phy_offset or h.begin_phy_offset < 0:
+                return f"physical offsets {h.begin_phy_offset}..{h.end_phy_offset} out of order"
+            if h.begin_timestamp > h.end_timestamp or h.begin_timestamp <= 0:
+                return f"timestamps {h.begin_timestamp}..{h.end_timestamp} out of order"
+            hash_, phys, _, prev = ENTRY.unpack_from(self._map, self.entry_pos(count - 1))
+            if phys != h.end_phy_offset:
+                return (f"newest entry #{count - 1} points at {phys}, header says "
+                        f"{h.end_phy_offset}")
+            if not 0 <= prev < count - 1:
+                return f"newest entry #{count - 1} links to entry {prev}"
+            (head,) = SLOT.unpack_from(self._map, self.slot_pos(hash_))
+            if head != count - 1:
+                return f"slot of newest entry #{count - 1} holds {head}: slot write lost"
+        if count < self.index_num:
+            pos = self.entry_pos(count)
+            if self._map[pos : pos + ENTRY_SIZE] != bytes(ENTRY_SIZE):
+                return f"entry #{count} is written but not counted in the header"
+        return None
+
+    # -- writing (the dispatcher thread only) ---------------------------------------------------
+
+    def _reserve(self, start: int, end: int) -> None:
+        try:
+            os.posix_fallocate(self._fd, start, end - start)
+        except OSError as exc:
+            raise IndexFileError(
+                exc.errno, f"cannot reserve disk space in {self.path}: {exc.strerror}"
+            ) from exc
+
+    def put_key(self, hash_: int, phy_offset: int, store_timestamp: int) -> bool:
+        """Add one entry; False if the file is full. Writes entry, then slot, then header, so
+        a reader (or a crash) never sees a slot pointing past the counted entries."""
+        h = self.header
+        count = h.index_count
+        if count >= self.index_num:
+            return False
+        m = self._map
+        slot_at = self.slot_pos(hash_)
+        page = slot_at // OS_PAGE_SIZE
+        if page not in self._slot_pages:
+            self._reserve(page * OS_PAGE_SIZE, min(self._entries_at, (page + 1) * OS_PAGE_SIZE))
+            self._slot_pages.add(page)
+        entry_at = self.entry_pos(count)
+        if entry_at + ENTRY_SIZE > self._entries_allocated_until:
+            target = min(self.size, entry_at + ENTRY_SIZE + ENTRY_ALLOCATE_AHEAD)
+            self._reserve(self._entries_allocated_until, target)
+            self._entries_allocated_until = target
+        (head,) = SLOT.unpack_from(m, slot_at)
+        if head <= INVALID_INDEX or head >= count:
+            head = INVALID_INDEX
+        if count <= 1:
+            # RocketMQ computes the first entry's delta against the previous file's end time
+            # and only then resets the begin time; we reset first so the delta (0) is right.
+            h.begin_phy_offset = phy_offset
+            h.begin_timestamp = store_timestamp
+        diff = (store_timestamp - h.begin_timestamp) // 1000 if h.begin_timestamp > 0 else 0
+        diff = min(max(diff, 0), _INT_MAX)
+        ENTRY.pack_into(m, entry_at, hash_, phy_offset, diff, head)
+        SLOT.pack_into(m, slot_at, count)
+        if head == INVALID_INDEX:
+            h.hash_slot_count += 1
+        h.index_count = count + 1
+        h.end_phy_offset = phy_offset
+        h.end_timestamp = store_timestamp
+        HEADER.pack_into(m, 0, h.begin_timestamp, h.end_timestamp, h.begin_phy_offset,
+                         h.end_phy_offset, h.hash_slot_count, h.index_count)
+        self.dirty = True
+        return True
+
+    def flush(self) -> None:
+        if self.read_only or not self.dirty or self._closed:
+            return
+        if not self.hold():
+            return
+        try:
+            self.dirty = False
+            os.fdatasync(self._fd)  # releases the GIL; writes back pages dirtied via the map
+        finally:
+            self.release()
+
+    # -- reading (any thread) -------------------------------------------------------------------
+
+    def _chain(self, hash_: int) -> Iterator[tuple[int, int, int, int]]:
+        """(key_hash, phy_offset, time_diff, number) along the slot's list, newest first.
+        Caller holds a reference. Bad links end the walk rather than loop."""
+        m = self._map
+        count = self.header.index_count
+        if count <= 1:
+            return
+        (number,) = SLOT.unpack_from(m, self.slot_pos(hash_))
+        seen = 0
+        while INVALID_INDEX < number < count and seen < count:
+            hash_read, phys, diff, prev = ENTRY.unpack_from(m, self.entry_pos(number))
+            yield hash_read, phys, diff, number
+            if prev == number:
+                return
+            number = prev
+            seen += 1
+
+    def select(self, hash_: int, begin: int, end: int) -> Iterator[int]:
+        """Physical offsets of entries with this key hash stored in [begin, end] (by the
+        entry's second-granular time), newest first. The key itself is not stored: callers
+        check the message (hashes collide)."""
+        if not self.hold():
+            return
+        try:
+            base = self.header.begin_timestamp
+            for hash_read, phys, diff, _ in self._chain(hash_):
+                if diff < 0:
+                    return
+                t = base + diff * 1000
+                if hash_read == hash_ and begin <= t <= end:
+                    yield phys
+                if t < begin:
+                    return  # older entries are older still
+        finally:
+            self.release()
+
+    def contains(self, hash_: int, phy_offset: int) -> bool:
+        """Is there an entry for (hash, offset)? Walks only entries at or after the offset."""
+        if not self.hold():
+            return False
+        try:
+            for hash_read, phys, _, _ in self._chain(hash_):
+                if phys < phy_offset:
+                    return False
+                if hash_read == hash_ and phys == phy_offset:
+                    return True
+            return False
+        finally:
+            self.release()
+
+    # -- lifetime -------------------------------------------------------------------------------
+
+    def hold(self) -> bool:
+        with self._lock:
+            if not self._available:
+                return False
+            self._refs += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._refs -= 1
+            close = self._refs <= 0 and not self._closed
+        if close:
+            self._close_map()
+
+    def destroy(self, interval_forcibly_ms: int = 0) -> bool:
+        """Delete the file; unmap once readers let go (or after ``interval_forcibly_ms``)."""
+        now = time.monotonic()
+        with self._lock:
+            first = self._available
+            if first:
+                self._available = False
+                self._destroy_requested_at = now
+                self._refs -= 1
+            elif (now - self._destroy_requested_at) * 1000 >= interval_forcibly_ms:
+                self._refs = 0
+            close = self._refs <= 0 and not self._closed
+        if first:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        if close:
+            self._close_map()
+        return self._closed
+
+    def close(self) -> None:
+        with self._lock:
+            self._available = False
+            self._refs = 0
+        self._close_map()
+
+    def _close_map(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(BufferError):
+            self._map.close()
+        os.close(self._fd)
+
+    def __repr__(self) -> str:
+        h = self.header
+        return (f"IndexFile({self.name}, entries={self.entries}, "
+                f"phy={h.begin_phy_offset}..{h.end_phy_offset})")
+
+
+__all__ = [
+    "ENTRY", "ENTRY_SIZE", "HEADER", "HEADER_SIZE", "INVALID_INDEX", "IndexFile",
+    "IndexFileError", "IndexHeader", "SLOT", "SLOT_SIZE", "build_key", "file_name_for",
+    "file_size", "is_index_file_name", "java_string_hash", "key_hash",
+]  # fmt: skip

@@ -1,0 +1,269 @@
+"""``IndexService``: the index dispatcher and query side over the files in ``<root>/index/``.
+
+Every dispatched record gets one entry per key: its unique client id (``UNIQ_KEY``) first, then
+each space-separated word of ``KEYS``, all as ``topic#key`` (RocketMQ's order and form). Files
+roll over when full; a new one is named by its creation time. Format:
+``docs/formats/index-file.md``.
+
+Threads: ``dispatch`` runs on the dispatcher thread only (or the opening thread during replay);
+``flush`` on the ConsumeQueue flush thread; ``query_offsets`` on any thread;
+``delete_expired_files`` on the clean-up thread. The file list is replaced, never changed in
+place, so readers iterate a consistent snapshot; each file is held while it is read.
+
+Crash safety: ``load`` trusts an index file only if it is intact and, after a crash, if its
+header ends no later than the checkpoint's index timestamp (what the last flush covered).
+Untrusted files are deleted and ``replay_from`` says where to re-dispatch the CommitLog from.
+Re-dispatching a record that is already indexed adds nothing (see ``dispatch``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from stratamq.message import DispatchInfo, Prop, SysFlag
+from stratamq.store.index_file import (
+    IndexFile,
+    IndexFileError,
+    build_key,
+    file_name_for,
+    is_index_file_name,
+    key_hash,
+)
+
+log = logging.getLogger(__name__)
+
+
+def record_keys(info: DispatchInfo) -> list[str]:
+    """The keys RocketMQ indexes for a record, in its order: UNIQ_KEY, then each KEYS word."""
+    props = info.properties
+    out: list[str] = []
+    uniq = props.get(Prop.UNIQ_KEY)
+    if uniq:
+        out.append(uniq)
+    keys = props.get(Prop.KEYS)
+    if keys:
+        out.extend(k for k in keys.split(" ") if k)
+    return out
+
+
+class IndexService:
+    """The index files of one store, oldest first."""
+
+    def __init__(self, directory: Path, hash_slot_num: int, index_num: int, *,
+                 read_only: bool = False) -> None:
+        self.directory = directory
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.read_only = read_only
+        self._files: list[IndexFile] = []
+        self._lock = threading.Lock()  # replacing the list (roll-over, deletion)
+        # Where re-indexing from the CommitLog must start after load (None: nothing to redo).
+        self.replay_from: int | None = None
+        self.dropped: list[tuple[str, str]] = []  # (file name, why) untrusted on load
+        self.failed_keys = 0  # keys not indexed because writing failed (disk full...)
+        self.error: BaseException | None = None
+
+    # -- loading --------------------------------------------------------------------------------
+
+    def load(self, abnormal: bool = False, checkpoint_index_timestamp: int = 0) -> None:
+        """Map every index file; drop the untrusted ones (read-write) and note ``replay_from``.
+
+        A damaged file, and after a crash a file that ends past the checkpoint's index time,
+        is deleted together with every newer file; the CommitLog is then re-indexed from the
+        end of the last trusted file. A read-only load never deletes: it skips what it can't
+        trust.
+        """
+        if not self.directory.is_dir():
+            return
+        paths = sorted(p for p in self.directory.iterdir()
+                       if p.is_file() and is_index_file_name(p.name))
+        kept: list[IndexFile] = []
+        untrusted_from: int | None = None
+        for i, path in enumerate(paths):
+            try:
+                f = IndexFile(path, self.hash_slot_num, self.index_num, read_only=self.read_only)
+            except (OSError, ValueError) as exc:
+                why = str(exc)
+                f = None
+            else:
+                why = f.damage()
+                if why is None and abnormal and f.end_timestamp > checkpoint_index_timestamp:
+                    why = (f"ends at {f.end_timestamp}, after the checkpoint's index time "
+                           f"{checkpoint_index_timestamp}")
+            if why is None:
+                kept.append(f)
+                continue
+            self.dropped.append((path.name, why))
+            if self.read_only:
+                log.warning("index file %s skipped: %s", path.name, why)
+                if f is not None:
+                    f.close()
+                continue
+            log.warning("index file %s untrusted, rebuilding from the CommitLog: %s",
+                        path.name, why)
+            if untrusted_from is None:
+                untrusted_from = i
+                if f is not None and f.damage() is None and f.entries:
+                    self.replay_from = f.begin_phy_offset
+            if f is not None:
+                f.destroy()
+            else:
+                path.unlink(missing_ok=True)
+        if untrusted_from is not None:
+            # Files after an untrusted one would break newest-first order once it is rebuilt.
+            for f in kept[:]:
+                if f.name > paths[untrusted_from].name:
+                    self.dropped.append((f.name, "newer than an untrusted file"))
+                    kept.remove(f)
+                    f.destroy()
+            if kept:
+                self.replay_from = kept[-1].end_phy_offset
+            elif self.replay_from is None:
+                self.replay_from = 0  # unknown: the whole CommitLog
+        elif abnormal and kept and not self.read_only:
+            # Trusted files still may lack records after their end; re-dispatch is idempotent.
+            self.replay_from = kept[-1].end_phy_offset
+        self._files = kept
+
+    # -- the dispatcher interface ---------------------------------------------------------------
+
+    def dispatch(self, info: DispatchInfo) -> None:
+        if SysFlag.transaction_type(info.sys_flag) == SysFlag.TRANSACTION_ROLLBACK_TYPE:
+            return  # RocketMQ indexes normal, prepared and committed records, not rollbacks
+        keys = record_keys(info)
+        if not keys:
+            return
+        try:
+            self._index(info, keys)
+        except OSError as exc:
+            # The index is derived data and can be rebuilt from the CommitLog; failing here
+            # must not stop ConsumeQueue dispatch (and so consumption) too.
+            self.failed_keys += len(keys)
+            if self.error is None:
+                log.error("indexing stopped working at offset %d: %s", info.physical_offset, exc)
+            self.error = exc
+
+    def _index(self, info: DispatchInfo, keys: list[str]) -> None:
+        phys = info.physical_offset
+        topic = info.topic
+        ts = info.store_timestamp
+        hashes = [key_hash(build_key(topic, k)) for k in keys]
+        # RocketMQ's guard: a record below the newest file's end offset is indexed already (a
+        # replay after recovery). The newest record itself may have had only some keys written
+        # before a crash, possibly across a roll-over: add just the missing ones.
+        holders: list[IndexFile] = []
+        for g in reversed(self._files):
+            if not g.entries:
+                continue
+            if phys < g.end_phy_offset:
+                return
+            if phys > g.end_phy_offset:
+                break
+            holders.append(g)
+            if g.begin_phy_offset != phys:
+                break
+        if holders:
+            hashes = [h for h in hashes if not any(g.contains(h, phys) for g in holders)]
+            if not hashes:
+                return
+        f = self._writable_file()
+        for h in hashes:
+            if not f.put_key(h, phys, ts):
+                f = self._roll(f)
+                if not f.put_key(h, phys, ts):
+                    raise IndexFileError(f"a new index file {f.name} refused an entry")
+        self.error = None
+
+    def _writable_file(self) -> IndexFile:
+        files = self._files
+        if files and not files[-1].is_full():
+            return files[-1]
+        return self._roll(files[-1] if files else None)
+
+    def _roll(self, previous: IndexFile | None) -> IndexFile:
+        """Start a new file where ``previous`` ended; make the full one durable."""
+        if self.read_only:
+            raise IndexFileError("index is open read-only")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        now = int(time.time() * 1000)
+        name = file_name_for(now)
+        # Names sort as creation order; never reuse or go back (clock steps, fast roll-overs).
+        while (previous is not None and name <= previous.name) or (self.directory / name).exists():
+            now += 1
+            name = file_name_for(now)
+        f = IndexFile(
+            self.directory / name, self.hash_slot_num, self.index_num, create=True,
+            begin_phy_offset=previous.end_phy_offset if previous else 0,
+            begin_timestamp=previous.end_timestamp if previous else 0,
+        )
+        with self._lock:
+            self._files = [*self._files, f]
+        if previous is not None:
+            previous.flush()
+        return f
+
+    # -- flushing -------------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Make every entry durable; return the store time of the newest entry so covered (for
+        the checkpoint's index timestamp), 0 if there is none."""
+        files = self._files
+        if not files:
+            return 0
+        covered = files[-1].end_timestamp  # sampled before flushing: entries up to it are in
+        for f in files:
+            f.flush()
+        return covered
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def query_offsets(self, topic: str, key: str, begin: int = 0,
+                      end: int = 2**63 - 1) -> Iterator[int]:
+        """CommitLog offsets of records indexed under ``topic#key`` whose entry time lies in
+        [begin, end], newest first, across files (candidates: hashes collide, so check the
+        record). Entry times are whole seconds after the file's begin time, rounded down."""
+        h = key_hash(build_key(topic, key))
+        for f in reversed(self._files):
+            if f.entries and f.is_time_matched(begin, end):
+                yield from f.select(h, begin, end)
+            if f.begin_timestamp < begin:
+                return
+
+    def files(self) -> list[IndexFile]:
+        return list(self._files)
+
+    @property
+    def max_phy_offset(self) -> int:
+        files = self._files
+        return files[-1].end_phy_offset if files else 0
+
+    # -- clean-up -------------------------------------------------------------------------------
+
+    def delete_expired_files(self, min_commitlog_offset: int,
+                             interval_forcibly_ms: int = 0) -> list[Path]:
+        """Delete files whose every entry points below ``min_commitlog_offset`` (the records
+        are gone). The newest file is never deleted: it is the one being written."""
+        with self._lock:
+            files = self._files
+            expired = [f for f in files[:-1] if f.end_phy_offset < min_commitlog_offset]
+            if not expired:
+                return []
+            self._files = [f for f in files if f not in expired]
+        for f in expired:
+            f.destroy(interval_forcibly_ms)
+            log.info("deleted index file %s (ends at offset %d, CommitLog min %d)",
+                     f.name, f.end_phy_offset, min_commitlog_offset)
+        return [f.path for f in expired]
+
+    def close(self) -> None:
+        for f in self._files:
+            f.flush()
+            f.close()
+        self._files = []
+
+
+__all__ = ["IndexService", "record_keys"]

@@ -1,0 +1,538 @@
+"""ConsumeQueues in one RocksDB (``storeType=defaultRocksDB``), on stock RocksDB via rocksdict.
+
+Spec: ``docs/formats/rocksdb-consumequeue.md`` (seed 003; RocketMQ's RocksDBConsumeQueueTable
+and RocksDBConsumeQueueOffsetTable). Two column families:
+
+* ``default`` (the ConsumeQueue table): key ``topicLen i32 | CTRL_1 | topic | CTRL_1 | queueId
+  i32 | CTRL_1 | queueOffset i64``, value ``phys i64 | size i32 | tagsCode i64 | storeTime i64``
+  (28 bytes). Big-endian numbers sort a queue's units in offset order, contiguously, so a read
+  is one seek plus ``next()`` and a whole queue or topic is one ``delete_range``.
+* ``offset`` (the offset table): key ``topicLen i32 | CTRL_1 | topic | CTRL_1 | "max"|"min" |
+  CTRL_1 | queueId i32``, value ``phys i64 | queueOffset i64`` of the queue's last (max) or first
+  (min) unit, plus one checkpoint row (topic ``CHECKPOINT_TOPIC``, max, queue 0) holding the end
+  of the newest dispatched CommitLog record.
+
+Durability: writes go in a WriteBatch per dispatch round with the WAL disabled; the CommitLog is
+the log. Both column families flush atomically (``atomic_flush``), so what survives a crash is a
+prefix of the batches, and the checkpoint row in it says where that prefix ends: the message
+store re-dispatches from there (``max_physic_offset``), idempotently (a unit at or below a
+queue's last physical offset is skipped).
+
+Expiry: RocketMQ drops expired units in a compaction filter of its own RocksDB build; stock
+RocksDB from Python has none. Here the in-memory offset table says which queues' first unit
+points below the CommitLog's new min offset (no scan of units); for each such queue a binary
+search over its units finds the first live one, a ``delete_range`` removes the units below it
+and the min row moves up, in one batch. ``min_offset()`` also checks a queue against the
+CommitLog's min offset when it is read, so a reader never sees a stale min even before the
+clean-up service ran.
+
+Threads: the dispatcher thread calls ``dispatch``/``commit_dispatch``; any thread may read.
+``_lock`` serialises writes to RocksDB and the in-memory tables; readers take no lock (a read
+sees either the old or the new row of a dict, both consistent with RocksDB after the write).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+
+from stratamq.message import DispatchInfo, SysFlag
+from stratamq.store.consume_queue_store import STORE_TYPE_ROCKSDB, Unit, allocated_bytes
+
+log = logging.getLogger(__name__)
+
+CTRL_0, CTRL_1, CTRL_2 = b"\x00", b"\x01", b"\x02"
+I32 = struct.Struct(">i")
+I64 = struct.Struct(">q")
+CQ_VALUE = struct.Struct(">qiqq")  # phys, size, tags code, store time
+assert CQ_VALUE.size == 28
+OFFSET_VALUE = struct.Struct(">qq")  # phys, queue offset
+assert OFFSET_VALUE.size == 16
+CQ_KEY_TAIL = 1 + I64.size  # CTRL_1 + queue offset, after the queue prefix
+MAX_MARK, MIN_MARK = b"max", b"min"
+OFFSET_CF = "offset"
+CHECKPOINT_TOPIC = "CHECKPOINT_TOPIC"  # RocketMQ's RMQ_SYS_ROCKSDB_OFFSET_TOPIC
+BATCH_MAX = 4096  # units per WriteBatch before it is written even mid-round
+CqRow = tuple[int, int, int, int]  # a decoded value: phys, size, tags code, store time
+MAX_RECORD_SPAN = 1 << 26  # bytes: more than any record (maxMessageSize is 4 MiB + header)
+
+
+# -- keys ---------------------------------------------------------------------------------------
+
+def topic_head(topic_bytes: bytes) -> bytes:
+    """``topicLen | CTRL_1 | topic | CTRL_1``: the start of every key of a topic."""
+    return I32.pack(len(topic_bytes)) + CTRL_1 + topic_bytes + CTRL_1
+
+
+def queue_prefix(topic_bytes: bytes, queue_id: int) -> bytes:
+    return topic_head(topic_bytes) + I32.pack(queue_id)
+
+
+def cq_key(prefix: bytes, queue_offset: int) -> bytes:
+    return prefix + CTRL_1 + I64.pack(queue_offset)
+
+
+def queue_range(prefix: bytes) -> tuple[bytes, bytes]:
+    """[start, end) holding exactly one queue's units (CTRL_0 < CTRL_1 < CTRL_2)."""
+    return prefix + CTRL_0, prefix + CTRL_2
+
+
+def topic_range(topic_bytes: bytes) -> tuple[bytes, bytes]:
+    """[start, end) holding every key of one topic, in either column family."""
+    head = I32.pack(len(topic_bytes)) + CTRL_1 + topic_bytes
+    return head + CTRL_0, head + CTRL_2
+
+
+def offset_key(topic_bytes: bytes, queue_id: int, is_max: bool) -> bytes:
+    return (topic_head(topic_bytes) + (MAX_MARK if is_max else MIN_MARK) + CTRL_1
+            + I32.pack(queue_id))
+
+
+def parse_offset_key(key: bytes) -> tuple[str, bool, int] | None:
+    """(topic, is_max, queue id) of an offset-table key, or None if it is malformed."""
+    if len(key) < 4 + 1 + 1 + 3 + 1 + 4:
+        return None
+    (n,) = I32.unpack_from(key, 0)
+    if n < 0 or len(key) != 4 + 1 + n + 1 + 3 + 1 + 4:
+        return None
+    mark = key[4 + 1 + n + 1: 4 + 1 + n + 4]
+    if mark not in (MAX_MARK, MIN_MARK):
+        return None
+    (queue_id,) = I32.unpack_from(key, len(key) - 4)
+    return key[5:5 + n].decode("utf-8", "replace"), mark == MAX_MARK, queue_id
+
+
+CHECKPOINT_KEY = offset_key(CHECKPOINT_TOPIC.encode(), 0, True)
+
+
+class RocksDBConsumeQueue:
+    """A handle on one queue: a name and a key prefix; all state lives in the store."""
+
+    __slots__ = ("store", "topic", "queue_id", "key", "prefix")
+
+    def __init__(self, store: RocksDBConsumeQueueStore, topic: str, queue_id: int) -> None:
+        self.store = store
+        self.topic = topic
+        self.queue_id = queue_id
+        self.key = (topic, queue_id)
+        self.prefix = queue_prefix(topic.encode("utf-8"), queue_id)
+
+    def max_offset(self) -> int:
+        row = self.store._max.get(self.key)
+        return row[0] + 1 if row is not None else 0
+
+    def min_offset(self) -> int:
+        return self.store._min_offset(self.key, self.prefix)
+
+    @property
+    def max_physic_offset(self) -> int:
+        row = self.store._max.get(self.key)
+        return row[1] if row is not None else -1
+
+    def get_units(self, queue_offset: int, max_units: int) -> list[Unit]:
+        """Consecutive units from ``queue_offset``: one seek, then ``next()`` within the queue."""
+        return [(p, s, c) for p, s, c, _ in self.get_units_with_time(queue_offset, max_units)]
+
+    def get_units_with_time(self, queue_offset: int,
+                            max_units: int) -> list[tuple[int, int, int, int]]:
+        out: list[tuple[int, int, int, int]] = []
+        end = self.max_offset()
+        if max_units <= 0 or queue_offset >= end or queue_offset < 0:
+            return out
+        db = self.store._db
+        if db is None:
+            return out
+        opts = ReadOptions()
+        opts.set_iterate_upper_bound(cq_key(self.prefix, end))
+        it = db.iter(opts)
+        it.seek(cq_key(self.prefix, queue_offset))
+        expected = queue_offset
+        unpack = CQ_VALUE.unpack
+        while it.valid() and len(out) < max_units:
+            key = it.key()
+            (got,) = I64.unpack_from(key, len(key) - 8)
+            if got != expected:
+                break  # a hole (expired below, or a gap): the range ends here
+            out.append(unpack(it.value()))
+            expected += 1
+            it.next()
+        return out
+
+    def store_time_at(self, queue_offset: int) -> int | None:
+        value = self.store._get(cq_key(self.prefix, queue_offset))
+        return CQ_VALUE.unpack(value)[3] if value is not None else None
+
+    def offset_by_time(self, timestamp: int,
+                       store_time_at: Callable[[int], int | None] | None = None) -> int:
+        """First offset stored at or after ``timestamp`` (ms), by binary search over the store
+        time kept in each value: no CommitLog read. The max offset if every unit is older."""
+        low, high = self.min_offset(), self.max_offset()
+        while low < high:
+            mid = (low + high) // 2
+            t = self.store_time_at(mid)
+            if t is None or t >= timestamp:
+                high = mid
+            else:
+                low = mid + 1
+        return low
+
+    def disk_bytes(self) -> int:
+        """Logical bytes of this queue's rows (RocksDB shares its files between queues)."""
+        return (self.max_offset() - self.min_offset()) * (len(self.prefix) + CQ_KEY_TAIL
+                                                          + CQ_VALUE.size)
+
+
+class RocksDBConsumeQueueStore:
+    """Every ConsumeQueue in one RocksDB under ``path``. A dispatcher."""
+
+    store_type = STORE_TYPE_ROCKSDB
+
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+        self.path = Path(path)
+        self.read_only = read_only
+        self._db: Rdict | None = None
+        self._offset_cf: Rdict | None = None
+        self._offset_cfh = None
+        # The offset table, loaded whole at start (2 rows per queue; no unit is read):
+        # (topic, queue id) -> [queue offset, phys] of the queue's last / first unit.
+        self._max: dict[tuple[str, int], tuple[int, int]] = {}
+        self._min: dict[tuple[str, int], tuple[int, int]] = {}
+        self._max_phys = -1  # end of the newest record covered (the checkpoint row)
+        self._handles: dict[tuple[str, int], RocksDBConsumeQueue] = {}
+        self._lock = threading.RLock()
+        # The open batch of the current dispatch round, and what it changes once written.
+        self._batch: WriteBatch | None = None
+        self._pending = 0
+        self._pending_max: dict[tuple[str, int], tuple[int, int]] = {}
+        self._pending_min: dict[tuple[str, int], tuple[int, int]] = {}
+        self._pending_end = -1
+        self._prefixes: dict[str, bytes] = {}
+        # Where the CommitLog starts now; set by the message store so reads see expiry at once.
+        self.commitlog_min_offset: Callable[[], int] | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Open RocksDB and load the offset table; units stay on disk until read."""
+        if self.read_only:
+            if not (self.path / "CURRENT").exists():
+                return  # no RocksDB here: an empty store
+            opts = Options(raw_mode=True)
+            self._db = Rdict(str(self.path), options=opts, access_type=AccessType.read_only(),
+                             column_families={OFFSET_CF: Options(raw_mode=True)})
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            opts = Options(raw_mode=True)
+            opts.create_if_missing(True)
+            opts.create_missing_column_families(True)
+            # Both tables flush together: after a crash the offset table still describes
+            # exactly the units that survived.
+            opts.set_atomic_flush(True)
+            self._db = Rdict(str(self.path), options=opts,
+                             column_families={OFFSET_CF: Options(raw_mode=True)})
+            wo = WriteOptions()
+            wo.disable_wal = True  # the CommitLog is the log (seed 003)
+            self._db.set_write_options(wo)
+        self._offset_cf = self._db.get_column_family(OFFSET_CF)
+        self._offset_cfh = self._db.get_column_family_handle(OFFSET_CF)
+        for key, value in self._offset_cf.items():
+            if key == CHECKPOINT_KEY:
+                self._max_phys = I64.unpack(value)[0]
+                continue
+            parsed = parse_offset_key(key)
+            if parsed is None or len(value) != OFFSET_VALUE.size:
+                log.warning("rocksdb consumequeue: skipping malformed offset row %r", key[:64])
+                continue
+            topic, is_max, queue_id = parsed
+            phys, queue_offset = OFFSET_VALUE.unpack(value)
+            (self._max if is_max else self._min)[(topic, queue_id)] = (queue_offset, phys)
+        for key, (queue_offset, phys) in self._max.items():
+            if key not in self._min:  # a missing min row: the queue starts where it ends
+                self._min[key] = (queue_offset, phys)
+
+    def recover(self) -> None:
+        """Nothing to scan: RocksDB recovered itself; ``truncate_dirty`` cuts past-the-end."""
+
+    def flush(self, least_pages: int) -> None:
+        """Write the open batch; on a thorough round (0) also flush memtables to SST files."""
+        if self.read_only or self._db is None:
+            return
+        self.commit_dispatch()
+        if least_pages == 0:
+            with self._lock:
+                self._db.flush()
+
+    def close(self) -> None:
+        if self._db is None:
+            return
+        if not self.read_only:
+            self.commit_dispatch()
+            self._db.flush()
+        self._offset_cf = None
+        self._offset_cfh = None
+        self._db.close()
+        self._db = None
+        self._handles.clear()
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def _prefix(self, topic: str, queue_id: int) -> bytes:
+        head = self._prefixes.get(topic)
+        if head is None:
+            head = topic_head(topic.encode("utf-8"))
+            if len(self._prefixes) < 100_000:
+                self._prefixes[topic] = head
+        return head + I32.pack(queue_id)
+
+    def dispatch(self, info: DispatchInfo) -> None:
+        if not SysFlag.is_dispatchable(info.sys_flag):
+            return
+        key = (info.topic, info.queue_id)
+        with self._lock:
+            last = self._pending_max.get(key) or self._max.get(key)
+            if last is not None and info.physical_offset <= last[1]:
+                return  # already have it: a replay after recovery
+            if last is not None and info.queue_offset != last[0] + 1:
+                log.error("%s/%d: queue offset %d after %d; keeping it",
+                          info.topic, info.queue_id, info.queue_offset, last[0])
+            if self._batch is None:
+                self._batch = WriteBatch(raw_mode=True)
+            prefix = self._prefix(info.topic, info.queue_id)
+            self._batch.put(cq_key(prefix, info.queue_offset),
+                            CQ_VALUE.pack(info.physical_offset, info.size, info.tags_code,
+                                          info.store_timestamp))
+            row = (info.queue_offset, info.physical_offset)
+            self._pending_max[key] = row
+            if key not in self._min and key not in self._pending_min:
+                self._pending_min[key] = row
+            self._pending_end = info.physical_offset + info.size
+            self._pending += 1
+            if self._pending >= BATCH_MAX:
+                self._commit_locked()
+
+    def commit_dispatch(self) -> None:
+        """Write the open batch (units + offset rows + checkpoint row) without the WAL."""
+        with self._lock:
+            self._commit_locked()
+
+    def _commit_locked(self) -> None:
+        if not self._pending or self._db is None:
+            return
+        batch = self._batch
+        cfh = self._offset_cfh
+        for (topic, queue_id), (queue_offset, phys) in self._pending_max.items():
+            batch.put(offset_key(topic.encode("utf-8"), queue_id, True),
+                      OFFSET_VALUE.pack(phys, queue_offset), cfh)
+        for (topic, queue_id), (queue_offset, phys) in self._pending_min.items():
+            batch.put(offset_key(topic.encode("utf-8"), queue_id, False),
+                      OFFSET_VALUE.pack(phys, queue_offset), cfh)
+        end = max(self._pending_end, self._max_phys)
+        batch.put(CHECKPOINT_KEY, I64.pack(end), cfh)
+        self._db.write(batch)
+        # Only now may readers see the new units.
+        self._min.update(self._pending_min)
+        self._max.update(self._pending_max)
+        self._max_phys = end
+        self._batch = None
+        self._pending = 0
+        self._pending_max = {}
+        self._pending_min = {}
+
+    # -- queues ---------------------------------------------------------------------------------
+
+    def find(self, topic: str, queue_id: int) -> RocksDBConsumeQueue | None:
+        key = (topic, queue_id)
+        handle = self._handles.get(key)
+        if handle is None:
+            if key not in self._max:
+                return None
+            handle = self._handles.setdefault(key, RocksDBConsumeQueue(self, topic, queue_id))
+        return handle
+
+    def __iter__(self) -> Iterator[RocksDBConsumeQueue]:
+        for topic, queue_id in sorted(self._max):
+            handle = self.find(topic, queue_id)
+            if handle is not None:
+                yield handle
+
+    def queues(self) -> list[RocksDBConsumeQueue]:
+        return list(self)
+
+    def topics(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for topic, queue_id in list(self._max):
+            out.setdefault(topic, []).append(queue_id)
+        return {t: sorted(q) for t, q in sorted(out.items())}
+
+    def queue_offset_table(self) -> dict[tuple[str, int], int]:
+        return {key: row[0] + 1 for key, row in self._max.items()}
+
+    def _get(self, key: bytes) -> bytes | None:
+        db = self._db
+        return db.get(key) if db is not None else None
+
+    # -- recovery and retention -----------------------------------------------------------------
+
+    def max_physic_offset(self) -> int:
+        return self._max_phys
+
+    def _first_unit_where(self, prefix: bytes, low: int, high: int,
+                          predicate: Callable[[CqRow], bool]) -> tuple[int, int]:
+        """Binary search over [low, high) for the first unit satisfying a predicate that is
+        false then true along the queue: (queue offset, its phys), or (high, -1) if none. A
+        missing unit counts as false (it is below an expiry hole)."""
+        found_phys = -1
+        while low < high:
+            mid = (low + high) // 2
+            value = self._get(cq_key(prefix, mid))
+            unit = CQ_VALUE.unpack(value) if value is not None else None
+            if unit is not None and predicate(unit):
+                high = mid
+                found_phys = unit[0]
+            else:
+                low = mid + 1
+        return low, found_phys
+
+    def truncate_dirty(self, commitlog_end: int) -> int:
+        """Drop units whose records end past ``commitlog_end`` (a CommitLog cut after a crash):
+        their rows go by ``delete_range`` and the max rows move back."""
+        if self.read_only or self._db is None:
+            return 0
+        with self._lock:
+            self._commit_locked()
+            if self._max_phys <= commitlog_end:
+                return 0  # nothing was dispatched past the end: no queue to look at
+            dropped = 0
+            batch = WriteBatch(raw_mode=True)
+            new_max: dict[tuple[str, int], tuple[int, int]] = {}
+            gone: list[tuple[str, int]] = []
+            for key, (max_q, max_p) in self._max.items():
+                if max_p + MAX_RECORD_SPAN <= commitlog_end:
+                    continue  # its last record starts far before the end: it ends before too
+                prefix = self._prefix(*key)
+                low = self._min.get(key, (0, 0))[0]
+                cut, _ = self._first_unit_where(prefix, low, max_q + 1,
+                                                lambda u: u[0] + u[1] > commitlog_end)
+                if cut > max_q:
+                    continue
+                dropped += max_q + 1 - cut
+                batch.delete_range(cq_key(prefix, cut), queue_range(prefix)[1])
+                topic_bytes = key[0].encode("utf-8")
+                if cut > low:
+                    prev = CQ_VALUE.unpack(self._get(cq_key(prefix, cut - 1)))
+                    new_max[key] = (cut - 1, prev[0])
+                    batch.put(offset_key(topic_bytes, key[1], True),
+                              OFFSET_VALUE.pack(prev[0], cut - 1), self._offset_cfh)
+                elif low > 0:  # empty now, but its next offset stays where it was
+                    new_max[key] = (low - 1, -1)
+                    batch.put(offset_key(topic_bytes, key[1], True),
+                              OFFSET_VALUE.pack(-1, low - 1), self._offset_cfh)
+                else:
+                    gone.append(key)
+                    batch.delete(offset_key(topic_bytes, key[1], True), self._offset_cfh)
+                    batch.delete(offset_key(topic_bytes, key[1], False), self._offset_cfh)
+                log.warning("%s/%d: dropping %d units past CommitLog end %d",
+                            key[0], key[1], max_q + 1 - cut, commitlog_end)
+            batch.put(CHECKPOINT_KEY, I64.pack(commitlog_end), self._offset_cfh)
+            self._db.write(batch)
+            self._max.update(new_max)
+            for key in gone:
+                self._max.pop(key, None)
+                self._min.pop(key, None)
+                self._handles.pop(key, None)
+            self._max_phys = commitlog_end
+            return dropped
+
+    def correct_min_offsets(self, commitlog_min_offset: int) -> None:
+        self.delete_expired(commitlog_min_offset)
+
+    def delete_expired(self, min_commitlog_offset: int) -> int:
+        """Remove units whose records are below ``min_commitlog_offset``; return how many.
+
+        Only queues whose min row points below it are touched (found in memory, no scan)."""
+        removed = 0
+        with self._lock:
+            self._commit_locked()
+            for key, (_, min_phys) in list(self._min.items()):
+                if min_phys < min_commitlog_offset:
+                    removed += self._expire_queue_locked(key, min_commitlog_offset)
+        return removed
+
+    def _expire_queue_locked(self, key: tuple[str, int], min_commitlog_offset: int) -> int:
+        min_q, min_p = self._min[key]
+        max_row = self._max.get(key)
+        if max_row is None or min_p >= min_commitlog_offset:
+            return 0
+        prefix = self._prefix(*key)
+        new_min, phys = self._first_unit_where(prefix, min_q, max_row[0] + 1,
+                                               lambda u: u[0] >= min_commitlog_offset)
+        if phys < 0:  # every unit is gone: the queue is empty and starts at its max offset
+            phys = min_commitlog_offset
+        if not self.read_only and self._db is not None:
+            batch = WriteBatch(raw_mode=True)
+            batch.delete_range(cq_key(prefix, min_q), cq_key(prefix, new_min))
+            batch.put(offset_key(key[0].encode("utf-8"), key[1], False),
+                      OFFSET_VALUE.pack(phys, new_min), self._offset_cfh)
+            self._db.write(batch)
+        self._min[key] = (new_min, phys)
+        return new_min - min_q
+
+    def _min_offset(self, key: tuple[str, int], prefix: bytes) -> int:
+        row = self._min.get(key)
+        if row is None:
+            return 0
+        watermark = self.commitlog_min_offset
+        if watermark is not None and row[1] < watermark():
+            # The CommitLog moved on since the last clean-up: expire this queue now.
+            with self._lock:
+                self._expire_queue_locked(key, watermark())
+                row = self._min[key]
+        return row[0]
+
+    def destroy_queue(self, topic: str, queue_id: int) -> None:
+        """Remove a queue: one range delete for its units, two deletes for its offset rows."""
+        if self.read_only or self._db is None:
+            return
+        topic_bytes = topic.encode("utf-8")
+        with self._lock:
+            self._commit_locked()
+            batch = WriteBatch(raw_mode=True)
+            batch.delete_range(*queue_range(queue_prefix(topic_bytes, queue_id)))
+            batch.delete(offset_key(topic_bytes, queue_id, True), self._offset_cfh)
+            batch.delete(offset_key(topic_bytes, queue_id, False), self._offset_cfh)
+            self._db.write(batch)
+            for table in (self._max, self._min, self._handles):
+                table.pop((topic, queue_id), None)
+
+    def destroy_topic(self, topic: str) -> None:
+        """Remove every queue of a topic: one range delete in each column family."""
+        if self.read_only or self._db is None:
+            return
+        start, end = topic_range(topic.encode("utf-8"))
+        with self._lock:
+            self._commit_locked()
+            batch = WriteBatch(raw_mode=True)
+            batch.delete_range(start, end)
+            batch.delete_range(start, end, self._offset_cfh)
+            self._db.write(batch)
+            for table in (self._max, self._min, self._handles):
+                for key in [k for k in table if k[0] == topic]:
+                    table.pop(key, None)
+
+    def disk_bytes(self) -> int:
+        return allocated_bytes(self.path) if self.path.exists() else 0
+
+    def compact(self) -> None:
+        """Compact everything: range-deleted rows leave the SST files."""
+        if self._db is not None and not self.read_only:
+            self.commit_dispatch()
+            self._db.compact_range(None, None)
+            self._offset_cf.compact_range(None, None)
+
+
+__all__ = ["RocksDBConsumeQueue", "RocksDBConsumeQueueStore"]

@@ -1,0 +1,84 @@
+"""A real ``stratamq broker start`` subprocess on 127.0.0.1 for end-to-end tests.
+
+Topics are created in the store's metadata before the broker starts (the same JSON the admin
+RPCs write), so these tests do not depend on the admin service or its access rules.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stratamq.broker.metadata import MetadataStore
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class BrokerProc:
+    proc: subprocess.Popen
+    endpoint: str
+    store: Path
+    conf: Path
+    output: list[str] = field(default_factory=list)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no flush, ``abort`` stays."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+
+def create_topics(store: Path, topics: list[tuple[str, int, str]]) -> None:
+    meta = MetadataStore(store)
+    for name, queues, kind in topics:
+        if meta.topic(name) is None:
+            meta.create_topic(name, queues, kind)
+
+
+def start_broker(tmp_path: Path, settings: dict[str, str] | None = None,
+                 topics: list[tuple[str, int, str]] = (), env: dict[str, str] | None = None,
+                 store: Path | None = None, port: int = 0) -> BrokerProc:
+    store = store or tmp_path / "store"
+    store.mkdir(parents=True, exist_ok=True)
+    create_topics(store, list(topics))
+    conf = tmp_path / "broker.conf"
+    lines = {"mappedFileSizeCommitLog": str(4 * 1024 * 1024),
+             "mappedFileSizeConsumeQueue": str(10_000 * 20), **(settings or {})}
+    conf.write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stratamq.cli", "broker", "start", "--config", str(conf),
+         "--store", str(store), "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **(env or {})},
+    )
+    output: list[str] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        output.append(line)
+        if "listening on" in line:
+            endpoint = line.split("listening on", 1)[1].split()[0]
+            return BrokerProc(proc, endpoint, store, conf, output)
+    proc.kill()
+    raise RuntimeError("broker did not start:\n" + "".join(output) + proc.stdout.read())
