@@ -91,7 +91,11 @@ class IndexService:
                 f = None
             else:
                 why = f.damage()
-                if why is None and abnormal and f.end_timestamp > checkpoint_index_timestamp:
+                # A read-only reader (e.g. `store query` beside a running broker, whose `abort`
+                # marker is present) cannot rebuild, and every hit is checked against its
+                # message anyway: only structural damage makes it skip a file.
+                if (why is None and abnormal and not self.read_only
+                        and f.end_timestamp > checkpoint_index_timestamp):
                     why = (f"ends at {f.end_timestamp}, after the checkpoint's index time "
                            f"{checkpoint_index_timestamp}")
             if why is None:
