@@ -11,7 +11,9 @@ Prints one JSON object per line:
   ``fdatasync`` per put) and the ratio of the store to it;
 * ``get`` and ``dispatch`` for the data each put run wrote (gets: the median of three full
   read passes per run, on a flushed, idle store);
-* ``recovery`` after a simulated crash (scan from the first segment), per GiB;
+* ``recovery`` after a simulated crash (scan from the first segment), per GiB: once for the
+  core store (``index: false``) and once with the key index enabled, which a zeroed checkpoint
+  makes rebuild in full;
 * ``target``: each figure over the issue's reference (ratio >= 1 meets it).
 
 One writer thread, in-process; the page cache is warm, and guest memory is touched once before
@@ -155,9 +157,13 @@ def main(argv: list[str] | None = None) -> int:
                       "dispatch_lag_s": r["dispatch_lag_s"],
                       "behind_bytes_at_put_end": r["dispatch_behind_bytes_at_put_end"]})
 
-    rec = run_recovery_bench(counts["recovery_bytes"], 1024, store_dir=args.dir, repeat=repeat)
-    rec["recovery_s_runs"] = [tidy(t) for t in rec["recovery_s_runs"]]
-    emit({"bench": "recovery", **rec})
+    recs = {}
+    for index in (False, True):  # the core store alone, then with the key index rebuilt too
+        rec = run_recovery_bench(counts["recovery_bytes"], 1024, store_dir=args.dir,
+                                 repeat=repeat, index=index)
+        rec["recovery_s_runs"] = [tidy(t) for t in rec["recovery_s_runs"]]
+        emit({"bench": "recovery", **rec})
+        recs[index] = rec
 
     for body_size in BODY_SIZES:
         name = size_name(body_size)
@@ -170,7 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     for body_size in BODY_SIZES:
         target(f"get_{size_name(body_size)}_vs_rocketmq",
                runs[(body_size, 1, "async")]["get_msgs_per_s"], ROCKETMQ_GET, "msgs/s")
-    target("recovery_vs_target", rec["recovery_mb_per_s"], RECOVERY_TARGET_MB_S, "MB/s")
+    # The issue's target is the store's own recovery (CommitLog scan + ConsumeQueue replay);
+    # rebuilding the key index (issue 3) is reported against the same figure for information.
+    target("recovery_vs_target", recs[False]["recovery_mb_per_s"], RECOVERY_TARGET_MB_S, "MB/s")
+    target("recovery_with_index_rebuild_vs_target", recs[True]["recovery_mb_per_s"],
+           RECOVERY_TARGET_MB_S, "MB/s")
     emit({"bench": "done", "elapsed_s": time.perf_counter() - started})
     return 0
 

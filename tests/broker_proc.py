@@ -82,3 +82,19 @@ def start_broker(tmp_path: Path, settings: dict[str, str] | None = None,
             return BrokerProc(proc, endpoint, store, conf, output)
     proc.kill()
     raise RuntimeError("broker did not start:\n" + "".join(output) + proc.stdout.read())
+
+
+def queue_sizes_when_visible(spark, endpoint: str, topic: str, total: int) -> dict[int, int]:
+    """Per-queue message counts of ``topic`` once ``total`` messages are readable.
+
+    A send is acknowledged once it is in the CommitLog; its ConsumeQueue unit (what QueryOffset
+    END reports) follows a moment later, so a read right after a write may see fewer."""
+    deadline = time.monotonic() + 60
+    while True:
+        frame = (spark.read.format("stratamq").option("endpoints", endpoint)
+                 .option("topics", topic).load())
+        sizes = {r.queue_id: r["count"] for r in frame.groupBy("queue_id").count().collect()}
+        if sum(sizes.values()) >= total or time.monotonic() > deadline:
+            return sizes
+        time.sleep(0.2)
+

@@ -241,10 +241,17 @@ def test_sigkill_restart_loses_nothing_and_redelivers_no_acked(tmp_path):
     producer.shutdown()
     consumer = _simple(b, "DurableGroup", "Durable", await_s=2)
     got: list = []
+    deadline = time.monotonic() + 60
     while len(got) < 7:
-        got += consumer.receive(7 - len(got), 1)
+        assert time.monotonic() < deadline, got
+        # Invisible long enough that nothing comes back while we collect, however slow the
+        # machine: a redelivery here would make got[] hold one message twice.
+        got += consumer.receive(7 - len(got), 120)
     for m in got[:4]:
-        consumer.ack(m)  # acked: must never come back; got[4:] are in flight, unacked
+        consumer.ack(m)  # acked: must never come back
+    for m in got[4:]:
+        # In flight, unacked; due again in a second, after the restart.
+        consumer.change_invisible_duration(m, 1)
     consumer.shutdown()
     acked_ids = {m.message_id for m in got[:4]}
     b.kill()  # SIGKILL: no flush, no checkpoint, abort stays
@@ -374,7 +381,15 @@ def test_topic_and_group_cli(broker):
         consumer.ack(got[0])
     finally:
         consumer.shutdown()
-    progress = json.loads(broker.cli("group", "progress", "--group", "CliGroup").stdout)
+    # A send is acknowledged once in the CommitLog; the ConsumeQueue (max_offset) catches up
+    # asynchronously, so wait for it rather than assume it already did.
+    deadline = time.monotonic() + 60
+    while True:
+        progress = json.loads(broker.cli("group", "progress", "--group", "CliGroup").stdout)
+        if sum(q["max_offset"] for q in progress["queues"]) >= 5:
+            break
+        assert time.monotonic() < deadline, progress
+        time.sleep(0.1)
     assert sum(q["max_offset"] for q in progress["queues"]) == 5
     assert progress["lag"] == 5 - 1  # everything but the one ack is still owed
     assert progress["inflight"] == len(got) - 1

@@ -28,6 +28,8 @@ from stratamq.store.index_file import (
     is_index_file_name,
     java_string_hash,
     key_hash,
+    key_hashes,
+    topic_key_hash,
 )
 from stratamq.store.layout import StoreLayout
 from stratamq.store.message_store import MessageStore
@@ -77,6 +79,45 @@ def test_java_string_hash_matches_java():
     assert java_string_hash("polygenelubricants") == -(2**31)
     assert key_hash("polygenelubricants") == 0
     assert key_hash("BenchTopic0#key-0") == 1018007472
+
+
+def test_batch_and_prefix_hashing_equal_hashing_each_key():
+    # The dispatcher hashes a round's keys in one batch (numpy) and lookups reuse the topic's
+    # hash: both must give exactly key_hash(topic#key), including non-ASCII keys (UTF-16
+    # units, surrogate pairs), the Integer.MIN_VALUE key and keys longer than a short batch.
+    keys = [f"BenchTopic{i % 3}#key-{i}" for i in range(200)]
+    keys += ["polygenelubricants", "a", "T#" + "x" * 5000, "Tö#é\U0001F600", "主题#键"]
+    keys += [f"T#{uniq_id(i)}" for i in range(50)]
+    expected = [key_hash(k) for k in keys]
+    assert key_hashes(keys) == expected
+    assert key_hashes(keys[-10:]) == expected[-10:]  # below the batch threshold
+    assert key_hashes(keys[-3:] * 20) == expected[-3:] * 20  # non-ASCII batch
+    assert 0 in expected  # polygenelubricants: abs(Integer.MIN_VALUE) indexes as 0
+    for key in [k for k in keys if "#" in k]:
+        topic, _, word = key.partition("#")
+        assert topic_key_hash(topic, word) == key_hash(key), key
+    assert topic_key_hash("polygenelubrican", "s") == key_hash("polygenelubrican#s")
+
+
+def test_record_with_several_keys_is_counted_only_when_all_are_written(tmp_path):
+    f = IndexFile(tmp_path / "20260101000000000", 7, 10, create=True)
+    assert f.put_keys([15, 22, 3], 1000, 5_000) == 3  # 15 and 22 share slot 1
+    assert HEADER.unpack_from(f._map, 0) == (5_000, 5_000, 1000, 1000, 2, 4)
+    assert list(f.select(15, 0, 10**12)) == [1000] and list(f.select(22, 0, 10**12)) == [1000]
+    # Mid-record, as the writer leaves it between keys: entry 4 written and linked into slot
+    # 1, the header not yet counting it. A reader steps over it to the counted list.
+    ENTRY.pack_into(f._map, 40 + 7 * 4 + 4 * 20, 8, 2000, 1, 2)
+    f._map[44:48] = (4).to_bytes(4, "big")  # slot 1
+    assert list(f.select(15, 0, 10**12)) == [1000]
+    assert list(f.select(22, 0, 10**12)) == [1000]
+    assert list(f.select(8, 0, 10**12)) == []  # not counted: not visible yet
+    assert f.damage() is not None  # and a file left like this after a crash is rebuilt
+    f.close()
+    g = IndexFile(tmp_path / "20260101000000001", 7, 4, create=True)
+    assert g.put_keys([1, 2, 3, 4], 500, 1_000) == 3  # full after 3: the caller rolls over
+    assert g.is_full() and g.put_keys([4], 500, 1_000) == 0
+    assert g.damage() is None
+    g.close()
 
 
 def test_header_slot_and_entry_byte_layout(tmp_path):

@@ -292,3 +292,96 @@ def test_reference_store_migrates_to_rocksdb_and_serves_every_message(reference_
                                 seen.add(i)
                         offset = got.next_begin_offset
     assert seen == set(range(REFERENCE_MESSAGES))
+
+
+# -- lazy offset table, expiry watermark, reused iterators -------------------------------------
+
+def test_restart_loads_no_queue_until_used_and_answers_like_a_full_load(tmp_path):
+    root = tmp_path / "s"
+    with MessageStore(config(root, store_type=STORE_TYPE_ROCKSDB)).open() as s:
+        sent = put_some(s, 90)
+    with MessageStore(config(root)).open() as s:
+        rocks = s.consume_queues
+        assert rocks._max == {} and rocks._min == {} and not rocks._complete
+        # A put to a queue never read yet continues its offsets (filled on first use).
+        more = s.put_message(Message("RdbB", b"late", 2))
+        assert more.ok and more.queue_offset == 15
+        assert s.wait_dispatched()
+        assert len(rocks._max) <= 2  # only the queue put to was parsed
+        assert read_all(s, "RdbB", 2)[-1] == b"late"
+        # Unknown queues are answered without loading the table, and stay unknown.
+        assert s.get_max_offset_in_queue("NoSuchTopic", 0) == 0
+        assert rocks.find("NoSuchTopic", 0) is None
+        # Listing needs every queue: one bulk load, then the same answers as before.
+        assert s.topics() == {t: [0, 1, 2] for t in TOPICS}
+        assert rocks._complete
+        for topic in TOPICS:
+            for q in range(3):
+                expected = [b for t, qq, _, b in sent if (t, qq) == (topic, q)]
+                if (topic, q) == ("RdbB", 2):
+                    expected.append(b"late")
+                assert read_all(s, topic, q) == expected
+        # Destroying a topic on a partly loaded store is remembered after a restart.
+    with MessageStore(config(root)).open() as s:
+        assert s.consume_queues.find("RdbA", 1) is not None  # one queue filled, not all
+        s.consume_queues.destroy_topic("RdbA")
+        assert s.consume_queues.find("RdbA", 0) is None
+        assert s.consume_queues.find("RdbA", 1) is None
+    with MessageStore(config(root)).open() as s:
+        assert s.topics() == {"RdbB": [0, 1, 2]}
+        assert s.get_max_offset_in_queue("RdbA", 0) == 0
+
+
+def test_expiry_watermark_survives_restart_and_skips_the_pass(tmp_path):
+    root = tmp_path / "s"
+    with MessageStore(config(root, store_type=STORE_TYPE_ROCKSDB)).open() as s:
+        sent = put_some(s, 1500)
+        files = s.commitlog.files
+        s.flush()
+        cut = files.files[2].file_from_offset
+        assert files.delete_below(cut)
+        assert s.consume_queues.delete_expired(cut) > 0
+        mins = {(t, q): s.get_min_offset_in_queue(t, q) for t in TOPICS for q in range(3)}
+    with MessageStore(config(root)).open() as s:
+        rocks = s.consume_queues
+        assert rocks._expired_below == cut
+        assert rocks.delete_expired(cut) == 0 and not rocks._complete  # nothing looked at
+        for (topic, q), low in mins.items():
+            assert low > 0
+            assert s.get_min_offset_in_queue(topic, q) == low
+            mine = [b for t, qq, o, b in sent if (t, qq) == (topic, q) and o >= low]
+            assert read_all(s, topic, q, low) == mine
+            # The expired rows are really gone, not just hidden.
+            assert rocks._get(cq_key(queue_prefix(topic.encode(), q), low - 1)) is None
+
+
+def test_a_reading_thread_sees_every_write_after_its_iterator_was_made(tmp_path):
+    from stratamq.message import DispatchInfo
+
+    rocks = RocksDBConsumeQueueStore(tmp_path / "rdb")
+    rocks.load()
+    for i in range(3):
+        rocks.dispatch(DispatchInfo("T", 0, i, i * 100, 100, 7, 1000 + i, 0, {}))
+    rocks.commit_dispatch()
+    q = rocks.find("T", 0)
+    assert q.get_units(0, 10) == [(0, 100, 7), (100, 100, 7), (200, 100, 7)]
+    it = rocks._iterator()
+    assert rocks._iterator() is it  # reused while nothing was written
+    rocks.dispatch(DispatchInfo("T", 0, 3, 300, 100, 7, 1003, 0, {}))
+    rocks.commit_dispatch()
+    assert rocks._iterator() is not it
+    assert q.get_units(2, 10) == [(200, 100, 7), (300, 100, 7)]
+    # Reads stop at the queue's end and never run into the next queue's keys.
+    rocks.dispatch(DispatchInfo("T", 1, 0, 400, 100, 9, 1004, 0, {}))
+    rocks.commit_dispatch()
+    assert q.get_units(3, 10) == [(300, 100, 7)]
+    assert rocks.find("T", 1).get_units(0, 10) == [(400, 100, 9)]
+    rocks.destroy_queue("T", 0)
+    assert rocks.find("T", 0) is None and q.get_units(0, 10) == []
+    del it  # an iterator keeps its database open
+    rocks.close()
+    rocks = RocksDBConsumeQueueStore(tmp_path / "rdb")
+    rocks.load()
+    assert rocks.find("T", 0) is None
+    assert rocks.find("T", 1).get_units(0, 10) == [(400, 100, 9)]
+    rocks.close()

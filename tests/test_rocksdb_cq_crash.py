@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from stratamq.config import FlushDiskType, StoreConfig
+from stratamq.message import Message
 from stratamq.store.consume_queue_format import UNIT_SIZE
 from stratamq.store.consume_queue_store import ROCKSDB_CQ_DIR, STORE_TYPE_ROCKSDB, compare_stores
 from stratamq.store.message_store import MessageStore
@@ -113,7 +114,14 @@ def test_sigkill_loses_no_acknowledged_message(tmp_path, thorough_ms, double_wri
         if double_write:
             check = compare_stores(*store.cq_stores)
             assert check["same"], check["problems"]
+        ends = {(t, q): store.get_max_offset_in_queue(t, q) for t in TOPICS for q in range(QUEUES)}
     # And once more after a clean close: the rebuilt units were made durable.
     with MessageStore(cfg).open() as store:
         assert not store.recovery.abnormal
+        rocks = store.consume_queues
+        assert rocks._max == {}  # a clean restart parsed no queue's offset rows
         assert check_store(store, acks) == n
+        # Offsets assigned from the lazily filled table continue each queue exactly.
+        for (topic, queue_id), end in ends.items():
+            result = store.put_message(Message(topic, b"after", queue_id))
+            assert result.ok and result.queue_offset == end, (topic, queue_id, end)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from conftest import REFERENCE_MESSAGES, reference_body
@@ -112,7 +113,7 @@ def test_starting_and_ending_offsets(spark, reference_store):
     ("startingOffsets", "{not json", "startingOffsets"),
     ("endingOffsets", '{"BenchTopic0": {"0": "x"}}', "endingOffsets"),
     ("minPartitions", "zero", "minPartitions"),
-    ("endpoints", "127.0.0.1:8081", "endpoints"),  # broker reads: not built yet, said so
+    ("endpoints", "127.0.0.1:8081", "endpoints"),  # a path and endpoints at once
 ])
 def test_bad_options_fail_at_planning_naming_the_option(spark, reference_store, option, value,
                                                         named):
@@ -125,6 +126,23 @@ def test_missing_path_is_named(spark, tmp_path):
         spark.read.format("stratamq").load()
     with pytest.raises(Exception, match="'path'"):
         spark.read.format("stratamq").load(str(tmp_path / "nothing-here"))
+
+
+def test_starting_timestamp_is_resolved_through_the_index(spark, tmp_path):
+    config = small(tmp_path / "store")
+    put(config, messages("Orders", 0, 30))
+    time.sleep(0.02)
+    cut = int(time.time() * 1000)  # after every store time of the first batch
+    time.sleep(0.02)
+    put(config, messages("Orders", 30, 17))
+    df = (spark.read.format("stratamq").option("startingTimestamp", str(cut))
+          .load(config.store_path_root_dir))
+    rows = df.select("body", "queue_offset", "store_timestamp").collect()
+    assert sorted(r.body for r in rows) == sorted(m.body for m in messages("Orders", 30, 17))
+    assert min(r.queue_offset for r in rows) == 15  # 30 messages over 2 queues came before
+    later = str(cut + 3_600_000)
+    assert spark.read.format("stratamq").option("startingTimestamp", later).load(
+        config.store_path_root_dir).count() == 0
 
 
 # -- streaming ----------------------------------------------------------------------------------
@@ -155,6 +173,45 @@ def test_streaming_available_now_resumes_from_checkpoint(spark, tmp_path):
     assert len(rows) == 161
     assert len({(r.queue_id, r.queue_offset) for r in rows}) == 161
     assert sorted(r.body for r in rows) == sorted(m.body for m in messages("Orders", 0, 161))
+
+
+def _data_lost_after_first_run(spark, tmp_path) -> tuple[StoreConfig, str, str, int]:
+    """A first streaming run reads 100 messages; then 500 more arrive and a forced clean-up
+    deletes the oldest CommitLog (and ConsumeQueue) files, unread messages among them."""
+    config = small(tmp_path / "store")
+    put(config, messages("Orders", 0, 100))
+    out, ckpt = str(tmp_path / "out"), str(tmp_path / "ckpt")
+    _stream_once(spark, config.store_path_root_dir, out, ckpt, topics="Orders")
+    assert spark.read.parquet(out).count() == 100
+    put(config, messages("Orders", 100, 500))
+    with MessageStore(config).open() as store:
+        read_upto = 50  # per queue: what the first run read
+        for _ in range(20):
+            store.cleanup.run_once(force=True, manual=True)
+            if min(store.get_min_offset_in_queue("Orders", q) for q in (0, 1)) > read_upto:
+                break
+        low = min(store.get_min_offset_in_queue("Orders", q) for q in (0, 1))
+    assert low > read_upto, "the clean-up did not delete unread messages"
+    return config, out, ckpt, low
+
+
+def test_fail_on_data_loss_true_fails_naming_the_lost_offsets(spark, tmp_path):
+    config, out, ckpt, _low = _data_lost_after_first_run(spark, tmp_path)
+    with pytest.raises(Exception, match=r"Orders/[01]: offsets \[50, \d+\) were deleted"):
+        _stream_once(spark, config.store_path_root_dir, out, ckpt, topics="Orders")
+    assert spark.read.parquet(out).count() == 100  # nothing written by the failed run
+
+
+def test_fail_on_data_loss_false_continues_from_the_new_minimum(spark, tmp_path):
+    config, out, ckpt, _low = _data_lost_after_first_run(spark, tmp_path)
+    _stream_once(spark, config.store_path_root_dir, out, ckpt, topics="Orders",
+                 failOnDataLoss="false")
+    with MessageStore(config, read_only=True).open() as store:
+        mins = {q: store.get_min_offset_in_queue("Orders", q) for q in (0, 1)}
+    rows = spark.read.parquet(out).select("queue_id", "queue_offset").collect()
+    assert len({(r.queue_id, r.queue_offset) for r in rows}) == len(rows)
+    second = sorted((r.queue_id, r.queue_offset) for r in rows if r.queue_offset >= 50)
+    assert second == sorted((q, o) for q in (0, 1) for o in range(mins[q], 300))
 
 
 # -- writes -------------------------------------------------------------------------------------
@@ -220,3 +277,31 @@ def test_export_twice_exports_each_message_once(spark, tmp_path):
     dirs = sorted(p.name for p in (tmp_path / "export").iterdir() if p.name.startswith("topic="))
     assert dirs == ["topic=Orders", "topic=Refunds"]
     assert all(p.name.startswith("date=") for p in (tmp_path / "export" / "topic=Orders").iterdir())
+
+
+def test_export_from_a_running_broker_with_endpoints(spark, tmp_path):
+    """``--endpoints``: the export reads the broker over gRPC; a second run adds only what is
+    new."""
+    from broker_proc import queue_sizes_when_visible, start_broker
+
+    from stratamq.spark.export import run_export, source_options
+
+    broker = start_broker(tmp_path, topics=[("Orders", 2, "NORMAL"), ("Other", 1, "NORMAL")])
+    try:
+        def send(start: int, count: int) -> None:
+            data = [(f"order-{i}".encode(), "Orders") for i in range(start, start + count)]
+            (spark.createDataFrame(data, "body BINARY, topic STRING").write.format("stratamq")
+             .mode("append").option("endpoints", broker.endpoint).save())
+
+        send(0, 25)
+        queue_sizes_when_visible(spark, broker.endpoint, "Orders", 25)
+        source = source_options(None, broker.endpoint, "Orders")
+        out = str(tmp_path / "export")
+        assert run_export(spark, source, out, progress=False)["exported"] == 25
+        send(25, 6)
+        queue_sizes_when_visible(spark, broker.endpoint, "Orders", 31)
+        assert run_export(spark, source, out, progress=False)["exported"] == 6
+        bodies = sorted(r.body for r in spark.read.parquet(out).collect())
+        assert bodies == sorted(f"order-{i}".encode() for i in range(31))
+    finally:
+        broker.stop()

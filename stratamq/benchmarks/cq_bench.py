@@ -32,6 +32,10 @@ QUEUES_PER_TOPIC = 4
 # both ConsumeQueue stores); a smaller segment keeps it from drowning what is measured here.
 COMMITLOG_SEGMENT = 128 * 1024 * 1024
 PUT_BATCH = 64  # messages per put_messages call
+# Apache RocketMQ's RocksDB ConsumeQueue mode on this machine (issue 4), 1 KiB messages: the
+# output gives StrataMQ's figures as ratios of these (compare runs with --body-size 1024).
+ROCKETMQ_ROCKSDB_PUT_MSGS_PER_S = 65_000
+ROCKETMQ_ROCKSDB_GET_MSGS_PER_S = 480_000
 
 
 def queue_name(q: int) -> tuple[str, int]:
@@ -103,6 +107,8 @@ def run_cq_bench(*, queues: int, messages_per_queue: int, store_type: str,
             store.close()
         out["get_s"] = round(get_s, 4)
         out["get_msgs_per_s"] = round(total / get_s, 1)
+        out["put_vs_rocketmq_rocksdb"] = round(total / put_s / ROCKETMQ_ROCKSDB_PUT_MSGS_PER_S, 4)
+        out["get_vs_rocketmq_rocksdb"] = round(total / get_s / ROCKETMQ_ROCKSDB_GET_MSGS_PER_S, 4)
         out["cq_load_s"] = round(_time_cq_load(root, store_type), 4)
     except OSError as exc:  # e.g. EMFILE: one file per queue runs out of descriptors
         out["error"] = f"{type(exc).__name__}: {exc}"

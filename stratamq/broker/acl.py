@@ -4,7 +4,8 @@ Pure logic, no gRPC: the server hands in the request's metadata as ``(key, value
 gets back the account, or a ``BrokerError`` with ``Code.UNAUTHORIZED`` (who are you?) or
 ``Code.FORBIDDEN`` (you may not do that).
 
-Authentication follows what the official 5.x clients send on every RPC::
+Authentication follows what the official 5.x clients send on every RPC (the signature itself
+is defined once, in ``stratamq.signature``, which StrataMQ's admin client signs with too)::
 
     x-mq-date-time: 20240101T120000Z
     authorization:  MQv2-HMAC-SHA1 Credential=<ak>, SignedHeaders=x-mq-date-time,
@@ -34,19 +35,21 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntFlag, StrEnum
-from hashlib import sha1
 from pathlib import Path
 
 from rocketmq.grpc_protocol import definition_pb2
 
 from stratamq.broker.errors import BrokerError
+from stratamq.signature import (
+    ALGORITHM,
+    AUTHORIZATION_HEADER,
+    DATE_TIME_HEADER,
+    parse_authorization,
+    sign,
+)
+from stratamq.signature import DATE_FORMAT as _DATE_FORMAT
 
 __all__ = ["AclChecker", "Account", "Action", "Perm", "Resource", "ResourceKind", "sign"]
-
-ALGORITHM = "MQv2-HMAC-SHA1"
-DATE_TIME_HEADER = "x-mq-date-time"
-AUTHORIZATION_HEADER = "authorization"
-_DATE_FORMAT = "%Y%m%dT%H%M%SZ"
 
 UNAUTHORIZED = definition_pb2.Code.UNAUTHORIZED
 FORBIDDEN = definition_pb2.Code.FORBIDDEN
@@ -145,11 +148,6 @@ def _perm_list(items: list[str]) -> dict[str, Perm]:
             raise ValueError(f"expected name=PERM, got {item!r}")
         out[name.strip()] = Perm.parse(perm)
     return out
-
-
-def sign(secret_key: str, date_time: str) -> str:
-    """The client's signature: hex HMAC-SHA1 of the date-time header keyed by the secret."""
-    return hmac.new(secret_key.encode(), date_time.encode(), sha1).hexdigest()
 
 
 class AclChecker:
@@ -291,12 +289,7 @@ class AclChecker:
 
 
 def _parse_authorization(value: str) -> dict[str, str]:
-    algorithm, _, rest = value.strip().partition(" ")
+    algorithm, fields = parse_authorization(value)
     if algorithm != ALGORITHM:
         raise BrokerError(UNAUTHORIZED, f"unsupported signature algorithm {algorithm!r}")
-    fields = {}
-    for part in rest.split(","):
-        key, sep, val = part.strip().partition("=")
-        if sep:
-            fields[key.strip().lower()] = val.strip()
     return fields

@@ -46,7 +46,13 @@ from stratamq.broker.convert import (
     message_id_of,
 )
 from stratamq.broker.errors import BrokerError
-from stratamq.broker.metadata import GroupConfig, MetadataStore, TopicConfig, dlq_topic
+from stratamq.broker.metadata import (
+    GroupConfig,
+    MetadataStore,
+    TopicConfig,
+    dlq_topic,
+    is_system_topic,
+)
 from stratamq.broker.pop_state import InFlight, PopState
 from stratamq.message import DispatchInfo, Message, Prop, StoredMessage
 from stratamq.store.filter import TagFilter
@@ -152,8 +158,16 @@ class PopEngine:
             self.notifier.wait(topic.name, seen, wait)
 
     def _next_visible(self, group: str, topic: str) -> int | None:
-        entries = self.state.entries(group, topic)
-        return min((e.visible_at for e in list(entries.values())), default=None)
+        """When the next in-flight message turns visible (None: none will by itself).
+
+        Entries already visible are left out: the pop that just ran did not deliver them, so
+        they are blocked (a FIFO queue behind an earlier invisible message) and only an ack,
+        a change of invisible time (both notify) or a later expiry can free them; counting them
+        would turn the long poll into a busy loop.
+        """
+        now = now_ms()
+        return min((e.visible_at for e in self.state.entries(group, topic).values()
+                    if e.visible_at > now), default=None)
 
     def pop_once(self, group: GroupConfig, topic: TopicConfig, filt: TagFilter, batch: int,
                  invisible_ms: int, start_queue: int = 0) -> list[Popped]:
@@ -161,7 +175,7 @@ class PopEngine:
         orderly = self.orderly(topic, group)
         with self._lock(g, t):
             now = now_ms()
-            entries = dict(self.state.entries(g, t))
+            entries = self.state.entries(g, t)
             out: list[Popped] = []
             put: dict[tuple[int, int], InFlight] = {}
             delete: list[tuple[int, int]] = []
@@ -300,18 +314,17 @@ class PopEngine:
     def progress(self, group: str) -> list[dict]:
         """Per topic and queue: max offset, the group's consumed offset, in flight, lag."""
         rows = []
-        topics = sorted({t for (g, t) in self.state.groups_of() if g == group}
-                        | {t for (g, t, _q) in self.state.offsets if g == group})
+        topics = sorted({t for (g, t) in self.state.groups_of()
+                         if g == group and not is_system_topic(t)})
         for t in topics:
             cfg = self.meta.topic(t)
-            qids = range(cfg.queue_count) if cfg else sorted(
-                {q for (g, tt, q) in self.state.cursors if g == group and tt == t})
+            qids = range(cfg.queue_count) if cfg else self.state.cursor_queues(group, t)
             entries = self.state.entries(group, t)
             for q in qids:
                 max_off = self.store.get_max_offset_in_queue(t, q)
                 committed = self.state.committed(group, t, q)
                 if committed is None:
-                    committed = self.state.offsets.get((group, t, q))
+                    committed = self.state.offset(group, t, q)
                 if committed is None:
                     committed = self.store.get_min_offset_in_queue(t, q)
                 rows.append({"topic": t, "queue_id": q, "max_offset": max_off,

@@ -34,6 +34,19 @@ DEFAULT_RETRY_BACKOFF_MS = [1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_0
                             1_800_000, 3_600_000, 7_200_000]  # fmt: skip
 
 
+# Topics the broker itself writes (RocketMQ's TopicValidator): the timer's
+# ``rmq_sys_wheel_timer``, and the names a RocketMQ-written ``topics.json`` carries. They are
+# internal: never listed, routed, created or consumed through the client or admin APIs.
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+SYSTEM_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC",
+                           "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC",
+                           "TBW102"})
+
+
+def is_system_topic(name: str) -> bool:
+    return name.lower().startswith(SYSTEM_TOPIC_PREFIX) or name in SYSTEM_TOPICS
+
+
 def retry_topic(group: str) -> str:
     return f"%RETRY%{group}"
 
@@ -175,12 +188,18 @@ class MetadataStore:
     def topic(self, name: str) -> TopicConfig | None:
         return self._topics.entries.get(name)
 
-    def topics(self) -> list[TopicConfig]:
-        return [self._topics.entries[n] for n in sorted(self._topics.entries)]
+    def topics(self, include_system: bool = False) -> list[TopicConfig]:
+        """Every topic by name; system topics (``is_system_topic``) only if asked for."""
+        with self._topics.lock:
+            return [self._topics.entries[n] for n in sorted(self._topics.entries)
+                    if include_system or not is_system_topic(n)]
 
     def create_topic(self, name: str, queues: int, message_type: str = "NORMAL",
                      *, exist_ok: bool = False) -> TopicConfig:
         check_name("topic", name)
+        if is_system_topic(name):
+            raise MetadataError("invalid", f"topic name {name!r} is reserved for the broker's "
+                                f"system topics ({SYSTEM_TOPIC_PREFIX}*)")
         message_type = message_type.upper()
         if message_type not in MESSAGE_TYPES:
             raise MetadataError("invalid", f"message type {message_type!r} is not one of "

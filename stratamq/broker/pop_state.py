@@ -22,13 +22,17 @@ topic's keys are contiguous:
 * ``O``: ``queue_id u32`` -> ``offset u64``: the offset a pull consumer committed (UpdateOffset).
 
 The whole state is also held in memory (loaded at open); the in-memory copy is the read path.
-Thread-safety: callers serialise writers per (group, topic) (see ``PopEngine``); the dicts are
-only mutated together with the batch that persists the change.
+Thread-safety: callers serialise writers per (group, topic) (see ``PopEngine``) so a
+read-modify-write of one pair is atomic; the dicts are only mutated, under ``_mutex``, together
+with the batch that persists the change. Readers on other threads (admin progress, metrics,
+GetOffset) get copies taken under ``_mutex``: iterating the live dicts while a receive on
+another thread inserts a key raises "dictionary changed size during iteration".
 """
 
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +76,7 @@ class PopState:
         self.cursors: dict[tuple[str, str, int], int] = {}
         self.inflight: dict[tuple[str, str], dict[tuple[int, int], InFlight]] = {}
         self.offsets: dict[tuple[str, str, int], int] = {}
+        self._mutex = threading.Lock()
         for key, value in self.db.items():
             kind, group, topic, rest = _split(key)
             if kind == b"C":
@@ -93,7 +98,13 @@ class PopState:
         return self.cursors.get((group, topic, queue_id))
 
     def entries(self, group: str, topic: str) -> dict[tuple[int, int], InFlight]:
-        return self.inflight.get((group, topic), {})
+        """A copy of the pair's in-flight table (safe to iterate while others pop/ack)."""
+        with self._mutex:
+            return dict(self.inflight.get((group, topic), {}))
+
+    def offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """The offset a pull consumer committed with UpdateOffset, if any."""
+        return self.offsets.get((group, topic, queue_id))
 
     def committed(self, group: str, topic: str, queue_id: int) -> int | None:
         """Everything below this offset is consumed (acked or filtered out) by the group."""
@@ -104,7 +115,14 @@ class PopState:
         return min([cursor, *pending])
 
     def groups_of(self) -> set[tuple[str, str]]:
-        return {(g, t) for (g, t, _q) in self.cursors} | set(self.inflight)
+        """Every (group, topic) with a cursor, an in-flight table or a committed offset."""
+        with self._mutex:
+            return ({(g, t) for (g, t, _q) in self.cursors} | set(self.inflight)
+                    | {(g, t) for (g, t, _q) in self.offsets})
+
+    def cursor_queues(self, group: str, topic: str) -> list[int]:
+        with self._mutex:
+            return sorted(q for (g, t, q) in self.cursors if g == group and t == topic)
 
     # -- writes ---------------------------------------------------------------------------------
 
@@ -122,18 +140,20 @@ class PopState:
         for qid, off in delete:
             batch.delete(_prefix(b"I", group, topic) + _QID_OFF.pack(qid, off))
         self.db.write(batch, self.write_opts)
-        for qid, off in (cursors or {}).items():
-            self.cursors[(group, topic, qid)] = off
-        table = self.inflight.setdefault((group, topic), {})
-        table.update(put or {})
-        for key in delete:
-            table.pop(key, None)
+        with self._mutex:
+            for qid, off in (cursors or {}).items():
+                self.cursors[(group, topic, qid)] = off
+            table = self.inflight.setdefault((group, topic), {})
+            table.update(put or {})
+            for key in delete:
+                table.pop(key, None)
 
     def set_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         batch = WriteBatch(raw_mode=True)
         batch.put(_prefix(b"O", group, topic) + _QID.pack(queue_id), _OFFSET.pack(offset))
         self.db.write(batch, self.write_opts)
-        self.offsets[(group, topic, queue_id)] = offset
+        with self._mutex:
+            self.offsets[(group, topic, queue_id)] = offset
 
     def drop_topic(self, topic: str) -> None:
         """Forget every group's state for a deleted topic."""
@@ -143,8 +163,9 @@ class PopState:
             if t == topic:
                 batch.delete(key)
         self.db.write(batch, self.write_opts)
-        for table in (self.cursors, self.offsets):
-            for k in [k for k in table if k[1] == topic]:
-                del table[k]
-        for k in [k for k in self.inflight if k[1] == topic]:
-            del self.inflight[k]
+        with self._mutex:
+            for table in (self.cursors, self.offsets):
+                for k in [k for k in table if k[1] == topic]:
+                    del table[k]
+            for k in [k for k in self.inflight if k[1] == topic]:
+                del self.inflight[k]

@@ -42,6 +42,9 @@ Offset-based reads, for replaying a queue from any offset (what the Spark source
   ``next_offset`` until it reaches ``end`` (from ``QueryOffset END`` taken at the start).
   Pulls keep no state and need no consumer group registration (the group name is only used
   for logging and access control).
+  With request metadata ``x-stratamq-pull-format: records`` (StrataMQ's Spark source) the
+  broker answers with the same metadata and each message's ``body`` is the whole stored
+  CommitLog record (``system_properties`` carry only ``queue_id`` and ``queue_offset``).
 * ``UpdateOffset`` / ``GetOffset``: a pull consumer's committed offset per (group, queue),
   durable; ``GetOffset`` falls back to the group's pop progress, else ``OFFSET_NOT_FOUND``.
 
@@ -86,7 +89,13 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from stratamq.broker.convert import to_pb_message, to_store_message
 from stratamq.broker.engine import Notifier, PopEngine, now_ms
 from stratamq.broker.errors import BrokerError
-from stratamq.broker.metadata import GroupConfig, MetadataError, MetadataStore, TopicConfig
+from stratamq.broker.metadata import (
+    GroupConfig,
+    MetadataError,
+    MetadataStore,
+    TopicConfig,
+    is_system_topic,
+)
 from stratamq.broker.pop_state import PopState
 from stratamq.config import BrokerConfig, StoreConfig
 from stratamq.message import Host, Prop, tags_hash_code
@@ -120,6 +129,18 @@ class NullMetrics:
 
     def on_ack(self, group: str, topic: str, count: int) -> None:
         pass
+
+
+# PullMessage metadata asking for raw CommitLog records as bodies (see PullMessage).
+PULL_FORMAT_KEY, PULL_FORMAT_RECORDS = "x-stratamq-pull-format", "records"
+
+
+def _record_message(record: Any, topic: str, qid: int) -> pb.Message:
+    out = pb.Message(body=bytes(record.buffer))
+    out.topic.name = topic
+    out.system_properties.queue_id = qid
+    out.system_properties.queue_offset = record.queue_offset
+    return out
 
 
 def _status(code: int = Code.OK, message: str = "OK") -> pb.Status:
@@ -190,6 +211,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def _topic(self, name: str, *, create: bool = False) -> TopicConfig:
         if not name:
             raise BrokerError(Code.ILLEGAL_TOPIC, "topic name is empty")
+        if is_system_topic(name):
+            # Internal (e.g. the timer's rmq_sys_wheel_timer holds not-yet-due DELAY
+            # messages): neither routed, written, read nor auto-created for clients.
+            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {name!r} does not exist "
+                              "(a system topic, internal to the broker)")
         cfg = self.b.meta.topic(name)
         if cfg is None and create and self.b.config.auto_create_topic_enable:
             cfg = self.b.meta.create_topic(name, self.b.config.default_topic_queue_nums,
@@ -568,6 +594,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         deadline = time.monotonic() + poll / 1000
         group = request.group.name or "stratamq-pull"
         store = self.b.store
+        # Opt-in for StrataMQ's Spark source: each message's body is the whole CommitLog record
+        # (header included), so a remote reader builds exactly the rows a directory read does.
+        records = (PULL_FORMAT_KEY, PULL_FORMAT_RECORDS) in context.invocation_metadata()
+        if records:
+            context.send_initial_metadata(((PULL_FORMAT_KEY, PULL_FORMAT_RECORDS),))
         while True:
             seen = self.b.notifier.seq(topic.name)
             got = store.get_messages(group, topic.name, qid, request.offset,
@@ -576,8 +607,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 st = got.status
                 if st in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
                           GetMessageStatus.MESSAGE_WAS_REMOVING):
-                    messages = [to_pb_message(m, message_type=self._type_of(m, topic))
-                                for m in got.messages()]
+                    messages = [_record_message(r, topic.name, qid) for r in got.records] \
+                        if records else [to_pb_message(m, message_type=self._type_of(m, topic))
+                                         for m in got.messages()]
                     yield svc.PullMessageResponse(status=_status())
                     for m in messages:
                         yield svc.PullMessageResponse(message=m)
@@ -622,7 +654,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         group = self._group(request.group.name)
         topic = self._topic(request.message_queue.topic.name)
         qid = self._queue_id(topic, request.message_queue.id)
-        offset = self.b.state.offsets.get((group.name, topic.name, qid))
+        offset = self.b.state.offset(group.name, topic.name, qid)
         if offset is None:
             offset = self.b.state.committed(group.name, topic.name, qid)
         if offset is None:

@@ -1,6 +1,14 @@
-"""``stratamq topic ...`` and ``stratamq group ...`` against a running broker (JSON output)."""
+"""``stratamq topic ...`` and ``stratamq group ...`` against a running broker (JSON output).
+
+Every command takes ``--endpoint`` and, for a broker with ``aclEnable=true``, ``--access-key``
+/ ``--secret-key`` (or ``STRATAMQ_ACCESS_KEY`` / ``STRATAMQ_SECRET_KEY``): requests are then
+signed as the official clients sign theirs.
+"""
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import click
 
@@ -8,13 +16,42 @@ from stratamq.cli.app import main
 from stratamq.cli.common import emit
 
 TYPES = click.Choice(["NORMAL", "FIFO", "DELAY", "TRANSACTION"], case_sensitive=False)
-endpoint_option = click.option("--endpoint", required=True, help="Broker HOST:PORT.")
 
 
-def _call(endpoint: str, method: str, **request: object) -> dict:
+def endpoint_option(fn: Callable) -> Callable:
+    """``--endpoint`` plus the ACL credentials; passes one ``Connection`` as ``endpoint``."""
+
+    @click.option("--endpoint", required=True, help="Broker HOST:PORT.")
+    @click.option("--access-key", envvar="STRATAMQ_ACCESS_KEY", default=None,
+                  help="Access key to sign requests with (broker with aclEnable=true); "
+                       "env STRATAMQ_ACCESS_KEY.")
+    @click.option("--secret-key", envvar="STRATAMQ_SECRET_KEY", default=None,
+                  help="Secret key of --access-key; env STRATAMQ_SECRET_KEY.")
+    @functools.wraps(fn)
+    def wrapper(endpoint: str, access_key: str | None, secret_key: str | None,
+                **kwargs: object) -> None:
+        if bool(access_key) != bool(secret_key):
+            raise click.UsageError("--access-key and --secret-key must be given together "
+                                   "(or STRATAMQ_ACCESS_KEY and STRATAMQ_SECRET_KEY)")
+        return fn(endpoint=Connection(endpoint, access_key, secret_key), **kwargs)
+
+    return wrapper
+
+
+class Connection:
+    """Where and as whom to call the broker's admin service."""
+
+    def __init__(self, endpoint: str, access_key: str | None, secret_key: str | None) -> None:
+        self.endpoint = endpoint
+        self.access_key = access_key
+        self.secret_key = secret_key
+
+
+def _call(conn: Connection, method: str, **request: object) -> dict:
     from stratamq.client.admin import AdminClient, AdminError
 
-    with AdminClient(endpoint) as client:
+    with AdminClient(conn.endpoint, access_key=conn.access_key,
+                     secret_key=conn.secret_key) as client:
         try:
             return client.call(method, **request)
         except AdminError as exc:
@@ -31,7 +68,7 @@ def topic() -> None:
 @click.option("--topic", "name", required=True)
 @click.option("--queues", type=int, default=8, show_default=True)
 @click.option("--type", "mtype", type=TYPES, default="NORMAL", show_default=True)
-def topic_create(endpoint: str, name: str, queues: int, mtype: str) -> None:
+def topic_create(endpoint: Connection, name: str, queues: int, mtype: str) -> None:
     """Create a topic; fails if it exists."""
     emit(_call(endpoint, "CreateTopic", topic=name, queues=queues, type=mtype.upper())["topic"])
 
@@ -41,7 +78,7 @@ def topic_create(endpoint: str, name: str, queues: int, mtype: str) -> None:
 @click.option("--topic", "name", required=True)
 @click.option("--queues", type=int, default=None)
 @click.option("--type", "mtype", type=TYPES, default=None)
-def topic_update(endpoint: str, name: str, queues: int | None, mtype: str | None) -> None:
+def topic_update(endpoint: Connection, name: str, queues: int | None, mtype: str | None) -> None:
     """Change a topic's queue count or message type."""
     emit(_call(endpoint, "UpdateTopic", topic=name, queues=queues,
                type=mtype.upper() if mtype else None)["topic"])
@@ -50,14 +87,14 @@ def topic_update(endpoint: str, name: str, queues: int | None, mtype: str | None
 @topic.command("delete")
 @endpoint_option
 @click.option("--topic", "name", required=True)
-def topic_delete(endpoint: str, name: str) -> None:
+def topic_delete(endpoint: Connection, name: str) -> None:
     """Delete a topic's metadata and consumer state (data goes with retention)."""
     emit(_call(endpoint, "DeleteTopic", topic=name))
 
 
 @topic.command("list")
 @endpoint_option
-def topic_list(endpoint: str) -> None:
+def topic_list(endpoint: Connection) -> None:
     """One JSON line per topic."""
     for t in _call(endpoint, "ListTopics")["topics"]:
         emit(t)
@@ -74,14 +111,15 @@ def group() -> None:
 @click.option("--retry-max-times", type=int, default=None,
               help="Deliveries after the first before %DLQ% (default retryMaxTimes, 16).")
 @click.option("--orderly/--no-orderly", default=False, help="Consume in FIFO order.")
-def group_create(endpoint: str, name: str, retry_max_times: int | None, orderly: bool) -> None:
+def group_create(endpoint: Connection, name: str, retry_max_times: int | None,
+                 orderly: bool) -> None:
     emit(_call(endpoint, "CreateGroup", group=name, retry_max_times=retry_max_times,
                orderly=orderly)["group"])
 
 
 @group.command("list")
 @endpoint_option
-def group_list(endpoint: str) -> None:
+def group_list(endpoint: Connection) -> None:
     """One JSON line per group."""
     for g in _call(endpoint, "ListGroups")["groups"]:
         emit(g)
@@ -90,6 +128,6 @@ def group_list(endpoint: str) -> None:
 @group.command("progress")
 @endpoint_option
 @click.option("--group", "name", required=True)
-def group_progress(endpoint: str, name: str) -> None:
+def group_progress(endpoint: Connection, name: str) -> None:
     """Per-queue max offset, consumed offset, in-flight count and lag, as one JSON object."""
     emit(_call(endpoint, "GroupProgress", group=name))

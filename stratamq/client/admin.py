@@ -1,4 +1,9 @@
-"""A thin client for the broker's admin service (``stratamq.broker.admin``): JSON over gRPC."""
+"""A thin client for the broker's admin service (``stratamq.broker.admin``): JSON over gRPC.
+
+With ``access_key``/``secret_key`` every call is signed the way the official RocketMQ clients
+sign theirs (``stratamq.signature``), freshly stamped per call, so it passes a broker with
+``aclEnable=true`` (admin operations need an account with ``admin``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import json
 from typing import Any
 
 import grpc
+
+from stratamq.signature import auth_metadata
 
 __all__ = ["AdminClient", "AdminError"]
 
@@ -25,9 +32,14 @@ class AdminClient:
     """``AdminClient("127.0.0.1:10911").call("ListTopics")``; use as a context manager."""
 
     def __init__(self, endpoint: str, timeout: float = 10.0,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+                 credentials: grpc.ChannelCredentials | None = None,
+                 access_key: str | None = None, secret_key: str | None = None) -> None:
+        if bool(access_key) != bool(secret_key):
+            raise ValueError("access key and secret key must be given together")
         self.endpoint = endpoint
         self.timeout = timeout
+        self.access_key = access_key or None
+        self.secret_key = secret_key or None
         self.channel = (grpc.secure_channel(endpoint, credentials) if credentials
                         else grpc.insecure_channel(endpoint))
 
@@ -35,7 +47,10 @@ class AdminClient:
         stub = self.channel.unary_unary(f"/{SERVICE}/{method}")
         body = json.dumps({k: v for k, v in request.items() if v is not None}).encode()
         try:
-            reply = stub(body, timeout=self.timeout)
+            # Signed per call: the broker refuses stamps older than its signature window.
+            metadata = (auth_metadata(self.access_key, self.secret_key)
+                        if self.access_key and self.secret_key else None)
+            reply = stub(body, timeout=self.timeout, metadata=metadata)
         except grpc.RpcError as exc:
             code = exc.code()
             name = code.name if code is not None else "UNKNOWN"

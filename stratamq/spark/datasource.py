@@ -3,8 +3,10 @@ writers (PySpark 4 Python Data Source API). Options are in ``docs/SPARK.md``.
 
 Reads plan on the driver (``stratamq.spark.planning``) and run on executors
 (``stratamq.spark.reading``), yielding Arrow record batches; writes append from each task
-(``stratamq.spark.write``). Options are checked when the DataFrame is defined (``schema`` runs
-at ``load()``) so a bad one fails before any task starts, with a message naming it.
+(``stratamq.spark.write``). With ``endpoints`` instead of a path, planning asks a running broker
+and tasks pull from / send to it (``stratamq.spark.broker_io``). Options are checked when the
+DataFrame is defined (``schema`` runs at ``load()``) so a bad one fails before any task starts,
+with a message naming it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from stratamq.spark import planning
+from stratamq.spark.broker_io import (
+    BrokerCatalog,
+    BrokerSplit,
+    endpoint_of,
+    read_broker_split,
+    send_batches,
+)
 from stratamq.spark.planning import (
     EARLIEST,
     LATEST,
@@ -53,8 +62,12 @@ class StrataMQDataSource(DataSource):
         return "stratamq"
 
     def schema(self):
-        _no_endpoints(self.options)
-        planning.check_read_options(_lower(self.options))  # runs at load(), before any task
+        options = _lower(self.options)  # checked at load(), before any task
+        if "endpoints" in options:
+            with _broker(options) as broker:
+                planning.check_read_options(options, sorted(broker.queue_counts()))
+        else:
+            planning.check_read_options(options)
         return spark_schema()
 
     def reader(self, schema) -> DataSourceReader:
@@ -70,14 +83,20 @@ class StrataMQDataSource(DataSource):
         return StreamWriter(dict(self.options), schema.fieldNames(), overwrite)
 
 
-def _no_endpoints(options: Mapping[str, str]) -> None:
-    if "endpoints" in _lower(options):
-        raise OptionError("option 'endpoints': reading from or writing to a running broker is "
-                          "not implemented yet; use the store directory (path) instead")
+def _broker(options: Mapping[str, str]) -> BrokerCatalog:
+    """The broker ``endpoints`` names (lower-case keys); a path alongside it is refused."""
+    if options.get("path"):
+        raise OptionError("option 'endpoints': give either a store path or endpoints, not both")
+    return BrokerCatalog(endpoint_of(options), options)
 
 
 def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    reader = read_log_split if isinstance(partition, LogSplit) else read_queue_split
+    if isinstance(partition, (QueueSplit, BrokerSplit)) and partition.start >= partition.end:
+        return  # nothing to read (the placeholder partition of an empty read)
+    if isinstance(partition, BrokerSplit):
+        reader = read_broker_split
+    else:
+        reader = read_log_split if isinstance(partition, LogSplit) else read_queue_split
     for batch in reader(partition):
         if batch.num_rows:
             yield batch
@@ -99,16 +118,26 @@ class BatchReader(DataSourceReader):
 
 def plan_batch(options: Mapping[str, str]) -> list[InputPartition]:
     options = _lower(options)
+    if "endpoints" in options:
+        with _broker(options) as broker:
+            return _plan_queues(options, broker, None)
     root = planning.store_root(options)
-    catalog = Catalog.load(root)
+    return _plan_queues(options, None, root)
+
+
+def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
+                 root: str | None) -> list[InputPartition]:
+    """Splits of a batch read, from a store directory (``root``) or a ``broker``."""
+    catalog = Catalog.load(root) if root is not None else None
     min_parts = planning.int_option(options, "minPartitions", 1)
     fail = planning.bool_option(options, "failOnDataLoss", True)
     starting = planning.parse_offsets(options, "startingOffsets", "earliest")
     ending = planning.parse_offsets(options, "endingOffsets", "latest")
     timestamp = planning.int_option(options, "startingTimestamp", None, minimum=0)
-    known = sorted(catalog.topics)
+    known = sorted(catalog.topics if catalog is not None else broker.queue_counts())
     topics = planning.select_topics(options, known, must_match=True, offsets=[starting, ending])
-    if topics is None and starting == "earliest" and ending == "latest" and timestamp is None:
+    if (root is not None and topics is None and starting == "earliest" and ending == "latest"
+            and timestamp is None):
         low, end = planning.commitlog_bounds(root)
         return list(planning.log_splits(root, catalog, low, end, min_parts))
     topics = topics if topics is not None else known
@@ -117,15 +146,28 @@ def plan_batch(options: Mapping[str, str]) -> list[InputPartition]:
     if ending == "earliest" or (isinstance(ending, dict) and any(
             v == EARLIEST for q in ending.values() for v in q.values())):
         raise OptionError("option 'endingOffsets': earliest (-2) is not allowed as an end")
-    queues = {q: b for q, b in catalog.queues.items() if q[0] in topics}
-    by_time = _offsets_by_time(root, list(queues), timestamp) if timestamp is not None else {}
+    if catalog is not None:
+        queues = {q: b for q, b in catalog.queues.items() if q[0] in topics}
+        by_time = _offsets_by_time(root, list(queues), timestamp) if timestamp is not None else {}
+    else:
+        queues = broker.queues(topics)
+        by_time = broker.offsets_by_time(list(queues), timestamp) if timestamp is not None else {}
     ranges = {}
     for queue, bounds in queues.items():
         start = by_time.get(queue, planning.resolve(starting, queue, bounds, "startingOffsets",
                                                     EARLIEST))
         end = min(planning.resolve(ending, queue, bounds, "endingOffsets", LATEST), bounds[1])
         ranges[queue] = (_check_loss(queue, start, bounds, fail), end)
-    return list(planning.queue_splits(root, ranges, min_parts, fail))
+    return _splits(options, root, ranges, min_parts, fail)
+
+
+def _splits(options: Mapping[str, str], root: str | None, ranges: dict[Queue, tuple[int, int]],
+            min_parts: int, fail: bool) -> list[InputPartition]:
+    splits = planning.queue_splits(root or "", ranges, min_parts, fail)
+    if root is not None:
+        return list(splits)
+    endpoint = endpoint_of(options)
+    return [BrokerSplit.of(endpoint, s) for s in splits]
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -176,7 +218,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]) -> None:
         opts = _lower(options)
         self.options = opts
-        self.root = planning.store_root(opts)
+        self.root = None if "endpoints" in opts else planning.store_root(opts)
         self.starting = planning.parse_offsets(opts, "startingOffsets", "latest")
         self.max_per_trigger = planning.int_option(opts, "maxOffsetsPerTrigger", None)
         self.fail = planning.bool_option(opts, "failOnDataLoss", True)
@@ -185,6 +227,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._queues()  # checks ``topics`` now
 
     def _queues(self) -> dict[Queue, tuple[int, int]]:
+        if self.root is None:  # a broker: latest offsets from QueryOffset
+            with _broker(self.options) as broker:
+                topics = planning.select_topics(self.options, sorted(broker.queue_counts()),
+                                                must_match=False, offsets=[self.starting])
+                return broker.queues(topics)
         catalog = Catalog.load(self.root)
         topics = planning.select_topics(self.options, sorted(catalog.topics), must_match=False,
                                         offsets=[self.starting])
@@ -223,7 +270,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if queue in bounds and low < stop:
                 low = _check_loss(queue, low, bounds[queue], self.fail)
             ranges[queue] = (low, max(low, stop))
-        return list(planning.queue_splits(self.root, ranges, self.min_parts, self.fail))
+        return _splits(self.options, self.root, ranges, self.min_parts, self.fail)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(partition)
@@ -259,7 +306,8 @@ class WriteCount(WriterCommitMessage):
 
 
 class BatchWriter(DataSourceArrowWriter):
-    """Appends rows to the embedded store at ``path`` (at-least-once; see stratamq.spark.write)."""
+    """Appends rows to the embedded store at ``path``, or sends them to the broker at
+    ``endpoints`` (at-least-once either way; see stratamq.spark.write and .broker_io)."""
 
     def __init__(self, options: Mapping[str, str], columns: list[str], overwrite: bool) -> None:
         from stratamq.spark.write import check_write_schema
@@ -267,9 +315,13 @@ class BatchWriter(DataSourceArrowWriter):
         if overwrite:
             raise OptionError("mode 'overwrite' is not supported: a topic is append-only "
                               "(use mode 'append')")
-        _no_endpoints(options)
         self.options = _lower(options)
         path = self.options.get("path")
+        self.endpoint = None
+        if "endpoints" in self.options:
+            with _broker(self.options) as broker:
+                self.endpoint = broker.endpoint
+            path = self.endpoint  # for messages; rows go to the broker
         if not path:
             raise OptionError("option 'path' is missing: use .save(<store directory>)")
         self.root = path
@@ -279,6 +331,8 @@ class BatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCount:
         from stratamq.spark.write import append_batches
 
+        if self.endpoint is not None:
+            return WriteCount(send_batches(self.endpoint, self.options, iterator))
         return WriteCount(append_batches(self.root, self.options, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:

@@ -159,11 +159,11 @@ class Catalog:
 
 
 def commitlog_bounds(root: str) -> tuple[int, int]:
-    """(min, end) of the CommitLog's valid data, as a read-only open recovers it."""
-    from stratamq.store.message_store import MessageStore
+    """(min, end) of the CommitLog's valid data. Not a store open: its recovery CRC-checks
+    every record of the last segments, seconds per GiB on every query (``reading.log_bounds``)."""
+    from stratamq.spark.reading import log_bounds
 
-    with MessageStore(StoreConfig(store_path_root_dir=root), read_only=True).open() as store:
-        return store.min_physical_offset, store.max_physical_offset
+    return log_bounds(root)
 
 
 # -- topics and offsets -------------------------------------------------------------------------
@@ -200,16 +200,17 @@ def select_topics(options: Mapping[str, str], known: list[str], *, must_match: b
     return matched
 
 
-def check_read_options(options: Mapping[str, str]) -> None:
-    """Every read option, checked when the DataFrame is defined (lower-case keys)."""
-    root = store_root(options)
+def check_read_options(options: Mapping[str, str], known: list[str] | None = None) -> None:
+    """Every read option, checked when the DataFrame is defined (lower-case keys). ``known``:
+    the topics that exist (a broker's); None reads them from the store at ``path``."""
+    if known is None:
+        known = sorted(Catalog.load(store_root(options)).topics)
     for name in ("minPartitions", "maxOffsetsPerTrigger"):
         int_option(options, name, None)
     int_option(options, "startingTimestamp", None, minimum=0)
     bool_option(options, "failOnDataLoss", True)
     offsets = [parse_offsets(options, "startingOffsets", "earliest"),
                parse_offsets(options, "endingOffsets", "latest")]
-    known = sorted(Catalog.load(root).topics)
     topics = select_topics(options, known, must_match=False, offsets=offsets)
     for spec, name in zip(offsets, ("startingOffsets", "endingOffsets")):
         check_offset_topics(spec, name, topics if topics is not None else known)

@@ -76,7 +76,10 @@ class CommitLog:
         return record
 
     def append(self, messages: Sequence[Message]) -> PutMessageResult:
-        """Append messages in order (a batch of one is a single put)."""
+        """Append messages in order (a batch of one is a single put).
+
+        The messages are the caller's, lent: their ``properties`` dicts are kept (not copied)
+        until dispatch, so callers must not change a Message after handing it over."""
         try:
             records = [self.encode(m) for m in messages]
         except codec.PropertiesTooLarge as exc:
@@ -153,7 +156,9 @@ class CommitLog:
             pending.append(AppendedMessage(
                 physical_offset, size, queue_offset, f"{prefix}{physical_offset:016X}", now
             ))
-            props = dict(msg.properties)
+            # Shared, not copied: a Message handed to the store must not be changed afterwards
+            # (see ``append``); the dispatcher reads these properties later, on its thread.
+            props = msg.properties
             infos.append(DispatchInfo(
                 msg.topic, msg.queue_id, queue_offset, physical_offset, size,
                 tags_hash_code(props.get(Prop.TAGS)), now, msg.sys_flag, props,

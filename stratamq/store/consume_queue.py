@@ -315,6 +315,11 @@ class FileConsumeQueueStore:
 
     # -- the dispatcher interface ---------------------------------------------------------------
 
+    def replay_floor(self, topic: str, queue_id: int) -> int:
+        """Records of this queue below the returned offset are here (see ``put_unit``)."""
+        cq = self._queues.get((topic, queue_id))
+        return cq.max_physic_offset if cq is not None else -1
+
     def dispatch(self, info: DispatchInfo) -> None:
         if not SysFlag.is_dispatchable(info.sys_flag):
             return  # prepared / rolled back transactional records are not consumable

@@ -24,6 +24,13 @@ log = logging.getLogger(__name__)
 
 
 class Dispatcher(Protocol):
+    """``dispatch`` must be idempotent: recovery replays records a dispatcher may already have.
+
+    A dispatcher may also offer ``replay_floor(topic, queue_id) -> int``: every record of that
+    queue whose physical offset is below the returned offset is already in it. When all
+    dispatchers offer it, a replay skips covered records without decoding them.
+    """
+
     def dispatch(self, info: DispatchInfo) -> None: ...
 
 
@@ -56,6 +63,8 @@ class ReputService:
         self._idle = False
         self._thread = threading.Thread(target=self._run, name="reput", daemon=True)
         self.error: BaseException | None = None
+        # (topic bytes, queue id) -> replay floor, only while a skip_covered replay runs.
+        self._floors: dict[tuple[bytes, int], int] | None = None
 
     def wakeup(self) -> None:
         # Called on every append: only pay for the Event when the thread is actually waiting.
@@ -65,19 +74,32 @@ class ReputService:
     def behind_bytes(self) -> int:
         return max(0, self.files.max_offset() - self.reput_from)
 
-    def replay(self, end: int | None = None) -> int:
+    def replay(self, end: int | None = None, *, skip_covered: bool = False) -> int:
         """Dispatch every record from ``reput_from`` up to ``end`` (default: the end of the log)
-        on this thread; return how many records were dispatched."""
+        on this thread; return how many records were dispatched.
+
+        ``skip_covered`` (recovery): pass over records every dispatcher already has, judged by
+        their ``replay_floor``, reading only topic and queue id; it has no effect unless every
+        dispatcher has ``replay_floor`` and nobody listens."""
         count = 0
         limit = self.files.max_offset() if end is None else end
-        while self.reput_from < limit:
-            before = self.reput_from
-            n = self._dispatch_some(limit)
-            self._commit_round()
-            if n < 0 or self.reput_from == before:
-                break
-            count += n
+        if (skip_covered and not self.listeners
+                and all(hasattr(d, "replay_floor") for d in self.dispatchers)):
+            self._floors = {}
+        try:
+            while self.reput_from < limit:
+                before = self.reput_from
+                n = self._dispatch_some(limit)
+                self._commit_round()
+                if n < 0 or self.reput_from == before:
+                    break
+                count += n
+        finally:
+            self._floors = None
         return count
+
+    def _floor_of(self, topic: str, queue_id: int) -> int:
+        return min(d.replay_floor(topic, queue_id) for d in self.dispatchers)  # type: ignore[attr-defined]
 
     def _commit_round(self) -> None:
         """Let batching dispatchers write what this round gave them (group commit)."""
@@ -109,7 +131,15 @@ class ReputService:
             listeners = self.listeners
             recent = self.recent
             base = mf.file_from_offset
+            floors = self._floors
             while pos + 8 <= end:
+                if floors is not None:
+                    pos, last = codec.skip_covered(buf, pos, end, base, floors, self._floor_of)
+                    if last >= 0:
+                        self.last_store_timestamp = codec.record_store_timestamp(buf, last)
+                        self.reput_from = base + pos
+                        if pos + 8 > end:
+                            break
                 info = None
                 while recent:
                     head = recent[0]

@@ -11,7 +11,7 @@ Spec: ``docs/formats/index-file.md``. A file is a 40-byte header, a table of ``h
 Entry 0 is never used (``index_count`` starts at 1), so "0" means "no entry" everywhere.
 Entries of one slot form a list through ``prev_entry``, newest first (head insertion).
 
-Ownership and threads: one writer (the dispatcher thread) calls ``put_key``; any thread may
+Ownership and threads: one writer (the dispatcher thread) calls ``put_keys``; any thread may
 call ``select`` / ``contains`` while it holds a reference (``hold``/``release``; ``select`` takes
 its own). The file owns its descriptor and its ``mmap``; ``destroy`` unlinks at once and unmaps
 when the last reader lets go (or forcibly after an interval), like ``MappedFile``.
@@ -26,9 +26,10 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from operator import mul
 from pathlib import Path
 
 from stratamq.config import OS_PAGE_SIZE
@@ -40,6 +41,14 @@ HEADER_SIZE = HEADER.size
 SLOT_SIZE = SLOT.size
 ENTRY_SIZE = ENTRY.size
 assert (HEADER_SIZE, SLOT_SIZE, ENTRY_SIZE) == (40, 4, 20)
+_SLOT_UNPACK = SLOT.unpack_from
+_SLOT_PACK = SLOT.pack_into
+_ENTRY_PACK = ENTRY.pack_into
+_ENTRY_UNPACK = ENTRY.unpack_from
+_PREV = struct.Struct(">i")  # an entry's prev_entry field, read alone
+_PREV_AT = ENTRY_SIZE - _PREV.size
+# More uncounted entries than keys one record can carry (properties are < 32 KiB) means junk.
+_MAX_UNCOUNTED = 32768
 
 INVALID_INDEX = 0  # slot / prev_entry value meaning "none"
 KEY_SEPARATOR = "#"  # between topic and key (IndexService.buildKey)
@@ -58,23 +67,88 @@ def file_size(hash_slot_num: int, index_num: int) -> int:
     return HEADER_SIZE + hash_slot_num * SLOT_SIZE + index_num * ENTRY_SIZE
 
 
-def java_string_hash(text: str) -> int:
-    """Java's ``String.hashCode()`` (signed 32 bits, over UTF-16 code units)."""
-    h = 0
+# 31**j mod 2**32: Java's hash is sum(unit[i] * 31**(n-1-i)) mod 2**32, so with the units
+# reversed it is a dot product with this table, done in C by ``map``/``sum`` (a Python loop
+# over the units costs ~100 ns a unit; the dispatcher hashes every key of every record).
+_POW31 = tuple(pow(31, j, 1 << 32) for j in range(1 << 16))
+_POW31_NP = None  # the same as a numpy array, built on first batch use
+
+
+def _to_signed(h: int) -> int:
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def _hash_u32(text: str) -> tuple[int, int]:
+    """(Java hashCode as unsigned 32 bits, length in UTF-16 code units)."""
     if text.isascii():
         units: bytes | memoryview = text.encode("ascii")
     else:
         raw = text.encode("utf-16-le" if sys.byteorder == "little" else "utf-16-be")
         units = memoryview(raw).cast("H")
+    if len(units) <= len(_POW31):
+        return sum(map(mul, reversed(units), _POW31)) & 0xFFFFFFFF, len(units)
+    h = 0
     for unit in units:
         h = (31 * h + unit) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
+    return h, len(units)
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode()`` (signed 32 bits, over UTF-16 code units)."""
+    return _to_signed(_hash_u32(text)[0])
 
 
 def key_hash(key: str) -> int:
     """RocketMQ's ``indexKeyHashMethod``: ``abs(hashCode)``, and 0 for Integer.MIN_VALUE."""
     h = abs(java_string_hash(key))
     return 0 if h > _INT_MAX else h
+
+
+_PREFIX_HASHES: dict[str, int] = {}  # topic -> hashCode of "topic#": few topics, hashed once
+
+
+def topic_key_hash(topic: str, key: str) -> int:
+    """``key_hash(build_key(topic, key))`` without hashing the topic again each time:
+    hashCode(a + b) = hashCode(a) * 31**len(b) + hashCode(b), mod 2**32."""
+    prefix = _PREFIX_HASHES.get(topic)
+    if prefix is None:
+        prefix = _hash_u32(topic + KEY_SEPARATOR)[0]
+        if len(_PREFIX_HASHES) < 100_000:
+            _PREFIX_HASHES[topic] = prefix
+    h, n = _hash_u32(key)
+    h = _to_signed((prefix * pow(31, n, 1 << 32) + h) & 0xFFFFFFFF)
+    h = abs(h)
+    return 0 if h > _INT_MAX else h
+
+
+# Below this many keys the numpy set-up costs more than it saves.
+_BATCH_MIN = 24
+
+
+def key_hashes(keys: Sequence[str]) -> list[int]:
+    """:func:`key_hash` of each key. Large ASCII batches are hashed with numpy in one pass
+    over all their characters: each character times 31 to the power of its distance from
+    its key's end, summed per key (uint64 sums cannot overflow: keys are < 2**16 units)."""
+    if len(keys) < _BATCH_MIN:
+        return [key_hash(k) for k in keys]
+    joined = "".join(keys)
+    lengths = list(map(len, keys))
+    if not joined.isascii() or max(lengths) > len(_POW31) or min(lengths) == 0:
+        return [key_hash(k) for k in keys]
+    import numpy as np  # only the batch path needs it
+
+    global _POW31_NP
+    if _POW31_NP is None:
+        _POW31_NP = np.array(_POW31, dtype=np.uint64)
+    data = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
+    lens = np.array(lengths, dtype=np.int64)
+    ends = np.cumsum(lens)
+    exponents = np.repeat(ends - 1, lens) - np.arange(len(data), dtype=np.int64)
+    sums = np.add.reduceat(data * _POW31_NP[exponents], ends - lens)
+    signed = (sums & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32).astype(np.int64)
+    hashes = np.abs(signed)
+    hashes[hashes > _INT_MAX] = 0  # abs(Integer.MIN_VALUE) is negative in Java
+    return hashes.tolist()
 
 
 def build_key(topic: str, key: str) -> str:
@@ -113,7 +187,7 @@ class IndexFile:
     """One index file, mapped. ``create=True`` makes a new one (it must not exist yet).
 
     ``begin_phy_offset``/``begin_timestamp`` seed the header of a new file with where the
-    previous file ended, as RocketMQ does; the first ``put_key`` overwrites them.
+    previous file ended, as RocketMQ does; the first ``put_keys`` overwrites them.
     """
 
     def __init__(self, path: Path, hash_slot_num: int, index_num: int, *,
@@ -262,26 +336,26 @@ class IndexFile:
             ) from exc
 
     def put_key(self, hash_: int, phy_offset: int, store_timestamp: int) -> bool:
-        """Add one entry; False if the file is full. Writes entry, then slot, then header, so
-        a reader (or a crash) never sees a slot pointing past the counted entries."""
+        """Add one entry; False if the file is full."""
+        return self.put_keys((hash_,), phy_offset, store_timestamp) == 1
+
+    def put_keys(self, hashes: Sequence[int], phy_offset: int, store_timestamp: int) -> int:
+        """Add one entry per hash for the record at ``phy_offset``; return how many were added
+        (fewer than asked once the file is full).
+
+        Each entry is written before its slot, and the header counts the record's entries
+        only after all of them are written (RocketMQ's order, once per record rather than per
+        key): a reader or a crash never sees a header claiming an unwritten entry. A slot may
+        briefly point at an entry not counted yet; readers step over it (see ``_chain``)."""
         h = self.header
         count = h.index_count
-        if count >= self.index_num:
-            return False
+        limit = self.index_num
+        if count >= limit or not hashes:
+            return 0
         m = self._map
-        slot_at = self.slot_pos(hash_)
-        page = slot_at // OS_PAGE_SIZE
-        if page not in self._slot_pages:
-            self._reserve(page * OS_PAGE_SIZE, min(self._entries_at, (page + 1) * OS_PAGE_SIZE))
-            self._slot_pages.add(page)
-        entry_at = self.entry_pos(count)
-        if entry_at + ENTRY_SIZE > self._entries_allocated_until:
-            target = min(self.size, entry_at + ENTRY_SIZE + ENTRY_ALLOCATE_AHEAD)
-            self._reserve(self._entries_allocated_until, target)
-            self._entries_allocated_until = target
-        (head,) = SLOT.unpack_from(m, slot_at)
-        if head <= INVALID_INDEX or head >= count:
-            head = INVALID_INDEX
+        slots = self.hash_slot_num
+        slot_pages = self._slot_pages
+        entries_at = self._entries_at
         if count <= 1:
             # RocketMQ computes the first entry's delta against the previous file's end time
             # and only then resets the begin time; we reset first so the delta (0) is right.
@@ -289,17 +363,37 @@ class IndexFile:
             h.begin_timestamp = store_timestamp
         diff = (store_timestamp - h.begin_timestamp) // 1000 if h.begin_timestamp > 0 else 0
         diff = min(max(diff, 0), _INT_MAX)
-        ENTRY.pack_into(m, entry_at, hash_, phy_offset, diff, head)
-        SLOT.pack_into(m, slot_at, count)
-        if head == INVALID_INDEX:
-            h.hash_slot_count += 1
-        h.index_count = count + 1
+        slot_count = h.hash_slot_count
+        added = 0
+        for hash_ in hashes:
+            if count >= limit:
+                break
+            slot_at = HEADER_SIZE + (hash_ % slots) * SLOT_SIZE
+            page = slot_at // OS_PAGE_SIZE
+            if page not in slot_pages:
+                self._reserve(page * OS_PAGE_SIZE, min(entries_at, (page + 1) * OS_PAGE_SIZE))
+                slot_pages.add(page)
+            entry_at = entries_at + count * ENTRY_SIZE
+            if entry_at + ENTRY_SIZE > self._entries_allocated_until:
+                target = min(self.size, entry_at + ENTRY_SIZE + ENTRY_ALLOCATE_AHEAD)
+                self._reserve(self._entries_allocated_until, target)
+                self._entries_allocated_until = target
+            (head,) = _SLOT_UNPACK(m, slot_at)
+            if head <= INVALID_INDEX or head >= count:
+                head = INVALID_INDEX
+                slot_count += 1
+            _ENTRY_PACK(m, entry_at, hash_, phy_offset, diff, head)
+            _SLOT_PACK(m, slot_at, count)
+            count += 1
+            added += 1
+        h.hash_slot_count = slot_count
+        h.index_count = count
         h.end_phy_offset = phy_offset
         h.end_timestamp = store_timestamp
-        HEADER.pack_into(m, 0, h.begin_timestamp, h.end_timestamp, h.begin_phy_offset,
-                         h.end_phy_offset, h.hash_slot_count, h.index_count)
+        HEADER.pack_into(m, 0, h.begin_timestamp, store_timestamp, h.begin_phy_offset,
+                         phy_offset, slot_count, count)
         self.dirty = True
-        return True
+        return added
 
     def flush(self) -> None:
         if self.read_only or not self.dirty or self._closed:
@@ -314,6 +408,18 @@ class IndexFile:
 
     # -- reading (any thread) -------------------------------------------------------------------
 
+    def _head(self, hash_: int, count: int) -> int:
+        """The newest counted entry of the hash's slot (0 if none). The writer links an entry
+        into its slot before the header counts it (put_keys): step over such entries to the
+        counted ones they link to, rather than miss the whole list."""
+        m = self._map
+        (number,) = _SLOT_UNPACK(m, HEADER_SIZE + (hash_ % self.hash_slot_num) * SLOT_SIZE)
+        skipped = 0
+        while count <= number < self.index_num and skipped < _MAX_UNCOUNTED:
+            number = _PREV.unpack_from(m, self.entry_pos(number) + _PREV_AT)[0]
+            skipped += 1
+        return number
+
     def _chain(self, hash_: int) -> Iterator[tuple[int, int, int, int]]:
         """(key_hash, phy_offset, time_diff, number) along the slot's list, newest first.
         Caller holds a reference. Bad links end the walk rather than loop."""
@@ -321,10 +427,10 @@ class IndexFile:
         count = self.header.index_count
         if count <= 1:
             return
-        (number,) = SLOT.unpack_from(m, self.slot_pos(hash_))
+        number = self._head(hash_, count)
         seen = 0
         while INVALID_INDEX < number < count and seen < count:
-            hash_read, phys, diff, prev = ENTRY.unpack_from(m, self.entry_pos(number))
+            hash_read, phys, diff, prev = _ENTRY_UNPACK(m, self.entry_pos(number))
             yield hash_read, phys, diff, number
             if prev == number:
                 return
@@ -334,19 +440,31 @@ class IndexFile:
     def select(self, hash_: int, begin: int, end: int) -> Iterator[int]:
         """Physical offsets of entries with this key hash stored in [begin, end] (by the
         entry's second-granular time), newest first. The key itself is not stored: callers
-        check the message (hashes collide)."""
+        check the message (hashes collide). The walk of ``_chain``, inlined: this is the
+        inner loop of every lookup."""
         if not self.hold():
             return
         try:
-            base = self.header.begin_timestamp
-            for hash_read, phys, diff, _ in self._chain(hash_):
+            header = self.header
+            count = header.index_count
+            if count <= 1:
+                return
+            base = header.begin_timestamp
+            m = self._map
+            entries_at = self._entries_at
+            number = self._head(hash_, count)
+            seen = 0
+            while INVALID_INDEX < number < count and seen < count:
+                hash_read, phys, diff, prev = _ENTRY_UNPACK(m, entries_at + number * ENTRY_SIZE)
                 if diff < 0:
                     return
                 t = base + diff * 1000
                 if hash_read == hash_ and begin <= t <= end:
                     yield phys
-                if t < begin:
-                    return  # older entries are older still
+                if t < begin or prev == number:
+                    return  # older entries are older still; or a self-link
+                number = prev
+                seen += 1
         finally:
             self.release()
 
@@ -423,5 +541,6 @@ class IndexFile:
 __all__ = [
     "ENTRY", "ENTRY_SIZE", "HEADER", "HEADER_SIZE", "INVALID_INDEX", "IndexFile",
     "IndexFileError", "IndexHeader", "SLOT", "SLOT_SIZE", "build_key", "file_name_for",
-    "file_size", "is_index_file_name", "java_string_hash", "key_hash",
+    "file_size", "is_index_file_name", "java_string_hash", "key_hash", "key_hashes",
+    "topic_key_hash",
 ]  # fmt: skip

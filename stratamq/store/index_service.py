@@ -5,7 +5,8 @@ each space-separated word of ``KEYS``, all as ``topic#key`` (RocketMQ's order an
 roll over when full; a new one is named by its creation time. Format:
 ``docs/formats/index-file.md``.
 
-Threads: ``dispatch`` runs on the dispatcher thread only (or the opening thread during replay);
+Threads: ``dispatch`` and ``commit_dispatch`` run on the dispatcher thread only (or the opening
+thread during replay; ``close`` after the dispatcher stopped);
 ``flush`` on the ConsumeQueue flush thread; ``query_offsets`` on any thread;
 ``delete_expired_files`` on the clean-up thread. The file list is replaced, never changed in
 place, so readers iterate a consistent snapshot; each file is held while it is read.
@@ -26,15 +27,24 @@ from pathlib import Path
 
 from stratamq.message import DispatchInfo, Prop, SysFlag
 from stratamq.store.index_file import (
+    KEY_SEPARATOR,
     IndexFile,
     IndexFileError,
-    build_key,
     file_name_for,
     is_index_file_name,
-    key_hash,
+    key_hashes,
+    topic_key_hash,
 )
 
 log = logging.getLogger(__name__)
+
+# Records queued before their keys are hashed and written regardless of the round's end: big
+# enough that numpy hashing pays off, small enough to bound memory during a long replay.
+PENDING_MAX = 1024
+_TRANSACTION_MASK = SysFlag.TRANSACTION_MASK
+_ROLLBACK = SysFlag.TRANSACTION_ROLLBACK_TYPE
+_UNIQ_KEY = Prop.UNIQ_KEY
+_KEYS = Prop.KEYS
 
 
 def record_keys(info: DispatchInfo) -> list[str]:
@@ -66,6 +76,10 @@ class IndexService:
         self.dropped: list[tuple[str, str]] = []  # (file name, why) untrusted on load
         self.failed_keys = 0  # keys not indexed because writing failed (disk full...)
         self.error: BaseException | None = None
+        # Records dispatched but not yet written (topic, UNIQ_KEY, KEYS, offset, store time).
+        self._pending: list[tuple[str, str | None, str | None, int, int]] = []
+        # The newest CommitLog offset indexed: records after it need no duplicate check.
+        self._indexed_to = -1
 
     # -- loading --------------------------------------------------------------------------------
 
@@ -132,54 +146,93 @@ class IndexService:
             # Trusted files still may lack records after their end; re-dispatch is idempotent.
             self.replay_from = kept[-1].end_phy_offset
         self._files = kept
+        self._indexed_to = max((f.end_phy_offset for f in kept if f.entries), default=-1)
 
     # -- the dispatcher interface ---------------------------------------------------------------
 
     def dispatch(self, info: DispatchInfo) -> None:
-        if SysFlag.transaction_type(info.sys_flag) == SysFlag.TRANSACTION_ROLLBACK_TYPE:
+        """Queue the record's keys; they are written at the end of the dispatch round
+        (``commit_dispatch``), or sooner once ``PENDING_MAX`` records wait, so that their
+        hashes are computed in one batch. Readers meet the entries by then at the latest:
+        the dispatcher commits a round before it counts its records as visible."""
+        if info.sys_flag & _TRANSACTION_MASK == _ROLLBACK:
             return  # RocketMQ indexes normal, prepared and committed records, not rollbacks
-        keys = record_keys(info)
-        if not keys:
+        props = info.properties
+        uniq = props.get(_UNIQ_KEY)
+        keys = props.get(_KEYS)
+        if not uniq and not keys:
             return
-        try:
-            self._index(info, keys)
-        except OSError as exc:
-            # The index is derived data and can be rebuilt from the CommitLog; failing here
-            # must not stop ConsumeQueue dispatch (and so consumption) too.
-            self.failed_keys += len(keys)
-            if self.error is None:
-                log.error("indexing stopped working at offset %d: %s", info.physical_offset, exc)
-            self.error = exc
+        pending = self._pending
+        pending.append((info.topic, uniq, keys, info.physical_offset, info.store_timestamp))
+        if len(pending) >= PENDING_MAX:
+            self.commit_dispatch()
 
-    def _index(self, info: DispatchInfo, keys: list[str]) -> None:
-        phys = info.physical_offset
-        topic = info.topic
-        ts = info.store_timestamp
-        hashes = [key_hash(build_key(topic, k)) for k in keys]
-        # RocketMQ's guard: a record below the newest file's end offset is indexed already (a
-        # replay after recovery). The newest record itself may have had only some keys written
-        # before a crash, possibly across a roll-over: add just the missing ones.
-        holders: list[IndexFile] = []
-        for g in reversed(self._files):
-            if not g.entries:
+    def commit_dispatch(self) -> None:
+        """Write the queued records' entries (the dispatcher thread, end of each round)."""
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        # RocketMQ's key order per record: UNIQ_KEY, then each KEYS word, as topic#key.
+        per_record: list[int] = []
+        texts: list[str] = []
+        for topic, uniq, keys, _, _ in pending:
+            before = len(texts)
+            prefix = topic + KEY_SEPARATOR
+            if uniq:
+                texts.append(prefix + uniq)
+            if keys:
+                if " " in keys:
+                    texts.extend(prefix + k for k in keys.split(" ") if k)
+                else:
+                    texts.append(prefix + keys)
+            per_record.append(len(texts) - before)
+        hashes = key_hashes(texts)
+        at = 0
+        for (_, _, _, phys, ts), n in zip(pending, per_record, strict=True):
+            if not n:
                 continue
-            if phys < g.end_phy_offset:
-                return
-            if phys > g.end_phy_offset:
-                break
-            holders.append(g)
-            if g.begin_phy_offset != phys:
-                break
-        if holders:
-            hashes = [h for h in hashes if not any(g.contains(h, phys) for g in holders)]
-            if not hashes:
-                return
+            record_hashes = hashes[at : at + n]
+            at += n
+            try:
+                self._index(phys, ts, record_hashes)
+            except OSError as exc:
+                # The index is derived data and can be rebuilt from the CommitLog; failing
+                # here must not stop ConsumeQueue dispatch (and so consumption) too.
+                self.failed_keys += n
+                if self.error is None:
+                    log.error("indexing stopped working at offset %d: %s", phys, exc)
+                self.error = exc
+
+    def _index(self, phys: int, ts: int, hashes: list[int]) -> None:
+        if phys <= self._indexed_to:
+            # RocketMQ's guard: a record below the newest file's end offset is indexed already
+            # (a replay after recovery). The newest record itself may have had only some keys
+            # written before a crash, possibly across a roll-over: add just the missing ones.
+            holders: list[IndexFile] = []
+            for g in reversed(self._files):
+                if not g.entries:
+                    continue
+                if phys < g.end_phy_offset:
+                    return
+                if phys > g.end_phy_offset:
+                    break
+                holders.append(g)
+                if g.begin_phy_offset != phys:
+                    break
+            if holders:
+                hashes = [h for h in hashes if not any(g.contains(h, phys) for g in holders)]
+                if not hashes:
+                    return
         f = self._writable_file()
-        for h in hashes:
-            if not f.put_key(h, phys, ts):
-                f = self._roll(f)
-                if not f.put_key(h, phys, ts):
-                    raise IndexFileError(f"a new index file {f.name} refused an entry")
+        done = f.put_keys(hashes, phys, ts)
+        while done < len(hashes):
+            f = self._roll(f)
+            added = f.put_keys(hashes[done:], phys, ts)
+            if not added:
+                raise IndexFileError(f"a new index file {f.name} refused an entry")
+            done += added
+        self._indexed_to = phys
         self.error = None
 
     def _writable_file(self) -> IndexFile:
@@ -230,7 +283,7 @@ class IndexService:
         """CommitLog offsets of records indexed under ``topic#key`` whose entry time lies in
         [begin, end], newest first, across files (candidates: hashes collide, so check the
         record). Entry times are whole seconds after the file's begin time, rounded down."""
-        h = key_hash(build_key(topic, key))
+        h = topic_key_hash(topic, key)
         for f in reversed(self._files):
             if f.entries and f.is_time_matched(begin, end):
                 yield from f.select(h, begin, end)
@@ -264,6 +317,7 @@ class IndexService:
         return [f.path for f in expired]
 
     def close(self) -> None:
+        self.commit_dispatch()  # the dispatcher has stopped: write what it left queued
         for f in self._files:
             f.flush()
             f.close()

@@ -134,7 +134,8 @@ class MessageStore:
                                   cfg.dispatch_interval, recent=self.commitlog.recent_dispatch)
         if not self.read_only:
             self._reindex()
-            replayed = self.reput.replay()
+            # Skips, undecoded, records every dispatcher has: most of them after a crash.
+            replayed = self.reput.replay(skip_covered=True)
             if replayed:
                 log.info("re-dispatched %d records from offset %d", replayed, report.start_offset)
         for cq_store in self.cq_stores:

@@ -30,25 +30,14 @@ class SegmentScan:
     problem: RecordCorrupt | None  # why scanning stopped, if not at a blank or clean zeros
 
 
-def scan_segment(buf: memoryview | bytes, file_from_offset: int, size: int,
+def scan_segment(buf: memoryview, file_from_offset: int, size: int,
                  check_crc: bool) -> SegmentScan:
-    pos = 0
-    records = 0
-    while pos + 8 <= size:
-        total, magic = codec.read_size_and_magic(buf, pos)
-        if total == 0 and magic == 0:
-            return SegmentScan(pos, records, False, None)  # never written: a clean end
-        try:
-            length = codec.check_record(buf, pos, size, file_from_offset + pos, check_crc)
-        except RecordCorrupt as exc:  # report the CommitLog offset, not the in-file position
-            return SegmentScan(pos, records, False,
-                               RecordCorrupt(file_from_offset + pos, exc.reason))
-        if length == 0:
-            return SegmentScan(pos, records, True, None)
-        pos += length
-        records += 1
-    problem = RecordCorrupt(file_from_offset + pos, "segment ends without a blank record")
-    return SegmentScan(pos, records, False, problem)
+    scan = codec.scan_records(buf, 0, size, file_from_offset, check_crc)
+    problem = scan.problem
+    if problem is None and not scan.blank and scan.end + 8 > size:
+        # Ran to the end of the file without meeting a blank record or unwritten zeros.
+        problem = RecordCorrupt(file_from_offset + scan.end, "segment ends without a blank record")
+    return SegmentScan(scan.end, scan.records, scan.blank, problem)
 
 
 @dataclass

@@ -26,9 +26,25 @@ and the min row moves up, in one batch. ``min_offset()`` also checks a queue aga
 CommitLog's min offset when it is read, so a reader never sees a stale min even before the
 clean-up service ran.
 
+Start-up reads three rows (the checkpoint, the expiry watermark and whether the offset table is
+empty), not the offset table: 100,000 queues are 200,000 rows, and parsing them in Python cost
+more than the rest of a restart. The offset table is cached in memory, filled one queue at a time
+on first use (one ``get`` per row) and whole (one bulk iteration) only for what needs every queue:
+listing topics, recovery after a crash that cut the CommitLog, expiry past the watermark,
+destroying a topic. The cache is write-through and authoritative, including "no such queue"
+entries, so a hit never touches RocksDB.
+
+Expiry watermark: the ``min`` row of ``CHECKPOINT_TOPIC`` queue 0 holds the CommitLog min offset
+the last full expiry pass ran for; every ``min`` row points at or above it (new units are never
+below the CommitLog's min offset), so a call for an offset not above it is answered without
+looking at any queue — in particular the one every restart makes.
+
 Threads: the dispatcher thread calls ``dispatch``/``commit_dispatch``; any thread may read.
-``_lock`` serialises writes to RocksDB and the in-memory tables; readers take no lock (a read
-sees either the old or the new row of a dict, both consistent with RocksDB after the write).
+``_lock`` serialises writes to RocksDB and the in-memory tables, and cache fills (so a fill cannot
+put back a row a concurrent write replaced). A cache hit takes no lock (a read sees either the old
+or the new row of a dict, both consistent with RocksDB after the write). Each reading thread
+reuses one RocksDB iterator until the next write: creating an iterator (and its implicit
+snapshot) cost more than the seek and the ``next()`` calls of a short read.
 """
 
 from __future__ import annotations
@@ -39,7 +55,17 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Cache,
+    DBCompressionType,
+    Options,
+    Rdict,
+    RdictIter,
+    WriteBatch,
+    WriteOptions,
+)
 
 from stratamq.message import DispatchInfo, SysFlag
 from stratamq.store.consume_queue_store import STORE_TYPE_ROCKSDB, Unit, allocated_bytes
@@ -108,6 +134,65 @@ def parse_offset_key(key: bytes) -> tuple[str, bool, int] | None:
 
 
 CHECKPOINT_KEY = offset_key(CHECKPOINT_TOPIC.encode(), 0, True)
+# The CommitLog min offset the last full expiry pass ran for (i64); see the module docstring.
+EXPIRED_BELOW_KEY = offset_key(CHECKPOINT_TOPIC.encode(), 0, False)
+SYSTEM_KEYS = (CHECKPOINT_KEY, EXPIRED_BELOW_KEY)
+_UNKNOWN = object()  # a cache miss (None is a cached "no such queue")
+OffsetRow = tuple[int, int]  # queue offset, phys
+
+
+def rocksdb_options() -> Options:
+    """Options for both column families, each chosen for rows of 28 or 16 bytes:
+
+    * no compression: a value is offsets and sizes (little to gain) and reads would pay to
+      decompress every block;
+    * a bloom filter (10 bits per key) so a ``get`` for a row that is not in a file skips it:
+      first use of a queue's offset rows, the binary searches of expiry and truncation, and
+      offset-by-time all ``get`` single keys. No prefix bloom: a prefix extractor needs a fixed
+      prefix length and a queue's prefix varies with its topic's length;
+    * a 64 MiB block cache shared by both column families, index and filter blocks included, so
+      a restart re-reads hot blocks from memory rather than through the page cache's syscalls.
+    """
+    opts = Options(raw_mode=True)
+    opts.set_compression_type(DBCompressionType.none())
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    table.set_block_cache(_BLOCK_CACHE)
+    table.set_cache_index_and_filter_blocks(True)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+_BLOCK_CACHE = Cache(64 * 1024 * 1024)
+
+
+class _QueueOffsets(dict):
+    """The CommitLog's (topic, queue id) -> next queue offset, filled from the offset table the
+    first time a queue is asked for (the CommitLog calls ``get`` under its own lock), so opening
+    a store does not build 100,000 entries. Queues the CommitLog assigns to are then plain dict
+    entries; a queue absent here has no message since the last dispatch, so the offset table's
+    ``max`` is its truth."""
+
+    def __init__(self, store: RocksDBConsumeQueueStore) -> None:
+        super().__init__()
+        self._store = store
+
+    def __missing__(self, key: tuple[str, int]) -> int:
+        row = self._store._max_row(key)
+        if row is None:
+            raise KeyError(key)
+        value = row[0] + 1
+        self[key] = value
+        return value
+
+    def get(self, key: tuple[str, int], default: int | None = None) -> int | None:  # type: ignore[override]
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None  # type: ignore[arg-type]
 
 
 class RocksDBConsumeQueue:
@@ -123,7 +208,7 @@ class RocksDBConsumeQueue:
         self.prefix = queue_prefix(topic.encode("utf-8"), queue_id)
 
     def max_offset(self) -> int:
-        row = self.store._max.get(self.key)
+        row = self.store._max_row(self.key)
         return row[0] + 1 if row is not None else 0
 
     def min_offset(self) -> int:
@@ -131,7 +216,7 @@ class RocksDBConsumeQueue:
 
     @property
     def max_physic_offset(self) -> int:
-        row = self.store._max.get(self.key)
+        row = self.store._max_row(self.key)
         return row[1] if row is not None else -1
 
     def get_units(self, queue_offset: int, max_units: int) -> list[Unit]:
@@ -141,23 +226,23 @@ class RocksDBConsumeQueue:
     def get_units_with_time(self, queue_offset: int,
                             max_units: int) -> list[tuple[int, int, int, int]]:
         out: list[tuple[int, int, int, int]] = []
-        end = self.max_offset()
+        end = self.max_offset()  # before the iterator: see RocksDBConsumeQueueStore._write
         if max_units <= 0 or queue_offset >= end or queue_offset < 0:
             return out
-        db = self.store._db
-        if db is None:
+        it = self.store._iterator()
+        if it is None:
             return out
-        opts = ReadOptions()
-        opts.set_iterate_upper_bound(cq_key(self.prefix, end))
-        it = db.iter(opts)
-        it.seek(cq_key(self.prefix, queue_offset))
+        # No upper bound in ReadOptions (setting one per read cost as much as the read): the
+        # count stops at the queue's end, and each key is checked to be this queue's next one.
+        head = self.prefix + CTRL_1
+        stop = queue_offset + min(max_units, end - queue_offset)
+        it.seek(head + I64.pack(queue_offset))
         expected = queue_offset
         unpack = CQ_VALUE.unpack
-        while it.valid() and len(out) < max_units:
+        while expected < stop and it.valid():
             key = it.key()
-            (got,) = I64.unpack_from(key, len(key) - 8)
-            if got != expected:
-                break  # a hole (expired below, or a gap): the range ends here
+            if key[:-8] != head or I64.unpack_from(key, len(key) - 8)[0] != expected:
+                break  # a hole (expired below, or a gap) or the next queue: the range ends here
             out.append(unpack(it.value()))
             expected += 1
             it.next()
@@ -198,62 +283,68 @@ class RocksDBConsumeQueueStore:
         self._db: Rdict | None = None
         self._offset_cf: Rdict | None = None
         self._offset_cfh = None
-        # The offset table, loaded whole at start (2 rows per queue; no unit is read):
-        # (topic, queue id) -> [queue offset, phys] of the queue's last / first unit.
-        self._max: dict[tuple[str, int], tuple[int, int]] = {}
-        self._min: dict[tuple[str, int], tuple[int, int]] = {}
+        # The offset table's cache (module docstring): (topic, queue id) -> (queue offset,
+        # phys) of the queue's last / first unit, or None for "no such queue". A key absent
+        # here is unknown unless ``_complete``, when it is absent from RocksDB too.
+        self._max: dict[tuple[str, int], OffsetRow | None] = {}
+        self._min: dict[tuple[str, int], OffsetRow | None] = {}
+        self._complete = False
         self._max_phys = -1  # end of the newest record covered (the checkpoint row)
+        self._expired_below = 0  # the expiry watermark row
         self._handles: dict[tuple[str, int], RocksDBConsumeQueue] = {}
         self._lock = threading.RLock()
         # The open batch of the current dispatch round, and what it changes once written.
         self._batch: WriteBatch | None = None
         self._pending = 0
-        self._pending_max: dict[tuple[str, int], tuple[int, int]] = {}
-        self._pending_min: dict[tuple[str, int], tuple[int, int]] = {}
+        self._pending_max: dict[tuple[str, int], OffsetRow] = {}
+        self._pending_min: dict[tuple[str, int], OffsetRow] = {}
         self._pending_end = -1
         self._prefixes: dict[str, bytes] = {}
+        # Reused iterators: thread id -> (write generation it was made at, iterator).
+        self._generation = 0
+        self._iters: dict[int, tuple[int, RdictIter]] = {}
         # Where the CommitLog starts now; set by the message store so reads see expiry at once.
         self.commitlog_min_offset: Callable[[], int] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Open RocksDB and load the offset table; units stay on disk until read."""
+        """Open RocksDB and read the checkpoint and watermark rows; no queue is read."""
         if self.read_only:
             if not (self.path / "CURRENT").exists():
+                self._complete = True
                 return  # no RocksDB here: an empty store
-            opts = Options(raw_mode=True)
-            self._db = Rdict(str(self.path), options=opts, access_type=AccessType.read_only(),
-                             column_families={OFFSET_CF: Options(raw_mode=True)})
+            self._db = Rdict(str(self.path), options=rocksdb_options(),
+                             access_type=AccessType.read_only(),
+                             column_families={OFFSET_CF: rocksdb_options()})
         else:
             self.path.mkdir(parents=True, exist_ok=True)
-            opts = Options(raw_mode=True)
+            opts = rocksdb_options()
             opts.create_if_missing(True)
             opts.create_missing_column_families(True)
             # Both tables flush together: after a crash the offset table still describes
             # exactly the units that survived.
             opts.set_atomic_flush(True)
             self._db = Rdict(str(self.path), options=opts,
-                             column_families={OFFSET_CF: Options(raw_mode=True)})
+                             column_families={OFFSET_CF: rocksdb_options()})
             wo = WriteOptions()
             wo.disable_wal = True  # the CommitLog is the log (seed 003)
             self._db.set_write_options(wo)
         self._offset_cf = self._db.get_column_family(OFFSET_CF)
         self._offset_cfh = self._db.get_column_family_handle(OFFSET_CF)
-        for key, value in self._offset_cf.items():
-            if key == CHECKPOINT_KEY:
-                self._max_phys = I64.unpack(value)[0]
-                continue
-            parsed = parse_offset_key(key)
-            if parsed is None or len(value) != OFFSET_VALUE.size:
-                log.warning("rocksdb consumequeue: skipping malformed offset row %r", key[:64])
-                continue
-            topic, is_max, queue_id = parsed
-            phys, queue_offset = OFFSET_VALUE.unpack(value)
-            (self._max if is_max else self._min)[(topic, queue_id)] = (queue_offset, phys)
-        for key, (queue_offset, phys) in self._max.items():
-            if key not in self._min:  # a missing min row: the queue starts where it ends
-                self._min[key] = (queue_offset, phys)
+        value = self._offset_cf.get(CHECKPOINT_KEY)
+        if value is not None:
+            self._max_phys = I64.unpack(value)[0]
+        value = self._offset_cf.get(EXPIRED_BELOW_KEY)
+        if value is not None:
+            self._expired_below = I64.unpack(value)[0]
+        # A new (or emptied) store knows every queue already: no get per first dispatch.
+        it = self._offset_cf.iter()
+        it.seek_to_first()
+        while it.valid() and it.key() in SYSTEM_KEYS:
+            it.next()
+        self._complete = not it.valid()
+        del it
 
     def recover(self) -> None:
         """Nothing to scan: RocksDB recovered itself; ``truncate_dirty`` cuts past-the-end."""
@@ -273,13 +364,106 @@ class RocksDBConsumeQueueStore:
         if not self.read_only:
             self.commit_dispatch()
             self._db.flush()
+        self._iters.clear()  # an iterator must not outlive its database
         self._offset_cf = None
         self._offset_cfh = None
         self._db.close()
         self._db = None
         self._handles.clear()
 
+    # -- the offset table's cache ---------------------------------------------------------------
+
+    def _max_row(self, key: tuple[str, int]) -> OffsetRow | None:
+        row = self._max.get(key, _UNKNOWN)
+        if row is _UNKNOWN:
+            return self._fill(key)[0]
+        return row  # type: ignore[return-value]
+
+    def _min_row(self, key: tuple[str, int]) -> OffsetRow | None:
+        row = self._min.get(key, _UNKNOWN)
+        if row is _UNKNOWN:
+            return self._fill(key)[1]
+        return row  # type: ignore[return-value]
+
+    def _fill(self, key: tuple[str, int]) -> tuple[OffsetRow | None, OffsetRow | None]:
+        """Read one queue's two offset rows into the cache (under the lock, so a concurrent
+        write's newer rows win) and return them."""
+        with self._lock:
+            cf = self._offset_cf
+            if self._complete or cf is None:
+                return self._max.get(key), self._min.get(key)
+            rows: list[OffsetRow | None] = []
+            for is_max, table in ((True, self._max), (False, self._min)):
+                row = table.get(key, _UNKNOWN)
+                if row is _UNKNOWN:
+                    value = cf.get(offset_key(key[0].encode("utf-8"), key[1], is_max))
+                    row = None
+                    if value is not None and len(value) == OFFSET_VALUE.size:
+                        phys, queue_offset = OFFSET_VALUE.unpack(value)
+                        row = (queue_offset, phys)
+                    if not is_max and row is None:
+                        row = rows[0]  # a missing min row: the queue starts where it ends
+                    table[key] = row
+                rows.append(row)  # type: ignore[arg-type]
+            return rows[0], rows[1]
+
+    def _load_all(self) -> None:
+        """Fill the cache with the whole offset table: one iteration, for what needs every
+        queue. Rows already cached are newer or the same, so they are kept."""
+        with self._lock:
+            if self._complete or self._offset_cf is None:
+                return
+            unpack = OFFSET_VALUE.unpack
+            for key, value in self._offset_cf.items():
+                if key in SYSTEM_KEYS:
+                    continue
+                parsed = parse_offset_key(key)
+                if parsed is None or len(value) != OFFSET_VALUE.size:
+                    log.warning("rocksdb consumequeue: skipping malformed offset row %r",
+                                key[:64])
+                    continue
+                topic, is_max, queue_id = parsed
+                phys, queue_offset = unpack(value)
+                (self._max if is_max else self._min).setdefault((topic, queue_id),
+                                                                (queue_offset, phys))
+            for key, row in self._max.items():
+                if row is not None and self._min.get(key) is None:
+                    self._min[key] = row  # a missing min row: the queue starts where it ends
+            self._complete = True
+
+    def _queue_rows(self) -> list[tuple[tuple[str, int], OffsetRow]]:
+        """Every queue's (key, max row), the whole table loaded."""
+        self._load_all()
+        return [(key, row) for key, row in list(self._max.items()) if row is not None]
+
+    def _forget(self, key: tuple[str, int]) -> None:
+        """A destroyed queue: cached as absent, so no fill can bring its old rows back."""
+        self._max[key] = None
+        self._min[key] = None
+        self._handles.pop(key, None)
+
     # -- writing --------------------------------------------------------------------------------
+
+    def _write(self, batch: WriteBatch) -> None:
+        """Write a batch, then retire the reused iterators (they would not see it). Callers
+        update the cache after this, so a reader that sees a new row gets a new iterator."""
+        self._db.write(batch)
+        self._generation += 1
+        self._iters.clear()  # idle threads' iterators must not pin deleted files
+
+    def _iterator(self) -> RdictIter | None:
+        """This thread's iterator, made after the newest write."""
+        ident = threading.get_ident()
+        generation = self._generation
+        cached = self._iters.get(ident)
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        db = self._db
+        if db is None:
+            return None
+        it = db.iter()
+        self._iters[ident] = (generation, it)
+        return it
 
     def _prefix(self, topic: str, queue_id: int) -> bytes:
         head = self._prefixes.get(topic)
@@ -289,12 +473,19 @@ class RocksDBConsumeQueueStore:
                 self._prefixes[topic] = head
         return head + I32.pack(queue_id)
 
+    def replay_floor(self, topic: str, queue_id: int) -> int:
+        """Records of this queue below the returned offset are here (see ``dispatch``)."""
+        key = (topic, queue_id)
+        with self._lock:
+            last = self._pending_max.get(key) or self._max.get(key)
+        return last[1] + 1 if last is not None else -1
+
     def dispatch(self, info: DispatchInfo) -> None:
         if not SysFlag.is_dispatchable(info.sys_flag):
             return
         key = (info.topic, info.queue_id)
         with self._lock:
-            last = self._pending_max.get(key) or self._max.get(key)
+            last = self._pending_max.get(key) or self._max_row(key)
             if last is not None and info.physical_offset <= last[1]:
                 return  # already have it: a replay after recovery
             if last is not None and info.queue_offset != last[0] + 1:
@@ -308,7 +499,7 @@ class RocksDBConsumeQueueStore:
                                           info.store_timestamp))
             row = (info.queue_offset, info.physical_offset)
             self._pending_max[key] = row
-            if key not in self._min and key not in self._pending_min:
+            if key not in self._pending_min and self._min_row(key) is None:
                 self._pending_min[key] = row
             self._pending_end = info.physical_offset + info.size
             self._pending += 1
@@ -333,7 +524,7 @@ class RocksDBConsumeQueueStore:
                       OFFSET_VALUE.pack(phys, queue_offset), cfh)
         end = max(self._pending_end, self._max_phys)
         batch.put(CHECKPOINT_KEY, I64.pack(end), cfh)
-        self._db.write(batch)
+        self._write(batch)
         # Only now may readers see the new units.
         self._min.update(self._pending_min)
         self._max.update(self._pending_max)
@@ -349,13 +540,13 @@ class RocksDBConsumeQueueStore:
         key = (topic, queue_id)
         handle = self._handles.get(key)
         if handle is None:
-            if key not in self._max:
+            if self._max_row(key) is None:
                 return None
             handle = self._handles.setdefault(key, RocksDBConsumeQueue(self, topic, queue_id))
         return handle
 
     def __iter__(self) -> Iterator[RocksDBConsumeQueue]:
-        for topic, queue_id in sorted(self._max):
+        for topic, queue_id in sorted(key for key, _ in self._queue_rows()):
             handle = self.find(topic, queue_id)
             if handle is not None:
                 yield handle
@@ -365,12 +556,16 @@ class RocksDBConsumeQueueStore:
 
     def topics(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
-        for topic, queue_id in list(self._max):
+        for (topic, queue_id), _ in self._queue_rows():
             out.setdefault(topic, []).append(queue_id)
         return {t: sorted(q) for t, q in sorted(out.items())}
 
     def queue_offset_table(self) -> dict[tuple[str, int], int]:
-        return {key: row[0] + 1 for key, row in self._max.items()}
+        """Next queue offsets; until the whole table is loaded, a dict that fills itself per
+        queue on first use (``_QueueOffsets``)."""
+        if self._complete:
+            return {key: row[0] + 1 for key, row in self._max.items() if row is not None}
+        return _QueueOffsets(self)
 
     def _get(self, key: bytes) -> bytes | None:
         db = self._db
@@ -411,11 +606,11 @@ class RocksDBConsumeQueueStore:
             batch = WriteBatch(raw_mode=True)
             new_max: dict[tuple[str, int], tuple[int, int]] = {}
             gone: list[tuple[str, int]] = []
-            for key, (max_q, max_p) in self._max.items():
+            for key, (max_q, max_p) in self._queue_rows():
                 if max_p + MAX_RECORD_SPAN <= commitlog_end:
                     continue  # its last record starts far before the end: it ends before too
                 prefix = self._prefix(*key)
-                low = self._min.get(key, (0, 0))[0]
+                low = (self._min_row(key) or (0, 0))[0]
                 cut, _ = self._first_unit_where(prefix, low, max_q + 1,
                                                 lambda u: u[0] + u[1] > commitlog_end)
                 if cut > max_q:
@@ -439,12 +634,10 @@ class RocksDBConsumeQueueStore:
                 log.warning("%s/%d: dropping %d units past CommitLog end %d",
                             key[0], key[1], max_q + 1 - cut, commitlog_end)
             batch.put(CHECKPOINT_KEY, I64.pack(commitlog_end), self._offset_cfh)
-            self._db.write(batch)
+            self._write(batch)
             self._max.update(new_max)
             for key in gone:
-                self._max.pop(key, None)
-                self._min.pop(key, None)
-                self._handles.pop(key, None)
+                self._forget(key)
             self._max_phys = commitlog_end
             return dropped
 
@@ -454,20 +647,30 @@ class RocksDBConsumeQueueStore:
     def delete_expired(self, min_commitlog_offset: int) -> int:
         """Remove units whose records are below ``min_commitlog_offset``; return how many.
 
-        Only queues whose min row points below it are touched (found in memory, no scan)."""
+        Nothing is looked at if the expiry watermark is already there (every restart). Else only
+        queues whose min row points below it are touched (found in the offset table, no unit
+        scanned), and the watermark moves up in the last batch."""
+        if min_commitlog_offset <= self._expired_below:
+            return 0
         removed = 0
         with self._lock:
             self._commit_locked()
-            for key, (_, min_phys) in list(self._min.items()):
-                if min_phys < min_commitlog_offset:
+            for key, _ in self._queue_rows():
+                row = self._min.get(key)
+                if row is not None and row[1] < min_commitlog_offset:
                     removed += self._expire_queue_locked(key, min_commitlog_offset)
+            if not self.read_only and self._db is not None:
+                batch = WriteBatch(raw_mode=True)
+                batch.put(EXPIRED_BELOW_KEY, I64.pack(min_commitlog_offset), self._offset_cfh)
+                self._write(batch)
+            self._expired_below = min_commitlog_offset
         return removed
 
     def _expire_queue_locked(self, key: tuple[str, int], min_commitlog_offset: int) -> int:
-        min_q, min_p = self._min[key]
-        max_row = self._max.get(key)
-        if max_row is None or min_p >= min_commitlog_offset:
+        min_row, max_row = self._min_row(key), self._max_row(key)
+        if min_row is None or max_row is None or min_row[1] >= min_commitlog_offset:
             return 0
+        min_q = min_row[0]
         prefix = self._prefix(*key)
         new_min, phys = self._first_unit_where(prefix, min_q, max_row[0] + 1,
                                                lambda u: u[0] >= min_commitlog_offset)
@@ -478,12 +681,12 @@ class RocksDBConsumeQueueStore:
             batch.delete_range(cq_key(prefix, min_q), cq_key(prefix, new_min))
             batch.put(offset_key(key[0].encode("utf-8"), key[1], False),
                       OFFSET_VALUE.pack(phys, new_min), self._offset_cfh)
-            self._db.write(batch)
+            self._write(batch)
         self._min[key] = (new_min, phys)
         return new_min - min_q
 
     def _min_offset(self, key: tuple[str, int], prefix: bytes) -> int:
-        row = self._min.get(key)
+        row = self._min_row(key)
         if row is None:
             return 0
         watermark = self.commitlog_min_offset
@@ -491,7 +694,7 @@ class RocksDBConsumeQueueStore:
             # The CommitLog moved on since the last clean-up: expire this queue now.
             with self._lock:
                 self._expire_queue_locked(key, watermark())
-                row = self._min[key]
+                row = self._min_row(key) or row
         return row[0]
 
     def destroy_queue(self, topic: str, queue_id: int) -> None:
@@ -505,9 +708,8 @@ class RocksDBConsumeQueueStore:
             batch.delete_range(*queue_range(queue_prefix(topic_bytes, queue_id)))
             batch.delete(offset_key(topic_bytes, queue_id, True), self._offset_cfh)
             batch.delete(offset_key(topic_bytes, queue_id, False), self._offset_cfh)
-            self._db.write(batch)
-            for table in (self._max, self._min, self._handles):
-                table.pop((topic, queue_id), None)
+            self._write(batch)
+            self._forget((topic, queue_id))
 
     def destroy_topic(self, topic: str) -> None:
         """Remove every queue of a topic: one range delete in each column family."""
@@ -516,13 +718,14 @@ class RocksDBConsumeQueueStore:
         start, end = topic_range(topic.encode("utf-8"))
         with self._lock:
             self._commit_locked()
+            rows = self._queue_rows()  # every queue of the topic must be cached as gone
             batch = WriteBatch(raw_mode=True)
             batch.delete_range(start, end)
             batch.delete_range(start, end, self._offset_cfh)
-            self._db.write(batch)
-            for table in (self._max, self._min, self._handles):
-                for key in [k for k in table if k[0] == topic]:
-                    table.pop(key, None)
+            self._write(batch)
+            for key, _ in rows:
+                if key[0] == topic:
+                    self._forget(key)
 
     def disk_bytes(self) -> int:
         return allocated_bytes(self.path) if self.path.exists() else 0

@@ -1,0 +1,381 @@
+"""The ``stratamq`` data source against a running broker (``option("endpoints", "host:port")``),
+for clusters whose executors cannot see the broker's disk.
+
+Reads use the broker's offset-based RPCs (``stratamq/broker/server.py``):
+
+* planning (driver): the topics come from the admin service's ``ListTopics`` (``QueryRoute``
+  when the admin service is not there and ``topics`` is a plain list), each queue's bounds from
+  ``QueryOffset`` ``BEGINNING`` / ``END``, ``startingTimestamp`` from ``QueryOffset``
+  ``TIMESTAMP``. Splits are queue offset ranges, cut exactly as for a store directory.
+* executors: ``PullMessage`` from the split's start, following ``next_offset`` to its end. The
+  request asks for raw CommitLog records (metadata ``x-stratamq-pull-format: records``), which
+  ``stratamq.spark.rows.records_to_batch`` decodes into the same Arrow rows a directory read
+  gives, byte for byte. Records arrive concatenated, not at their CommitLog positions, so the
+  stored physical offset of each is rewritten to its position in the batch buffer for the
+  decoder's check, then ``commitlog_offset`` and ``msg_id`` are set back to the real ones.
+
+Writes send each row with ``SendMessage`` (the generated stub), a batch of rows per request.
+Delivery is at-least-once: a request that fails in transit is sent again, and a retried Spark
+task sends its rows again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+
+import grpc
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import InputPartition
+
+from stratamq.message import PHYSICAL_OFFSET_POS, Message, Prop
+from stratamq.spark.planning import OptionError, Queue, QueueSplit, int_option
+
+log = logging.getLogger(__name__)
+
+PULL_BATCH = 1024  # the broker's maximum batch_size
+BATCH_ROWS = 8192  # rows per Arrow batch
+SEND_BATCH = 64  # rows per SendMessage request
+RPC_TIMEOUT = 60.0  # seconds
+PULL_FORMAT = ("x-stratamq-pull-format", "records")  # server.PULL_FORMAT_KEY / _RECORDS
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
+                    ("grpc.max_send_message_length", 256 * 1024 * 1024)]
+_RETRY_SEND = {"MASTER_PERSISTENCE_TIMEOUT", "SLAVE_PERSISTENCE_TIMEOUT", "HA_NOT_AVAILABLE",
+               "TOO_MANY_REQUESTS", "INTERNAL_SERVER_ERROR", "PROXY_TIMEOUT"}
+_OFFSET = struct.Struct(">q")
+
+
+class BrokerReadError(RuntimeError):
+    """The broker answered a read with an error status."""
+
+
+def _pb():
+    # Imported lazily: ``rocketmq`` sets up its client logging when imported.
+    from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+
+    return definition_pb2, service_pb2, service_pb2_grpc
+
+
+def endpoint_of(options: Mapping[str, str]) -> str:
+    """The broker's ``host:port`` from ``endpoints`` (lower-case keys); one address only."""
+    raw = (options.get("endpoints") or "").strip()
+    host, _, port = raw.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or ";" in raw or "," in raw:
+        raise OptionError(f"option 'endpoints': want one broker address host:port, got {raw!r}")
+    return raw
+
+
+def channel(endpoint: str) -> grpc.Channel:
+    return grpc.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+
+
+class BrokerSplit(InputPartition):
+    """Queue offsets [start, end) of one topic/queue, pulled from the broker at ``endpoint``."""
+
+    def __init__(self, endpoint: str, topic: str, queue_id: int, start: int, end: int,
+                 fail_on_data_loss: bool) -> None:
+        self.endpoint, self.topic, self.queue_id = endpoint, topic, queue_id
+        self.start, self.end, self.fail_on_data_loss = start, end, fail_on_data_loss
+
+    @classmethod
+    def of(cls, endpoint: str, split: QueueSplit) -> BrokerSplit:
+        return cls(endpoint, split.topic, split.queue_id, split.start, split.end,
+                   split.fail_on_data_loss)
+
+
+# -- planning (driver) --------------------------------------------------------------------------
+
+
+class BrokerCatalog:
+    """Topics and queue bounds of a running broker, asked over gRPC. Use as a context manager."""
+
+    def __init__(self, endpoint: str, options: Mapping[str, str] | None = None) -> None:
+        pb, _svc, grpc_mod = _pb()
+        self.endpoint = endpoint
+        self.options = options or {}
+        self._channel = channel(endpoint)
+        self._stub = grpc_mod.MessagingServiceStub(self._channel)
+        self._queue_counts: dict[str, int] | None = None
+
+    def __enter__(self) -> BrokerCatalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._channel.close()
+
+    def _unreachable(self, exc: grpc.RpcError) -> OptionError:
+        return OptionError(f"option 'endpoints': broker {self.endpoint} did not answer: "
+                           f"{exc.code().name}: {exc.details()}")
+
+    def queue_counts(self) -> dict[str, int]:
+        """topic -> queue count, from the admin service (``ListTopics``)."""
+        if self._queue_counts is None:
+            call = self._channel.unary_unary(
+                "/stratamq.admin.v1.Admin/ListTopics",
+                request_serializer=lambda obj: json.dumps(obj).encode(),
+                response_deserializer=lambda data: json.loads(data.decode() or "{}"))
+            try:
+                reply = call({}, timeout=RPC_TIMEOUT)
+                self._queue_counts = {t["topic"]: int(t["queues"]) for t in reply["topics"]}
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise self._unreachable(exc) from None
+                self._queue_counts = self._routes()
+        return self._queue_counts
+
+    def _routes(self) -> dict[str, int]:
+        """Without the admin service, ``topics`` must list the topics: ask their routes."""
+        pb, svc, _ = _pb()
+        raw = self.options.get("topics", "")
+        names = [t.strip() for t in raw.split(",") if t.strip()]
+        if not names or any(not t.replace("_", "").replace("-", "").isalnum() for t in names):
+            raise OptionError(f"option 'topics': broker {self.endpoint} cannot list its topics; "
+                              "give the topics as a comma list")
+        out = {}
+        for name in names:
+            try:
+                reply = self._stub.QueryRoute(svc.QueryRouteRequest(
+                    topic=pb.Resource(name=name)), timeout=RPC_TIMEOUT)
+            except grpc.RpcError as exc:
+                raise self._unreachable(exc) from None
+            if reply.status.code == pb.Code.OK:
+                out[name] = len(reply.message_queues)
+        return out
+
+    def _offset(self, queue: Queue, policy: int, timestamp_ms: int | None = None) -> int:
+        pb, svc, _ = _pb()
+        req = svc.QueryOffsetRequest(message_queue=pb.MessageQueue(
+            topic=pb.Resource(name=queue[0]), id=queue[1]), query_offset_policy=policy)
+        if timestamp_ms is not None:
+            req.timestamp.FromMilliseconds(timestamp_ms)
+        try:
+            reply = self._stub.QueryOffset(req, timeout=RPC_TIMEOUT)
+        except grpc.RpcError as exc:
+            raise self._unreachable(exc) from None
+        if reply.status.code != pb.Code.OK:
+            raise BrokerReadError(f"QueryOffset {queue[0]}/{queue[1]} at {self.endpoint}: "
+                                  f"{pb.Code.Name(reply.status.code)}: {reply.status.message}")
+        return reply.offset
+
+    def queues(self, topics: list[str] | None) -> dict[Queue, tuple[int, int]]:
+        """(topic, queue id) -> (min offset, max offset) for ``topics`` (None: all)."""
+        pb, _, _ = _pb()
+        counts = self.queue_counts()
+        out = {}
+        for topic in sorted(counts if topics is None else topics):
+            for qid in range(counts.get(topic, 0)):
+                out[(topic, qid)] = (self._offset((topic, qid), pb.BEGINNING),
+                                     self._offset((topic, qid), pb.END))
+        return out
+
+    def offsets_by_time(self, queues: list[Queue], timestamp_ms: int) -> dict[Queue, int]:
+        pb, _, _ = _pb()
+        return {q: self._offset(q, pb.TIMESTAMP, timestamp_ms) for q in queues}
+
+
+# -- reading (executors) ------------------------------------------------------------------------
+
+
+def read_broker_split(split: BrokerSplit) -> Iterator[pa.RecordBatch]:
+    """Pull [start, end) of one queue and yield it as Arrow batches of the source's rows."""
+    from stratamq.spark.reading import DataLoss
+
+    pb, svc, grpc_mod = _pb()
+    where = f"{split.topic}/{split.queue_id} at {split.endpoint}"
+    with channel(split.endpoint) as chan:
+        stub = grpc_mod.MessagingServiceStub(chan)
+        offset = split.start
+        pending: list[tuple[int, bytes]] = []
+        while offset < split.end:
+            status, records, next_offset = _pull(stub, split, offset, where)
+            if status.code == pb.Code.OK:
+                if not records and next_offset <= offset:
+                    raise BrokerReadError(f"PullMessage {where} made no progress at {offset}")
+                pending.extend(records)
+                offset = next_offset
+            elif status.code == pb.Code.ILLEGAL_OFFSET and offset < next_offset:
+                text = (f"{split.topic}/{split.queue_id}: messages at offsets [{offset}, "
+                        f"{min(next_offset, split.end)}) cannot be read: retention deleted them "
+                        f"(broker {split.endpoint}). Set failOnDataLoss=false to skip them "
+                        "with a warning.")
+                if split.fail_on_data_loss:
+                    raise DataLoss(text)
+                log.warning("%s (skipped: failOnDataLoss=false)", text)
+                offset = next_offset
+            else:
+                raise BrokerReadError(f"PullMessage {where} from offset {offset} (reading up to "
+                                      f"{split.end}): {pb.Code.Name(status.code)}: "
+                                      f"{status.message}")
+            if len(pending) >= BATCH_ROWS:
+                yield records_batch(pending, split)
+                pending = []
+        if pending:
+            yield records_batch(pending, split)
+
+
+def _pull(stub, split: BrokerSplit, offset: int, where: str):
+    pb, svc, _ = _pb()
+    req = svc.PullMessageRequest(
+        group=pb.Resource(name="stratamq-spark"),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=split.topic), id=split.queue_id),
+        offset=offset, batch_size=min(PULL_BATCH, split.end - offset),
+        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"))
+    status, records, next_offset = None, [], offset
+    call = stub.PullMessage(req, metadata=[PULL_FORMAT], timeout=RPC_TIMEOUT)
+    try:
+        for reply in call:
+            kind = reply.WhichOneof("content")
+            if kind == "status":
+                status = reply.status
+            elif kind == "message":
+                m = reply.message
+                records.append((m.system_properties.queue_offset, m.body))
+            elif kind == "next_offset":
+                next_offset = reply.next_offset
+    except grpc.RpcError as exc:
+        raise BrokerReadError(f"PullMessage {where}: {exc.code().name}: {exc.details()}") from None
+    if status is None:
+        raise BrokerReadError(f"PullMessage {where}: the broker sent no status")
+    if records and PULL_FORMAT not in tuple(call.initial_metadata() or ()):
+        raise BrokerReadError(f"broker {split.endpoint} does not send raw records "
+                              "(x-stratamq-pull-format); is it a StrataMQ broker?")
+    return status, records, next_offset
+
+
+def records_batch(records: list[tuple[int, bytes]], split: BrokerSplit) -> pa.RecordBatch:
+    """Raw CommitLog records (with the queue offsets the broker said they have) as one batch."""
+    from stratamq.spark.rows import records_to_batch
+
+    buf = bytearray(b"".join(r for _, r in records))
+    positions, real = [], []
+    pos = 0
+    for _, record in records:
+        real.append(_OFFSET.unpack_from(record, PHYSICAL_OFFSET_POS)[0])
+        _OFFSET.pack_into(buf, pos + PHYSICAL_OFFSET_POS, pos)
+        positions.append(pos)
+        pos += len(record)
+    batch = records_to_batch(buf, positions, 0)
+    offsets = batch.column("queue_offset").to_pylist()
+    want = [o for o, _ in records]
+    if (batch.num_rows != len(records) or offsets != want
+            or set(batch.column("topic").to_pylist()) != {split.topic}
+            or set(batch.column("queue_id").to_pylist()) != {split.queue_id}):
+        raise BrokerReadError(f"PullMessage {split.topic}/{split.queue_id} at {split.endpoint}: "
+                              f"records do not match the queue offsets {want[0]}..{want[-1]}")
+    physical = pa.array(real, pa.int64())
+    # The offset message id ends in the record's physical offset as 16 hex digits.
+    prefix = pc.utf8_slice_codeunits(batch.column("msg_id"), 0, -16)
+    msg_id = pc.binary_join_element_wise(prefix, pa.array([f"{o:016X}" for o in real]), "")
+    columns = batch.columns
+    names = batch.schema.names
+    columns[names.index("commitlog_offset")] = physical
+    columns[names.index("msg_id")] = msg_id
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+
+
+# -- writing (executors) ------------------------------------------------------------------------
+
+
+def _to_pb(msg: Message):
+    """A store ``Message`` from ``write.rows_to_messages`` as a SendMessage entry."""
+    pb, _, _ = _pb()
+    out = pb.Message(body=msg.body)
+    out.topic.name = msg.topic
+    sp = out.system_properties
+    props = dict(msg.properties)
+    if Prop.TAGS in props:
+        sp.tag = props.pop(Prop.TAGS)
+    if Prop.KEYS in props:
+        sp.keys.extend(k for k in props.pop(Prop.KEYS).split(" ") if k)
+    if Prop.MESSAGE_GROUP in props:
+        sp.message_group = props.pop(Prop.MESSAGE_GROUP)
+    if Prop.TIMER_DELIVER_MS in props:
+        sp.delivery_timestamp.FromMilliseconds(int(props.pop(Prop.TIMER_DELIVER_MS)))
+    # A client's message id: "01" + 32 hex digits, as the official clients make them.
+    sp.message_id = props.pop(Prop.UNIQ_KEY, None) or "01" + uuid.uuid4().hex.upper()
+    sp.born_timestamp.FromMilliseconds(msg.born_timestamp or int(time.time() * 1000))
+    sp.born_host = "127.0.0.1"  # the broker records the connection's peer for the store host
+    sp.body_encoding = pb.IDENTITY
+    for key, value in props.items():
+        out.user_properties[key] = value
+    return out
+
+
+class BrokerSender:
+    """Sends messages to a broker ``SEND_BATCH`` at a time; retries what failed in transit."""
+
+    def __init__(self, endpoint: str, options: Mapping[str, str]) -> None:
+        _, _, grpc_mod = _pb()
+        self.endpoint = endpoint
+        self.retries = int_option(options, "sendRetries", 3, minimum=0) or 0
+        self._channel = channel(endpoint)
+        self._stub = grpc_mod.MessagingServiceStub(self._channel)
+        self.buffer: list = []
+        self.written = 0
+
+    def add(self, messages: Iterator[Message]) -> None:
+        for msg in messages:
+            self.buffer.append(_to_pb(msg))
+            if len(self.buffer) >= SEND_BATCH:
+                self.flush()
+
+    def flush(self) -> None:
+        pb, svc, _ = _pb()
+        todo, self.buffer = self.buffer, []
+        attempt = 0
+        while todo:
+            try:
+                reply = self._stub.SendMessage(svc.SendMessageRequest(messages=todo),
+                                               timeout=RPC_TIMEOUT)
+            except grpc.RpcError as exc:
+                retry = exc.code() in (grpc.StatusCode.UNAVAILABLE,
+                                       grpc.StatusCode.DEADLINE_EXCEEDED)
+                if not retry or attempt >= self.retries:
+                    raise RuntimeError(f"SendMessage to {self.endpoint} failed: "
+                                       f"{exc.code().name}: {exc.details()} ({self.written} "
+                                       "messages sent by this task)") from None
+                attempt += 1
+                time.sleep(0.2 * 2**attempt)
+                continue
+            entries = list(reply.entries)
+            if len(entries) != len(todo):  # a request-level refusal (one status, no entries)
+                entries = [reply] * len(todo)
+            again = []
+            for msg, entry in zip(todo, entries):
+                code = pb.Code.Name(entry.status.code)
+                if entry.status.code == pb.Code.OK:
+                    self.written += 1
+                elif code in _RETRY_SEND and attempt < self.retries:
+                    again.append(msg)
+                else:
+                    raise RuntimeError(f"broker {self.endpoint} refused a message to topic "
+                                       f"{msg.topic.name!r}: {code}: {entry.status.message} "
+                                       f"({self.written} messages sent by this task)")
+            todo = again
+            if todo:
+                attempt += 1
+                time.sleep(0.2 * 2**attempt)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def send_batches(endpoint: str, options: Mapping[str, str],
+                 batches: Iterator[pa.RecordBatch]) -> int:
+    """Send every row of ``batches`` to the broker; returns how many it accepted."""
+    from stratamq.spark.write import rows_to_messages
+
+    sender = BrokerSender(endpoint, options)
+    try:
+        default_topic = options.get("topic")
+        for batch in batches:
+            sender.add(rows_to_messages(batch, default_topic))
+        sender.flush()
+        return sender.written
+    finally:
+        sender.close()
