@@ -24,8 +24,6 @@ import mmap
 import os
 import struct
 import sys
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,6 +31,7 @@ from operator import mul
 from pathlib import Path
 
 from stratamq.config import OS_PAGE_SIZE
+from stratamq.store.mapped_file import RefCountedMap
 
 HEADER = struct.Struct(">qqqqii")
 SLOT = struct.Struct(">i")
@@ -183,7 +182,7 @@ class IndexHeader:
         return cls(*HEADER.unpack_from(buf, 0))
 
 
-class IndexFile:
+class IndexFile(RefCountedMap):
     """One index file, mapped. ``create=True`` makes a new one (it must not exist yet).
 
     ``begin_phy_offset``/``begin_timestamp`` seed the header of a new file with where the
@@ -201,11 +200,7 @@ class IndexFile:
         self.read_only = read_only
         self.size = file_size(hash_slot_num, index_num)
         self._entries_at = HEADER_SIZE + hash_slot_num * SLOT_SIZE
-        self._refs = 1  # the owner's, dropped by destroy()
-        self._available = True
-        self._closed = False
-        self._lock = threading.Lock()
-        self._destroy_requested_at = 0.0
+        self._init_lifetime()
         self.dirty = False  # written since the last flush
         flags = os.O_RDONLY if read_only else os.O_RDWR
         if create:
@@ -481,56 +476,6 @@ class IndexFile:
             return False
         finally:
             self.release()
-
-    # -- lifetime -------------------------------------------------------------------------------
-
-    def hold(self) -> bool:
-        with self._lock:
-            if not self._available:
-                return False
-            self._refs += 1
-            return True
-
-    def release(self) -> None:
-        with self._lock:
-            self._refs -= 1
-            close = self._refs <= 0 and not self._closed
-        if close:
-            self._close_map()
-
-    def destroy(self, interval_forcibly_ms: int = 0) -> bool:
-        """Delete the file; unmap once readers let go (or after ``interval_forcibly_ms``)."""
-        now = time.monotonic()
-        with self._lock:
-            first = self._available
-            if first:
-                self._available = False
-                self._destroy_requested_at = now
-                self._refs -= 1
-            elif (now - self._destroy_requested_at) * 1000 >= interval_forcibly_ms:
-                self._refs = 0
-            close = self._refs <= 0 and not self._closed
-        if first:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-        if close:
-            self._close_map()
-        return self._closed
-
-    def close(self) -> None:
-        with self._lock:
-            self._available = False
-            self._refs = 0
-        self._close_map()
-
-    def _close_map(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        with contextlib.suppress(BufferError):
-            self._map.close()
-        os.close(self._fd)
 
     def __repr__(self) -> str:
         h = self.header

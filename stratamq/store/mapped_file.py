@@ -29,7 +29,94 @@ class MappedFileError(OSError):
     """A segment file could not be created or mapped (disk full, permissions, wrong size)."""
 
 
-class MappedFile:
+class RefCountedMap:
+    """The lifetime of a file mapped into memory and shared with readers.
+
+    The owner holds one reference from birth; each reader takes one with ``hold()`` and gives
+    it back with ``release()``. ``destroy()`` unlinks the file at once and unmaps it when the
+    last reader lets go, or forcibly after ``interval_forcibly_ms`` (RocketMQ's
+    ``destroyMapedFileIntervalForcibly``), so a reader never sees an unmapped file by surprise.
+    Subclasses set ``path``, ``_fd`` and ``_map`` and may extend ``_unmap``.
+    """
+
+    path: Path
+    _fd: int
+    _map: mmap.mmap
+
+    def _init_lifetime(self) -> None:
+        self._refs = 1  # the owner's reference, dropped by destroy()
+        self._available = True
+        self._closed = False
+        self._lock = threading.Lock()
+        self._destroy_requested_at = 0.0
+
+    def hold(self) -> bool:
+        with self._lock:
+            if not self._available:
+                return False
+            self._refs += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._refs -= 1
+            close = self._refs <= 0 and not self._closed
+        if close:
+            self._close_map()
+
+    @property
+    def available(self) -> bool:
+        return self._available
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def destroy(self, interval_forcibly_ms: int = 0) -> bool:
+        """Stop new readers, delete the file, and unmap once readers let go.
+
+        Returns True once the map is closed. Called again after ``interval_forcibly_ms`` it drops
+        the readers' references.
+        """
+        now = time.monotonic()
+        with self._lock:
+            first = self._available
+            if first:
+                self._available = False
+                self._destroy_requested_at = now
+                self._refs -= 1  # the owner's reference
+            elif (now - self._destroy_requested_at) * 1000 >= interval_forcibly_ms:
+                self._refs = 0
+            close = self._refs <= 0 and not self._closed
+        if first:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)  # readers keep their map; the name is gone at once
+        if close:
+            self._close_map()
+        return self._closed
+
+    def close(self) -> None:
+        """Unmap without deleting (shutdown)."""
+        with self._lock:
+            self._available = False
+            self._refs = 0
+        self._close_map()
+
+    def _close_map(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._unmap()
+
+    def _unmap(self) -> None:
+        # A view exported without a reference may still be alive; the map is freed with it.
+        with contextlib.suppress(BufferError):
+            self._map.close()
+        os.close(self._fd)
+
+
+class MappedFile(RefCountedMap):
     """One fixed-size segment file mapped into memory.
 
     Positions are relative to the file start: ``wrote_position`` is where the next append goes,
@@ -50,11 +137,7 @@ class MappedFile:
         self.committed_position = 0
         self.flushed_position = 0
         self.store_timestamp = 0  # store time of the newest record appended (for the checkpoint)
-        self._refs = 1  # the owner's reference, dropped by destroy()
-        self._available = True
-        self._closed = False
-        self._lock = threading.Lock()
-        self._destroy_requested_at = 0.0
+        self._init_lifetime()
         self.allocate_ahead = allocate_ahead
         self._allocated_until = 0  # blocks reserved below this position (see _ensure_allocated)
         flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT
@@ -189,74 +272,15 @@ class MappedFile:
             self.release()
         return self.flushed_position
 
-    # -- reference counting ---------------------------------------------------------------------
-
-    def hold(self) -> bool:
-        with self._lock:
-            if not self._available:
-                return False
-            self._refs += 1
-            return True
-
-    def release(self) -> None:
-        with self._lock:
-            self._refs -= 1
-            close = self._refs <= 0 and not self._closed
-        if close:
-            self._close_map()
-
-    @property
-    def available(self) -> bool:
-        return self._available
+    # -- reading (reference counting is RefCountedMap's) -------------------------------------------
 
     def select(self, position: int, size: int) -> memoryview:
         """A zero-copy view of ``size`` bytes at ``position``; the caller must hold a reference."""
         return self.buffer[position : position + size]
 
-    def destroy(self, interval_forcibly_ms: int = 0) -> bool:
-        """Stop new readers, delete the file, and unmap once readers let go.
-
-        Returns True once the map is closed. Called again after ``interval_forcibly_ms`` it drops
-        the readers' references (RocketMQ's ``destroyMapedFileIntervalForcibly``).
-        """
-        now = time.monotonic()
-        with self._lock:
-            first = self._available
-            if first:
-                self._available = False
-                self._destroy_requested_at = now
-                self._refs -= 1  # the owner's reference
-            elif (now - self._destroy_requested_at) * 1000 >= interval_forcibly_ms:
-                self._refs = 0
-            close = self._refs <= 0 and not self._closed
-        if first:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)  # readers keep their map; the name is gone at once
-        if close:
-            self._close_map()
-        return self._closed
-
-    def close(self) -> None:
-        """Unmap without deleting (store shutdown)."""
-        with self._lock:
-            self._available = False
-            self._refs = 0
-        self._close_map()
-
-    def _close_map(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+    def _unmap(self) -> None:
         self.buffer.release()
-        # A view exported without a reference may still be alive; the map is freed with it.
-        with contextlib.suppress(BufferError):
-            self._map.close()
-        os.close(self._fd)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
+        super()._unmap()
 
     def __repr__(self) -> str:
         return (
