@@ -393,10 +393,13 @@ class RocksDBConsumeQueueStore:
             if self._complete or cf is None:
                 return self._max.get(key), self._min.get(key)
             rows: list[OffsetRow | None] = []
-            for is_max, table in ((True, self._max), (False, self._min)):
+            topic_bytes = key[0].encode("utf-8")
+            # Both rows in one multi-get: a queue's first read pays one RocksDB round trip.
+            values = cf.get([offset_key(topic_bytes, key[1], True),
+                             offset_key(topic_bytes, key[1], False)])
+            for value, is_max, table in zip(values, (True, False), (self._max, self._min)):
                 row = table.get(key, _UNKNOWN)
                 if row is _UNKNOWN:
-                    value = cf.get(offset_key(key[0].encode("utf-8"), key[1], is_max))
                     row = None
                     if value is not None and len(value) == OFFSET_VALUE.size:
                         phys, queue_offset = OFFSET_VALUE.unpack(value)
