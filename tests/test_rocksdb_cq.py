@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from stratamq.cli import main
 from stratamq.config import StoreConfig
 from stratamq.message import Message
+from stratamq.store import rocksdb_consume_queue
 from stratamq.store.consume_queue_store import (
     STORE_TYPE_FILES,
     STORE_TYPE_ROCKSDB,
@@ -296,7 +297,9 @@ def test_reference_store_migrates_to_rocksdb_and_serves_every_message(reference_
 
 # -- lazy offset table, expiry watermark, reused iterators -------------------------------------
 
-def test_restart_loads_no_queue_until_used_and_answers_like_a_full_load(tmp_path):
+def test_restart_loads_no_queue_until_used_and_answers_like_a_full_load(tmp_path, monkeypatch):
+    # As for a table too large to read whole on the first miss (100,000s of queues).
+    monkeypatch.setattr(rocksdb_consume_queue, "FULL_LOAD_MAX_ROWS", 0)
     root = tmp_path / "s"
     with MessageStore(config(root, store_type=STORE_TYPE_ROCKSDB)).open() as s:
         sent = put_some(s, 90)
@@ -330,6 +333,21 @@ def test_restart_loads_no_queue_until_used_and_answers_like_a_full_load(tmp_path
     with MessageStore(config(root)).open() as s:
         assert s.topics() == {"RdbB": [0, 1, 2]}
         assert s.get_max_offset_in_queue("RdbA", 0) == 0
+
+
+def test_a_small_offset_table_is_read_whole_on_the_first_miss(tmp_path):
+    root = tmp_path / "s"
+    with MessageStore(config(root, store_type=STORE_TYPE_ROCKSDB)).open() as s:
+        sent = put_some(s, 90)
+    with MessageStore(config(root)).open() as s:
+        rocks = s.consume_queues
+        assert rocks._max == {} and not rocks._complete  # opening reads no queue's rows
+        assert s.consume_queues.find("RdbA", 1) is not None
+        assert rocks._complete  # six queues: one pass, then every first use is a dict hit
+        assert s.consume_queues.find("NoSuchTopic", 0) is None
+        for topic in TOPICS:
+            for q in range(3):
+                assert read_all(s, topic, q) == [b for t, qq, _, b in sent if (t, qq) == (topic, q)]
 
 
 def test_expiry_watermark_survives_restart_and_skips_the_pass(tmp_path):

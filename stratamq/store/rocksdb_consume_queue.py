@@ -165,6 +165,10 @@ def rocksdb_options() -> Options:
 
 _BLOCK_CACHE = Cache(64 * 1024 * 1024)
 
+# An offset table of at most this many rows (two per queue) is read whole on the first queue
+# miss instead of row by row: about 10 ms of parsing, against ~10 us per queue's point reads.
+FULL_LOAD_MAX_ROWS = 40_000
+
 
 class _QueueOffsets(dict):
     """The CommitLog's (topic, queue id) -> next queue offset, filled from the offset table the
@@ -289,6 +293,7 @@ class RocksDBConsumeQueueStore:
         self._max: dict[tuple[str, int], OffsetRow | None] = {}
         self._min: dict[tuple[str, int], OffsetRow | None] = {}
         self._complete = False
+        self._small: bool | None = None  # see _table_is_small
         self._max_phys = -1  # end of the newest record covered (the checkpoint row)
         self._expired_below = 0  # the expiry watermark row
         self._handles: dict[tuple[str, int], RocksDBConsumeQueue] = {}
@@ -392,6 +397,11 @@ class RocksDBConsumeQueueStore:
             cf = self._offset_cf
             if self._complete or cf is None:
                 return self._max.get(key), self._min.get(key)
+            if self._table_is_small():
+                # One pass over a small table costs about what a few dozen point reads do, and
+                # every later first use of a queue is then a dict hit.
+                self._load_all()
+                return self._max.get(key), self._min.get(key)
             rows: list[OffsetRow | None] = []
             topic_bytes = key[0].encode("utf-8")
             # Both rows in one multi-get: a queue's first read pays one RocksDB round trip.
@@ -409,6 +419,17 @@ class RocksDBConsumeQueueStore:
                     table[key] = row
                 rows.append(row)  # type: ignore[arg-type]
             return rows[0], rows[1]
+
+    def _table_is_small(self) -> bool:
+        """Whether the offset table is small enough to load whole on the first miss (RocksDB's
+        key-count estimate, read once: start-up stays lazy for a large table)."""
+        if self._small is None:
+            try:
+                rows = self._offset_cf.property_int_value("rocksdb.estimate-num-keys")
+            except Exception:  # the property is an estimate; without it, stay lazy
+                rows = None
+            self._small = rows is not None and rows <= FULL_LOAD_MAX_ROWS
+        return self._small
 
     def _load_all(self) -> None:
         """Fill the cache with the whole offset table: one iteration, for what needs every
