@@ -224,6 +224,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
         return cfg
 
+    def _subscription(self, context, group_name: str,
+                      topic_name: str) -> tuple[GroupConfig, TopicConfig]:
+        """Check that the caller may consume ``topic_name`` as ``group_name``; both configs."""
+        self.b._authorize(context, f"Group:{group_name}", "Sub")
+        self.b._authorize(context, f"Topic:{topic_name}", "Sub")
+        return self._group(group_name), self._topic(topic_name)
+
     def _group(self, name: str) -> GroupConfig:
         if not name:
             raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, "consumer group name is empty")
@@ -476,10 +483,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     @_unary(svc.AckMessageResponse)
     def AckMessage(self, request, context):
-        self.b._authorize(context, f"Group:{request.group.name}", "Sub")
-        self.b._authorize(context, f"Topic:{request.topic.name}", "Sub")
-        group = self._group(request.group.name)
-        topic = self._topic(request.topic.name)
+        group, topic = self._subscription(context, request.group.name, request.topic.name)
         if not request.entries:
             raise BrokerError(Code.BAD_REQUEST, "AckMessageRequest has no entries")
         results = []
@@ -501,10 +505,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     @_unary(svc.ChangeInvisibleDurationResponse)
     def ChangeInvisibleDuration(self, request, context):
-        self.b._authorize(context, f"Group:{request.group.name}", "Sub")
-        self.b._authorize(context, f"Topic:{request.topic.name}", "Sub")
-        group = self._group(request.group.name)
-        topic = self._topic(request.topic.name)
+        group, topic = self._subscription(context, request.group.name, request.topic.name)
         ms = request.invisible_duration.ToMilliseconds()
         if not 0 < ms <= self.b.config.max_invisible_time_mills:
             raise BrokerError(Code.ILLEGAL_INVISIBLE_TIME,
@@ -516,19 +517,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     @_unary(svc.ForwardMessageToDeadLetterQueueResponse)
     def ForwardMessageToDeadLetterQueue(self, request, context):
-        self.b._authorize(context, f"Group:{request.group.name}", "Sub")
-        self.b._authorize(context, f"Topic:{request.topic.name}", "Sub")
-        group = self._group(request.group.name)
-        topic = self._topic(request.topic.name)
+        group, topic = self._subscription(context, request.group.name, request.topic.name)
         self.b.engine.forward_to_dlq(group.name, topic.name, request.receipt_handle)
         return svc.ForwardMessageToDeadLetterQueueResponse(status=_status())
 
     @_unary(svc.QueryAssignmentResponse)
     def QueryAssignment(self, request, context):
-        self.b._authorize(context, f"Group:{request.group.name}", "Sub")
-        self.b._authorize(context, f"Topic:{request.topic.name}", "Sub")
-        self._group(request.group.name)
-        topic = self._topic(request.topic.name)
+        _, topic = self._subscription(context, request.group.name, request.topic.name)
         mq = self._message_queue(topic, 0, self._endpoints(request.endpoints))
         mq.id = -1  # "any queue": a receive pops across all of them
         return svc.QueryAssignmentResponse(status=_status(),

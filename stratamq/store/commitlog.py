@@ -80,14 +80,24 @@ class CommitLog:
 
         The messages are the caller's, lent: their ``properties`` dicts are kept (not copied)
         until dispatch, so callers must not change a Message after handing it over."""
+        encode = codec.encode_record
+        host = self.store_host
+        max_size = self.max_message_size
         try:
-            records = [self.encode(m) for m in messages]
+            records = [encode(m, host, max_size) for m in messages]
         except codec.PropertiesTooLarge as exc:
             return PutMessageResult(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, error=str(exc))
         except codec.MessageIllegal as exc:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, error=str(exc))
         if not records:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, error="empty batch")
+        segment = self.files.mapped_file_size
+        for _, size, _ in records:
+            if size + END_FILE_MIN_BLANK_LENGTH > segment:
+                return PutMessageResult(
+                    PutMessageStatus.MESSAGE_ILLEGAL,
+                    error=f"record of {size} bytes cannot fit in a {segment}-byte segment",
+                )
         if self.files.read_only:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, error="read-only")
         appended: list[AppendedMessage] = []
@@ -113,61 +123,110 @@ class CommitLog:
             return failed
         return PutMessageResult(PutMessageStatus.PUT_OK, appended)
 
-    def _append_locked(self, messages: Sequence[Message], records: list[codec.EncodedRecord],
+    def _append_locked(self, messages: Sequence[Message], records: list[tuple[bytes, int, int]],
                        now: int, appended: list[AppendedMessage]) -> None:
-        """Copy records into segments. Records bound for one segment are stamped into one
-        buffer and copied in one go; queue offsets and ``appended`` only move once a segment's
-        copy succeeded, so a failed roll-over (disk full) leaves no half-counted message."""
+        """Copy records into segments. Records bound for one segment are joined into one
+        buffer, stamped there and copied in one go; queue offsets and ``appended`` only move
+        once a segment's copy succeeded, so a failed roll-over (disk full) leaves no
+        half-counted message."""
         mf = self._writable_file()
-        batch = bytearray()
-        batch_start = mf.wrote_position
+        start = mf.wrote_position
+        batch = bytearray().join([r[0] for r in records])
+        if len(batch) + END_FILE_MIN_BLANK_LENGTH > mf.file_size - start:
+            self._append_rolling(mf, messages, records, now, appended)
+            return
         offsets = self.queue_offsets
         pending_offsets: dict[tuple[str, int], int] = {}
+        pending, infos = self._stamp(batch, mf.file_from_offset + start, messages, records,
+                                     now, offsets, pending_offsets)
+        mf.write_at(start, batch)
+        mf.store_timestamp = now
+        offsets.update(pending_offsets)
+        appended.extend(pending)
+        self.recent_dispatch.extend(infos)
+
+    def _stamp(self, batch: bytearray, base: int, messages: Sequence[Message],
+               records: Sequence[tuple[bytes, int, int]], now: int,
+               offsets: dict[tuple[str, int], int], pending_offsets: dict[tuple[str, int], int],
+               ) -> tuple[list[AppendedMessage], list[DispatchInfo]]:
+        """Stamp the records laid end to end in ``batch`` (the first lands at physical offset
+        ``base``); assign their queue offsets into ``pending_offsets``; return where each
+        landed and its dispatch info (both for the caller to publish once the copy is done).
+
+        This is the per-message loop of every put: names are hoisted and tuples built with
+        ``tuple.__new__`` (a NamedTuple's own constructor is a Python function call)."""
+        pack_positions = codec.STAMP_POSITIONS.pack_into
+        pack_timestamp = codec.STAMP_TIMESTAMP.pack_into
+        qpos = codec.QUEUE_OFFSET_POS
+        new = tuple.__new__
+        appended_cls = AppendedMessage
+        info_cls = DispatchInfo
+        tags_code = tags_hash_code
+        tags_key = Prop.TAGS
+        # Prepared (0b01) and rolled-back (0b11) transaction types share this bit; not-type
+        # and commit do not: SysFlag.is_dispatchable as one bit test.
+        undispatchable = SysFlag.TRANSACTION_PREPARED_TYPE
         pending: list[AppendedMessage] = []
         infos: list[DispatchInfo] = []
-        recent = self.recent_dispatch
         prefix = self._msg_id_prefix
-        for msg, record in zip(messages, records):
-            size = len(record.data)
-            free = mf.file_size - batch_start - len(batch)
-            if size + END_FILE_MIN_BLANK_LENGTH > free:
-                batch += codec.encode_blank(free)
-                batch.extend(bytes(free - END_FILE_MIN_BLANK_LENGTH))
-                mf.write_at(batch_start, batch)
-                mf.store_timestamp = now
-                offsets.update(pending_offsets)
-                appended.extend(pending)
-                recent.extend(infos)
-                batch, pending, pending_offsets, infos = bytearray(), [], {}, []
-                mf = self._writable_file()
-                batch_start = mf.wrote_position
-            physical_offset = mf.file_from_offset + batch_start + len(batch)
-            key = (msg.topic, msg.queue_id)
-            if SysFlag.is_dispatchable(msg.sys_flag):
+        pos = 0
+        for msg, (_, size, ts_pos) in zip(messages, records):
+            sys_flag = msg.sys_flag
+            topic = msg.topic
+            queue_id = msg.queue_id
+            if sys_flag & undispatchable:
+                queue_offset = 0  # prepared/rolled back: no queue position, as in RocketMQ
+            else:
+                key = (topic, queue_id)
                 queue_offset = pending_offsets.get(key)
                 if queue_offset is None:
                     queue_offset = offsets.get(key, 0)
                 pending_offsets[key] = queue_offset + 1
-            else:
-                queue_offset = 0  # prepared/rolled back: no queue position, as in RocketMQ
-            pos = len(batch)
-            batch += record.data
-            codec.stamp(batch, pos, queue_offset, physical_offset, now, record.store_timestamp_pos)
-            pending.append(AppendedMessage(
-                physical_offset, size, queue_offset, f"{prefix}{physical_offset:016X}", now
-            ))
+            physical_offset = base + pos
+            pack_positions(batch, pos + qpos, queue_offset, physical_offset)
+            pack_timestamp(batch, pos + ts_pos, now)
+            pos += size
+            pending.append(new(appended_cls, (physical_offset, size, queue_offset, now, prefix)))
             # Shared, not copied: a Message handed to the store must not be changed afterwards
             # (see ``append``); the dispatcher reads these properties later, on its thread.
             props = msg.properties
-            infos.append(DispatchInfo(
-                msg.topic, msg.queue_id, queue_offset, physical_offset, size,
-                tags_hash_code(props.get(Prop.TAGS)), now, msg.sys_flag, props,
-            ))
-        mf.write_at(batch_start, batch)
-        mf.store_timestamp = now
-        offsets.update(pending_offsets)
-        appended.extend(pending)
-        recent.extend(infos)
+            infos.append(new(info_cls, (
+                topic, queue_id, queue_offset, physical_offset, size,
+                tags_code(props.get(tags_key)), now, sys_flag, props,
+            )))
+        return pending, infos
+
+    def _append_rolling(self, mf: MappedFile, messages: Sequence[Message],
+                        records: list[tuple[bytes, int, int]], now: int,
+                        appended: list[AppendedMessage]) -> None:
+        """The batch does not fit in the current segment: fill segments one by one, each
+        ended by a blank record, committing each segment's share before starting the next."""
+        i = 0
+        n = len(records)
+        while i < n:
+            start = mf.wrote_position
+            free = mf.file_size - start
+            j = i
+            used = 0
+            while j < n and used + records[j][1] + END_FILE_MIN_BLANK_LENGTH <= free:
+                used += records[j][1]
+                j += 1
+            batch = bytearray().join([r[0] for r in records[i:j]])
+            offsets = self.queue_offsets
+            pending_offsets: dict[tuple[str, int], int] = {}
+            pending, infos = self._stamp(batch, mf.file_from_offset + start, messages[i:j],
+                                         records[i:j], now, offsets, pending_offsets)
+            if j < n:  # the next record does not fit: end this segment
+                batch += codec.encode_blank(free - used)
+                batch.extend(bytes(free - used - END_FILE_MIN_BLANK_LENGTH))
+            mf.write_at(start, batch)
+            mf.store_timestamp = now
+            offsets.update(pending_offsets)
+            appended.extend(pending)
+            self.recent_dispatch.extend(infos)
+            i = j
+            if i < n:
+                mf = self._writable_file()
 
     def _writable_file(self) -> MappedFile:
         mf = self.files.last_mapped_file(start_offset=0, create=True)

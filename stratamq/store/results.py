@@ -37,13 +37,21 @@ class GetMessageStatus(StrEnum):
 
 
 class AppendedMessage(NamedTuple):
-    """Where one message landed (a tuple: one is built per message on the put path)."""
+    """Where one message landed (a tuple: one is built per message on the put path).
+
+    ``msg_id`` is formatted on first use, not per put: most puts never read it, and the
+    formatting was a measurable share of a batch put of small messages."""
 
     physical_offset: int
     size: int
     queue_offset: int
-    msg_id: str
     store_timestamp: int
+    msg_id_prefix: str  # the store host part of the offset message id (hex)
+
+    @property
+    def msg_id(self) -> str:
+        """RocketMQ's offset message id: store host + physical offset, in hex."""
+        return f"{self.msg_id_prefix}{self.physical_offset:016X}"
 
 
 @dataclass
