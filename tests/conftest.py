@@ -5,12 +5,19 @@ from __future__ import annotations
 import os
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
 import zstandard
 
-from stratamq.config import StoreConfig
+# The official RocketMQ client (whose protocol modules the broker imports, so every CLI and
+# broker subprocess loads it too) writes its log under ``$HOME/logs``. The whole test session,
+# and every subprocess it starts, runs with HOME at a private directory so no test writes to the
+# real one.
+os.environ["HOME"] = tempfile.mkdtemp(prefix="stratamq-test-home-")
+
+from stratamq.config import StoreConfig  # noqa: E402
 
 PROJECT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("STRATAMQ_SHARED", PROJECT.parent / "shared"))
