@@ -68,9 +68,7 @@ def start_broker(tmp_path: Path, settings: dict[str, str] | None = None,
         [sys.executable, "-m", "stratamq.cli", "broker", "start", "--config", str(conf),
          "--store", str(store), "--listen", f"127.0.0.1:{port}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        # HOME: the official client's protocol modules, which the broker imports, log under
-        # $HOME/logs; keep that out of the real home directory.
-        env={**os.environ, "HOME": str(tmp_path), **(env or {})},
+        env={**os.environ, **(env or {})},  # HOME is private already (tests/conftest.py)
     )
     output: list[str] = []
     deadline = time.monotonic() + 60

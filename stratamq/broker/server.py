@@ -246,6 +246,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             raise BrokerError(Code.FORBIDDEN, f"group {name!r} has consumeEnable=false")
         return cfg
 
+    def _named_queue(self, mq) -> tuple[TopicConfig, int]:
+        """The topic config and checked queue id a request's ``message_queue`` names."""
+        topic = self._topic(mq.topic.name)
+        return topic, self._queue_id(topic, mq.id)
+
     def _queue_id(self, topic: TopicConfig, qid: int) -> int:
         if not 0 <= qid < topic.queue_count:
             raise BrokerError(Code.BAD_REQUEST,
@@ -534,8 +539,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     @_unary(svc.QueryOffsetResponse)
     def QueryOffset(self, request, context):
         self.b._authorize(context, f"Topic:{request.message_queue.topic.name}", "Get")
-        topic = self._topic(request.message_queue.topic.name)
-        qid = self._queue_id(topic, request.message_queue.id)
+        topic, qid = self._named_queue(request.message_queue)
         store = self.b.store
         policy = request.query_offset_policy
         if policy == pb.BEGINNING:
@@ -573,8 +577,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def PullMessage(self, request, context):
         self.b._authorize(context, f"Group:{request.group.name}", "Sub")
         self.b._authorize(context, f"Topic:{request.message_queue.topic.name}", "Sub")
-        topic = self._topic(request.message_queue.topic.name)
-        qid = self._queue_id(topic, request.message_queue.id)
+        topic, qid = self._named_queue(request.message_queue)
         if not 1 <= request.batch_size <= 1024:
             raise BrokerError(Code.BAD_REQUEST, f"batch_size must be 1..1024, "
                               f"not {request.batch_size}")
@@ -636,8 +639,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def UpdateOffset(self, request, context):
         self.b._authorize(context, f"Group:{request.group.name}", "Sub")
         group = self._group(request.group.name)
-        topic = self._topic(request.message_queue.topic.name)
-        qid = self._queue_id(topic, request.message_queue.id)
+        topic, qid = self._named_queue(request.message_queue)
         if request.offset < 0:
             raise BrokerError(Code.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
         self.b.state.set_offset(group.name, topic.name, qid, request.offset)
@@ -647,8 +649,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def GetOffset(self, request, context):
         self.b._authorize(context, f"Group:{request.group.name}", "Get")
         group = self._group(request.group.name)
-        topic = self._topic(request.message_queue.topic.name)
-        qid = self._queue_id(topic, request.message_queue.id)
+        topic, qid = self._named_queue(request.message_queue)
         offset = self.b.state.offset(group.name, topic.name, qid)
         if offset is None:
             offset = self.b.state.committed(group.name, topic.name, qid)

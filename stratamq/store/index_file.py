@@ -189,6 +189,8 @@ class IndexFile(RefCountedMap):
     previous file ended, as RocketMQ does; the first ``put_keys`` overwrites them.
     """
 
+    _error = IndexFileError
+
     def __init__(self, path: Path, hash_slot_num: int, index_num: int, *,
                  read_only: bool = False, create: bool = False,
                  begin_phy_offset: int = 0, begin_timestamp: int = 0) -> None:
@@ -321,14 +323,6 @@ class IndexFile(RefCountedMap):
         return None
 
     # -- writing (the dispatcher thread only) ---------------------------------------------------
-
-    def _reserve(self, start: int, end: int) -> None:
-        try:
-            os.posix_fallocate(self._fd, start, end - start)
-        except OSError as exc:
-            raise IndexFileError(
-                exc.errno, f"cannot reserve disk space in {self.path}: {exc.strerror}"
-            ) from exc
 
     def put_key(self, hash_: int, phy_offset: int, store_timestamp: int) -> bool:
         """Add one entry; False if the file is full."""

@@ -42,6 +42,18 @@ class RefCountedMap:
     path: Path
     _fd: int
     _map: mmap.mmap
+    _error: type[OSError] = OSError  # what a failed reservation raises
+
+    def _reserve(self, start: int, end: int) -> None:
+        """Give ``[start, end)`` real disk blocks before writing into the map there: writing
+        into a hole of a map on a full disk raises SIGBUS and kills the process, while
+        ``fallocate`` turns "disk full" into an ordinary OSError (ENOSPC) a caller can report."""
+        try:
+            os.posix_fallocate(self._fd, start, end - start)
+        except OSError as exc:
+            raise self._error(
+                exc.errno, f"cannot reserve disk space in {self.path}: {exc.strerror}"
+            ) from exc
 
     def _init_lifetime(self) -> None:
         self._refs = 1  # the owner's reference, dropped by destroy()
@@ -124,6 +136,8 @@ class MappedFile(RefCountedMap):
     ``flushed_position`` is what is known to be on disk.
     """
 
+    _error = MappedFileError
+
     def __init__(self, path: Path, file_size: int, *, read_only: bool = False,
                  allocate_ahead: int = ALLOCATE_AHEAD) -> None:
         start = parse_segment_name(path.name)
@@ -162,20 +176,10 @@ class MappedFile(RefCountedMap):
         self.buffer = memoryview(self._map)
 
     def _ensure_allocated(self, end: int) -> None:
-        """Reserve disk blocks up to ``end`` (and a chunk beyond) before writing into the map.
-
-        Segments are sparse files; writing into a hole of a map on a full disk raises SIGBUS
-        and kills the process. Reserving ahead with ``fallocate`` turns "disk full" into an
-        ordinary OSError (ENOSPC) that a put can report, and keeps the file sparse past it.
-        """
-        start = self._allocated_until
+        """Reserve disk blocks up to ``end`` (and a chunk beyond) before writing into the map;
+        segments are sparse files, and stay sparse past the reservation (see ``_reserve``)."""
         target = min(self.file_size, end + self.allocate_ahead)
-        try:
-            os.posix_fallocate(self._fd, start, target - start)
-        except OSError as exc:
-            raise MappedFileError(
-                exc.errno, f"cannot reserve disk space in {self.path}: {exc.strerror}"
-            ) from exc
+        self._reserve(self._allocated_until, target)
         self._allocated_until = target
 
     # -- positions ------------------------------------------------------------------------------
