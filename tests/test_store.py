@@ -277,13 +277,16 @@ def test_a_blank_unit_inside_a_queue_hides_nothing(small_config):
 
 
 @pytest.mark.parametrize("read_only", [True, False])
-def test_stale_units_behind_the_end_do_not_break_opening(small_config, read_only):
+@pytest.mark.parametrize("unit_3", [bytes(20), b"\xff" * 20], ids=["never-written", "torn"])
+def test_stale_units_behind_the_end_do_not_break_opening(small_config, read_only, unit_3):
     with MessageStore(small_config).open() as store:
         for i in range(5):
             store.put_message(msg(body=b"m%d" % i))
     path = _cq_file(small_config)
     data = bytearray(path.read_bytes())
-    data[60:80] = bytes(20)  # unit 3 never written, unit 4 left over: RocketMQ leaves such tails
+    # Unit 3 never written (zeros) or torn (a negative offset), unit 4 left over: RocketMQ
+    # leaves such tails, and recovery ends the queue at the first such unit.
+    data[60:80] = unit_3
     path.write_bytes(bytes(data))
     with MessageStore(small_config, read_only=read_only).open() as store:
         got = [m.body for m in drain(store, "T", 0)]

@@ -138,9 +138,17 @@ def _properties(raw: pa.Array) -> pa.MapArray:
 
 def _host_strings(ips: np.ndarray, ports: np.ndarray) -> pa.Array:
     """"ip:port" per row for IPv4 hosts: formatted once per distinct host."""
-    key = (ips.astype(np.uint64) << np.uint64(32)) | ports.astype(np.uint32).astype(np.uint64)
-    uniq, inverse = np.unique(key, return_inverse=True)
+    uniq, inverse = _distinct_hosts(ips, ports)
     return pa.array([str(_host(k)) for k in uniq.tolist()]).take(pa.array(inverse))
+
+
+def _distinct_hosts(ips: np.ndarray, ports: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct hosts (packed as ``ip << 32 | port``) and each row's index into them. Rows
+    of one segment nearly always share one host: that case skips the sort."""
+    key = (ips.astype(np.uint64) << np.uint64(32)) | ports.astype(np.uint32).astype(np.uint64)
+    if not len(key) or (key == key[0]).all():
+        return key[:1], np.zeros(len(key), dtype=np.intp)
+    return np.unique(key, return_inverse=True)
 
 
 def _host(key: int) -> Host:
@@ -153,9 +161,7 @@ def _msg_ids(store_ips: np.ndarray, store_ports: np.ndarray, offsets: np.ndarray
     """Offset message ids for IPv4 store hosts: the host part via ``codec.offset_msg_id`` once
     per distinct host, the offset part hex-encoded in bulk."""
     n = len(offsets)
-    key = (store_ips.astype(np.uint64) << np.uint64(32)) | store_ports.astype(np.uint32).astype(
-        np.uint64)
-    uniq, inverse = np.unique(key, return_inverse=True)
+    uniq, inverse = _distinct_hosts(store_ips, store_ports)
     prefixes = []
     for k in uniq.tolist():
         prefix = codec.offset_msg_id(_host(k), 0)[:-16]  # the offset is the last 16 hex digits

@@ -13,7 +13,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stratamq.message import DispatchInfo, SysFlag
-from stratamq.store.consume_queue_format import BLANK_UNIT, UNIT, UNIT_SIZE, is_blank_unit
+from stratamq.store.consume_queue_format import (
+    BLANK_UNIT,
+    UNIT,
+    UNIT_SIZE,
+    is_blank_unit,
+    written_units,
+)
 from stratamq.store.layout import StoreLayout, parse_segment_name
 from stratamq.store.mapped_file_queue import MappedFileQueue
 
@@ -108,16 +114,9 @@ class ConsumeQueue:
         start = max(0, len(files) - 3)
         end = files[start].file_from_offset
         for mf in files[start:]:
-            pos = 0
-            limit = mf.file_size
-            buf = mf.buffer
-            while pos + UNIT_SIZE <= limit:
-                offset, size, _ = UNIT.unpack_from(buf, pos)
-                if offset < 0 or size <= 0:
-                    break
-                pos += UNIT_SIZE
+            pos = written_units(mf.buffer, mf.file_size) * UNIT_SIZE
             end = mf.file_from_offset + pos
-            if pos < limit:
+            if pos + UNIT_SIZE <= mf.file_size:
                 break
         self.files.truncate_dirty_files(end)
         # The newest real unit's end: replays at or below it are no-ops.

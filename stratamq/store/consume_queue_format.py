@@ -23,3 +23,25 @@ BLANK_UNIT = UNIT.pack(0, 0x7FFFFFFF, 0)
 
 def is_blank_unit(commitlog_offset: int, size: int, tags_code: int) -> bool:
     return commitlog_offset == 0 and size == 0x7FFFFFFF and tags_code == 0
+
+
+def written_units(buf: bytes | memoryview, limit: int) -> int:
+    """How many units at the head of ``buf[:limit]`` were written: the count before the first
+    unit whose CommitLog offset is negative or whose size is not positive (a never-written,
+    zeroed unit or a torn one). That unit is where recovery cuts a queue.
+
+    One pass in numpy, not a Python step per unit: a 6 MB file holds 300,000 units, and
+    recovery (and every Spark plan of a store directory) reads the newest files of every queue.
+    """
+    import numpy as np
+
+    count = limit // UNIT_SIZE
+    if count == 0:
+        return 0
+    units = np.frombuffer(buf, dtype=_UNIT_DTYPE, count=count)
+    bad = (units["commitlog_offset"] < 0) | (units["size"] <= 0)
+    first_bad = int(bad.argmax())
+    return first_bad if bad[first_bad] else count
+
+
+_UNIT_DTYPE = [("commitlog_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")]
