@@ -25,15 +25,27 @@ def spark() -> None:
               help="Cap messages per micro-batch.")
 @click.option("--master", default=None, help="Spark master [local[*]].")
 @click.option("--progress/--no-progress", default=True, help="Live progress on stderr.")
+@click.option("--access-key", envvar="STRATAMQ_ACCESS_KEY", default=None,
+              help="Access key to sign broker requests with (broker with aclEnable=true); "
+                   "env STRATAMQ_ACCESS_KEY. Ignored with --store.")
+@click.option("--secret-key", envvar="STRATAMQ_SECRET_KEY", default=None,
+              help="Secret key of --access-key; env STRATAMQ_SECRET_KEY.")
+@click.option("--tls", is_flag=True, default=False,
+              help="Connect to the broker over TLS (trusting gRPC's default roots).")
+@click.option("--tls-ca-file", default=None,
+              help="PEM file of the CA(s) that signed the broker's certificate (implies --tls).")
 def spark_export(store_dir: str | None, endpoints: str | None, topics: str | None, out: str,
                  fmt: str, checkpoint: str | None, max_offsets_per_trigger: int | None,
-                 master: str | None, progress: bool) -> None:
+                 master: str | None, progress: bool, access_key: str | None,
+                 secret_key: str | None, tls: bool, tls_ca_file: str | None) -> None:
     """Export topics to Parquet partitioned by topic and date; a second run exports only what
     is new (Spark checkpoint). Prints a JSON summary."""
     from stratamq.spark.export import run_export, source_options, spark_session
 
     try:
-        source = source_options(store_dir, endpoints, topics, max_offsets_per_trigger)
+        source = source_options(store_dir, endpoints, topics, max_offsets_per_trigger,
+                                access_key=access_key, secret_key=secret_key, tls=tls,
+                                tls_ca_file=tls_ca_file)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     session = spark_session(master=master)

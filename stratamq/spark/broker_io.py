@@ -17,6 +17,14 @@ Reads use the broker's offset-based RPCs (``stratamq/broker/server.py``):
 Writes send each row with ``SendMessage`` (the generated stub), a batch of rows per request.
 Delivery is at-least-once: a request that fails in transit is sent again, and a retried Spark
 task sends its rows again.
+
+TLS and ACL (``BrokerConnection``, from the options ``tls``, ``tlsCaFile``, ``accessKey``,
+``secretKey``): every call, driver or executor, goes over a TLS channel when asked and is signed
+afresh with ``stratamq.signature.auth_metadata`` (the broker refuses stamps older than its
+``aclSignatureWindowSec``, so a signature cannot be made once at planning and reused). A refusal
+(``UNAUTHORIZED`` / ``FORBIDDEN``, or the admin service's ``UNAUTHENTICATED`` /
+``PERMISSION_DENIED``) is reported naming the options to fix; the secret key never appears in a
+message or a repr.
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from stratamq.message import PHYSICAL_OFFSET_POS, Message, Prop
-from stratamq.spark.planning import OptionError, Queue, QueueSplit, int_option
+from stratamq.signature import auth_metadata
+from stratamq.spark.planning import OptionError, Queue, QueueSplit, bool_option, int_option
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +52,15 @@ BATCH_ROWS = 8192  # rows per Arrow batch
 SEND_BATCH = 64  # rows per SendMessage request
 RPC_TIMEOUT = 60.0  # seconds
 PULL_FORMAT = ("x-stratamq-pull-format", "records")  # server.PULL_FORMAT_KEY / _RECORDS
+PULL_GROUP = "stratamq-spark"  # the group PullMessage names (the ACL checks SUB on it)
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024),
                     ("grpc.max_send_message_length", 256 * 1024 * 1024)]
 _RETRY_SEND = {"MASTER_PERSISTENCE_TIMEOUT", "SLAVE_PERSISTENCE_TIMEOUT", "HA_NOT_AVAILABLE",
                "TOO_MANY_REQUESTS", "INTERNAL_SERVER_ERROR", "PROXY_TIMEOUT"}
 _OFFSET = struct.Struct(">q")
+# Refusals: the messaging service answers with a Status code, the admin service with a gRPC one.
+_UNAUTHENTICATED = {"UNAUTHORIZED", "UNAUTHENTICATED"}
+_FORBIDDEN = {"FORBIDDEN", "PERMISSION_DENIED"}
 
 
 class BrokerReadError(RuntimeError):
@@ -70,21 +83,131 @@ def endpoint_of(options: Mapping[str, str]) -> str:
     return raw
 
 
-def channel(endpoint: str) -> grpc.Channel:
-    return grpc.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+class BrokerConnection:
+    """Where and how to reach the broker: its address, TLS trust, ACL credentials.
+
+    Made on the driver by ``connection_of`` and pickled to executors inside every split and the
+    writer. The CA file is read on the driver, and its PEM content travels here, so
+    executors need not see the file (a CA certificate is public). The secret key travels too:
+    executors sign their own calls, and a signature is only good for the broker's signature
+    window. It is left out of ``repr`` and of every message. Not changed after construction;
+    any thread may use it.
+    """
+
+    def __init__(self, endpoint: str, *, access_key: str | None = None,
+                 secret_key: str | None = None, tls: bool = False, ca_pem: bytes | None = None,
+                 ca_file: str | None = None) -> None:
+        self.endpoint = endpoint
+        self.access_key, self.secret_key = access_key or None, secret_key or None
+        self.tls, self.ca_pem, self.ca_file = tls, ca_pem, ca_file
+
+    def __repr__(self) -> str:
+        parts = [f"endpoint={self.endpoint!r}", f"tls={self.tls}"]
+        if self.ca_file:
+            parts.append(f"tlsCaFile={self.ca_file!r}")
+        if self.access_key:
+            parts.append(f"accessKey={self.access_key!r}, secretKey=<hidden>")
+        return f"BrokerConnection({', '.join(parts)})"
+
+    def channel(self) -> grpc.Channel:
+        if not self.tls:
+            return grpc.insecure_channel(self.endpoint, options=_CHANNEL_OPTIONS)
+        # Without a CA file: gRPC's default roots (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, else the
+        # bundle shipped with grpcio).
+        creds = grpc.ssl_channel_credentials(root_certificates=self.ca_pem)
+        return grpc.secure_channel(self.endpoint, creds, options=_CHANNEL_OPTIONS)
+
+    def metadata(self, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+        """``extra`` plus, with credentials, a signature stamped now (one per call)."""
+        if self.access_key and self.secret_key:
+            return (*extra, *auth_metadata(self.access_key, self.secret_key))
+        return tuple(extra)
+
+    def refusal(self, code: str, message: str, doing: str) -> str | None:
+        """The text for a broker's ACL refusal of ``doing``, naming the options to fix; None if
+        ``code`` (a Status or gRPC code name) is not a refusal."""
+        if code in _UNAUTHENTICATED:
+            if not self.access_key:
+                return (f"options 'accessKey' and 'secretKey': broker {self.endpoint} requires "
+                        f"signed requests (aclEnable=true) and none were given; {doing} was "
+                        f"refused: {code}: {message}")
+            return (f"options 'accessKey' and 'secretKey': broker {self.endpoint} refused the "
+                    f"signature of access key {self.access_key!r} ({doing}): {code}: {message}. "
+                    "Check both keys (and the clocks: the broker refuses signatures older than "
+                    "its aclSignatureWindowSec)")
+        if code in _FORBIDDEN:
+            who = (f"access key {self.access_key!r}" if self.access_key
+                   else "an anonymous client")
+            return (f"option 'accessKey': {who} may not do {doing} on broker {self.endpoint}: "
+                    f"{code}: {message}. Use an account with that permission")
+        return None
+
+    def unreachable(self, exc: grpc.RpcError) -> str:
+        """Text for a failed call, with a TLS hint when the connection itself failed."""
+        code = exc.code()
+        name = code.name if code is not None else "UNKNOWN"
+        text = f"broker {self.endpoint} did not answer: {name}: {exc.details()}"
+        if code is grpc.StatusCode.UNAVAILABLE:
+            if self.tls:
+                text += ("; with tls=true check that the broker serves TLS and that option "
+                         "'tlsCaFile' names the CA that signed its certificate (without it, "
+                         "gRPC's default roots) and that the certificate names this host")
+            else:
+                text += ("; if the broker serves TLS (tlsEnable=true), set option 'tls' to true "
+                         "(and option 'tlsCaFile' for a private CA)")
+        return text
+
+
+def connection_of(options: Mapping[str, str]) -> BrokerConnection:
+    """The broker connection the options describe (lower-case keys); OptionError names a bad
+    one. Reads ``tlsCaFile`` here, on the driver (see ``BrokerConnection``)."""
+    endpoint = endpoint_of(options)
+    access_key = options.get("accesskey") or None
+    secret_key = options.get("secretkey") or None
+    if bool(access_key) != bool(secret_key):
+        given, missing = (("accessKey", "secretKey") if access_key
+                          else ("secretKey", "accessKey"))
+        raise OptionError(f"option '{missing}': missing; option '{given}' is given, and "
+                          "accessKey and secretKey must be given together")
+    ca_file = (options.get("tlscafile") or "").strip() or None
+    tls = bool_option(options, "tls", ca_file is not None)
+    if ca_file and not tls:
+        raise OptionError("option 'tls': false, but option 'tlsCaFile' is given (it implies "
+                          "tls=true); drop one of them")
+    ca_pem = _read_ca(ca_file) if ca_file else None
+    return BrokerConnection(endpoint, access_key=access_key, secret_key=secret_key, tls=tls,
+                            ca_pem=ca_pem, ca_file=ca_file)
+
+
+def _read_ca(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise OptionError(f"option 'tlsCaFile': cannot read {path}: "
+                          f"{exc.strerror or exc}") from None
+    # gRPC would only say "handshake failed" on the first call, far from the cause.
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise OptionError(f"option 'tlsCaFile': {path} is not a PEM file of certificates "
+                          "(no -----BEGIN CERTIFICATE----- block)")
+    return data
 
 
 class BrokerSplit(InputPartition):
-    """Queue offsets [start, end) of one topic/queue, pulled from the broker at ``endpoint``."""
+    """Queue offsets [start, end) of one topic/queue, pulled from the broker ``connection``."""
 
-    def __init__(self, endpoint: str, topic: str, queue_id: int, start: int, end: int,
-                 fail_on_data_loss: bool) -> None:
-        self.endpoint, self.topic, self.queue_id = endpoint, topic, queue_id
+    def __init__(self, connection: BrokerConnection, topic: str, queue_id: int, start: int,
+                 end: int, fail_on_data_loss: bool) -> None:
+        self.connection, self.topic, self.queue_id = connection, topic, queue_id
         self.start, self.end, self.fail_on_data_loss = start, end, fail_on_data_loss
 
+    @property
+    def endpoint(self) -> str:
+        return self.connection.endpoint
+
     @classmethod
-    def of(cls, endpoint: str, split: QueueSplit) -> BrokerSplit:
-        return cls(endpoint, split.topic, split.queue_id, split.start, split.end,
+    def of(cls, connection: BrokerConnection, split: QueueSplit) -> BrokerSplit:
+        return cls(connection, split.topic, split.queue_id, split.start, split.end,
                    split.fail_on_data_loss)
 
 
@@ -94,11 +217,13 @@ class BrokerSplit(InputPartition):
 class BrokerCatalog:
     """Topics and queue bounds of a running broker, asked over gRPC. Use as a context manager."""
 
-    def __init__(self, endpoint: str, options: Mapping[str, str] | None = None) -> None:
+    def __init__(self, connection: BrokerConnection,
+                 options: Mapping[str, str] | None = None) -> None:
         pb, _svc, grpc_mod = _pb()
-        self.endpoint = endpoint
+        self.connection = connection
+        self.endpoint = connection.endpoint
         self.options = options or {}
-        self._channel = channel(endpoint)
+        self._channel = connection.channel()
         self._stub = grpc_mod.MessagingServiceStub(self._channel)
         self._queue_counts: dict[str, int] | None = None
 
@@ -108,9 +233,18 @@ class BrokerCatalog:
     def __exit__(self, *exc: object) -> None:
         self._channel.close()
 
-    def _unreachable(self, exc: grpc.RpcError) -> OptionError:
-        return OptionError(f"option 'endpoints': broker {self.endpoint} did not answer: "
-                           f"{exc.code().name}: {exc.details()}")
+    def _unreachable(self, exc: grpc.RpcError, doing: str) -> OptionError:
+        code = exc.code()
+        refused = self.connection.refusal(code.name if code is not None else "UNKNOWN",
+                                          exc.details() or "", doing)
+        return OptionError(refused or "option 'endpoints': " + self.connection.unreachable(exc))
+
+    def _check_status(self, status, doing: str) -> None:
+        """OptionError for an ACL refusal answered as a Status (planning: fix the options)."""
+        pb, _, _ = _pb()
+        refused = self.connection.refusal(pb.Code.Name(status.code), status.message, doing)
+        if refused:
+            raise OptionError(refused)
 
     def queue_counts(self) -> dict[str, int]:
         """topic -> queue count, from the admin service (``ListTopics``)."""
@@ -120,29 +254,38 @@ class BrokerCatalog:
                 request_serializer=lambda obj: json.dumps(obj).encode(),
                 response_deserializer=lambda data: json.loads(data.decode() or "{}"))
             try:
-                reply = call({}, timeout=RPC_TIMEOUT)
+                reply = call({}, timeout=RPC_TIMEOUT, metadata=self.connection.metadata())
                 self._queue_counts = {t["topic"]: int(t["queues"]) for t in reply["topics"]}
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise self._unreachable(exc) from None
-                self._queue_counts = self._routes()
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self._queue_counts = self._routes("cannot list its topics")
+                elif exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    # Listing needs an admin account; one that may only read or write some
+                    # topics can still name them.
+                    self._queue_counts = self._routes(
+                        f"lets access key {self.connection.access_key!r} read the topics it "
+                        "names but not list them (ListTopics needs an admin account)")
+                else:
+                    raise self._unreachable(exc, "ListTopics") from None
         return self._queue_counts
 
-    def _routes(self) -> dict[str, int]:
-        """Without the admin service, ``topics`` must list the topics: ask their routes."""
+    def _routes(self, why: str) -> dict[str, int]:
+        """Without the topic list, ``topics`` must name the topics: ask their routes."""
         pb, svc, _ = _pb()
         raw = self.options.get("topics", "")
         names = [t.strip() for t in raw.split(",") if t.strip()]
         if not names or any(not t.replace("_", "").replace("-", "").isalnum() for t in names):
-            raise OptionError(f"option 'topics': broker {self.endpoint} cannot list its topics; "
-                              "give the topics as a comma list")
+            raise OptionError(f"option 'topics': broker {self.endpoint} {why}; give the topics "
+                              "as a comma list")
         out = {}
         for name in names:
             try:
                 reply = self._stub.QueryRoute(svc.QueryRouteRequest(
-                    topic=pb.Resource(name=name)), timeout=RPC_TIMEOUT)
+                    topic=pb.Resource(name=name)), timeout=RPC_TIMEOUT,
+                    metadata=self.connection.metadata())
             except grpc.RpcError as exc:
-                raise self._unreachable(exc) from None
+                raise self._unreachable(exc, f"QueryRoute of topic {name!r}") from None
+            self._check_status(reply.status, f"QueryRoute of topic {name!r}")
             if reply.status.code == pb.Code.OK:
                 out[name] = len(reply.message_queues)
         return out
@@ -153,12 +296,15 @@ class BrokerCatalog:
             topic=pb.Resource(name=queue[0]), id=queue[1]), query_offset_policy=policy)
         if timestamp_ms is not None:
             req.timestamp.FromMilliseconds(timestamp_ms)
+        doing = f"QueryOffset of {queue[0]}/{queue[1]}"
         try:
-            reply = self._stub.QueryOffset(req, timeout=RPC_TIMEOUT)
+            reply = self._stub.QueryOffset(req, timeout=RPC_TIMEOUT,
+                                           metadata=self.connection.metadata())
         except grpc.RpcError as exc:
-            raise self._unreachable(exc) from None
+            raise self._unreachable(exc, doing) from None
+        self._check_status(reply.status, doing)
         if reply.status.code != pb.Code.OK:
-            raise BrokerReadError(f"QueryOffset {queue[0]}/{queue[1]} at {self.endpoint}: "
+            raise BrokerReadError(f"{doing} at {self.endpoint}: "
                                   f"{pb.Code.Name(reply.status.code)}: {reply.status.message}")
         return reply.offset
 
@@ -187,7 +333,7 @@ def read_broker_split(split: BrokerSplit) -> Iterator[pa.RecordBatch]:
 
     pb, svc, grpc_mod = _pb()
     where = f"{split.topic}/{split.queue_id} at {split.endpoint}"
-    with channel(split.endpoint) as chan:
+    with split.connection.channel() as chan:
         stub = grpc_mod.MessagingServiceStub(chan)
         offset = split.start
         pending: list[tuple[int, bytes]] = []
@@ -208,9 +354,13 @@ def read_broker_split(split: BrokerSplit) -> Iterator[pa.RecordBatch]:
                 log.warning("%s (skipped: failOnDataLoss=false)", text)
                 offset = next_offset
             else:
-                raise BrokerReadError(f"PullMessage {where} from offset {offset} (reading up to "
-                                      f"{split.end}): {pb.Code.Name(status.code)}: "
-                                      f"{status.message}")
+                refused = split.connection.refusal(
+                    pb.Code.Name(status.code), status.message,
+                    f"PullMessage of {split.topic}/{split.queue_id} (needs SUB on topic "
+                    f"{split.topic!r} and on group {PULL_GROUP!r})")
+                raise BrokerReadError(refused or f"PullMessage {where} from offset {offset} "
+                                      f"(reading up to {split.end}): "
+                                      f"{pb.Code.Name(status.code)}: {status.message}")
             if len(pending) >= BATCH_ROWS:
                 yield records_batch(pending, split)
                 pending = []
@@ -221,12 +371,13 @@ def read_broker_split(split: BrokerSplit) -> Iterator[pa.RecordBatch]:
 def _pull(stub, split: BrokerSplit, offset: int, where: str):
     pb, svc, _ = _pb()
     req = svc.PullMessageRequest(
-        group=pb.Resource(name="stratamq-spark"),
+        group=pb.Resource(name=PULL_GROUP),
         message_queue=pb.MessageQueue(topic=pb.Resource(name=split.topic), id=split.queue_id),
         offset=offset, batch_size=min(PULL_BATCH, split.end - offset),
         filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"))
     status, records, next_offset = None, [], offset
-    call = stub.PullMessage(req, metadata=[PULL_FORMAT], timeout=RPC_TIMEOUT)
+    call = stub.PullMessage(req, metadata=split.connection.metadata(PULL_FORMAT),
+                            timeout=RPC_TIMEOUT)
     try:
         for reply in call:
             kind = reply.WhichOneof("content")
@@ -238,7 +389,8 @@ def _pull(stub, split: BrokerSplit, offset: int, where: str):
             elif kind == "next_offset":
                 next_offset = reply.next_offset
     except grpc.RpcError as exc:
-        raise BrokerReadError(f"PullMessage {where}: {exc.code().name}: {exc.details()}") from None
+        raise BrokerReadError(f"PullMessage {where}: "
+                              f"{split.connection.unreachable(exc)}") from None
     if status is None:
         raise BrokerReadError(f"PullMessage {where}: the broker sent no status")
     if records and PULL_FORMAT not in tuple(call.initial_metadata() or ()):
@@ -309,11 +461,12 @@ def _to_pb(msg: Message):
 class BrokerSender:
     """Sends messages to a broker ``SEND_BATCH`` at a time; retries what failed in transit."""
 
-    def __init__(self, endpoint: str, options: Mapping[str, str]) -> None:
+    def __init__(self, connection: BrokerConnection, options: Mapping[str, str]) -> None:
         _, _, grpc_mod = _pb()
-        self.endpoint = endpoint
+        self.connection = connection
+        self.endpoint = connection.endpoint
         self.retries = int_option(options, "sendRetries", 3, minimum=0) or 0
-        self._channel = channel(endpoint)
+        self._channel = connection.channel()
         self._stub = grpc_mod.MessagingServiceStub(self._channel)
         self.buffer: list = []
         self.written = 0
@@ -331,14 +484,14 @@ class BrokerSender:
         while todo:
             try:
                 reply = self._stub.SendMessage(svc.SendMessageRequest(messages=todo),
-                                               timeout=RPC_TIMEOUT)
+                                               timeout=RPC_TIMEOUT,
+                                               metadata=self.connection.metadata())
             except grpc.RpcError as exc:
                 retry = exc.code() in (grpc.StatusCode.UNAVAILABLE,
                                        grpc.StatusCode.DEADLINE_EXCEEDED)
                 if not retry or attempt >= self.retries:
-                    raise RuntimeError(f"SendMessage to {self.endpoint} failed: "
-                                       f"{exc.code().name}: {exc.details()} ({self.written} "
-                                       "messages sent by this task)") from None
+                    raise RuntimeError(f"SendMessage failed: {self.connection.unreachable(exc)} "
+                                       f"({self.written} messages sent by this task)") from None
                 attempt += 1
                 time.sleep(0.2 * 2**attempt)
                 continue
@@ -353,9 +506,13 @@ class BrokerSender:
                 elif code in _RETRY_SEND and attempt < self.retries:
                     again.append(msg)
                 else:
-                    raise RuntimeError(f"broker {self.endpoint} refused a message to topic "
-                                       f"{msg.topic.name!r}: {code}: {entry.status.message} "
-                                       f"({self.written} messages sent by this task)")
+                    refused = self.connection.refusal(
+                        code, entry.status.message,
+                        f"SendMessage to topic {msg.topic.name!r} (needs PUB on it)")
+                    raise RuntimeError((refused or f"broker {self.endpoint} refused a message "
+                                        f"to topic {msg.topic.name!r}: {code}: "
+                                        f"{entry.status.message}")
+                                       + f" ({self.written} messages sent by this task)")
             todo = again
             if todo:
                 attempt += 1
@@ -365,12 +522,12 @@ class BrokerSender:
         self._channel.close()
 
 
-def send_batches(endpoint: str, options: Mapping[str, str],
+def send_batches(connection: BrokerConnection, options: Mapping[str, str],
                  batches: Iterator[pa.RecordBatch]) -> int:
     """Send every row of ``batches`` to the broker; returns how many it accepted."""
     from stratamq.spark.write import rows_to_messages
 
-    sender = BrokerSender(endpoint, options)
+    sender = BrokerSender(connection, options)
     try:
         default_topic = options.get("topic")
         for batch in batches:

@@ -35,7 +35,7 @@ from stratamq.spark import planning
 from stratamq.spark.broker_io import (
     BrokerCatalog,
     BrokerSplit,
-    endpoint_of,
+    connection_of,
     read_broker_split,
     send_batches,
 )
@@ -87,7 +87,7 @@ def _broker(options: Mapping[str, str]) -> BrokerCatalog:
     """The broker ``endpoints`` names (lower-case keys); a path alongside it is refused."""
     if options.get("path"):
         raise OptionError("option 'endpoints': give either a store path or endpoints, not both")
-    return BrokerCatalog(endpoint_of(options), options)
+    return BrokerCatalog(connection_of(options), options)
 
 
 def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -166,8 +166,8 @@ def _splits(options: Mapping[str, str], root: str | None, ranges: dict[Queue, tu
     splits = planning.queue_splits(root or "", ranges, min_parts, fail)
     if root is not None:
         return list(splits)
-    endpoint = endpoint_of(options)
-    return [BrokerSplit.of(endpoint, s) for s in splits]
+    connection = connection_of(options)  # TLS roots and credentials travel with each split
+    return [BrokerSplit.of(connection, s) for s in splits]
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -320,7 +320,7 @@ class BatchWriter(DataSourceArrowWriter):
         self.endpoint = None
         if "endpoints" in self.options:
             with _broker(self.options) as broker:
-                self.endpoint = broker.endpoint
+                self.endpoint, self.connection = broker.endpoint, broker.connection
             path = self.endpoint  # for messages; rows go to the broker
         if not path:
             raise OptionError("option 'path' is missing: use .save(<store directory>)")
@@ -332,7 +332,7 @@ class BatchWriter(DataSourceArrowWriter):
         from stratamq.spark.write import append_batches
 
         if self.endpoint is not None:
-            return WriteCount(send_batches(self.endpoint, self.options, iterator))
+            return WriteCount(send_batches(self.connection, self.options, iterator))
         return WriteCount(append_batches(self.root, self.options, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:

@@ -68,31 +68,72 @@ def run_export(spark, source: dict[str, str], out: str, *, checkpoint: str | Non
 
 
 def _show_progress(query) -> None:
-    """A live line on stderr: micro-batches done, rows exported, current rate."""
+    """Progress on stderr: micro-batches done, rows exported, current rate. A live line on a
+    terminal; otherwise (a log file, or spark-submit, which merges the app's stderr into its
+    stdout) one whole line per finished micro-batch, so the JSON summary printed after it
+    always starts a line of its own."""
     from rich.console import Console
     from rich.live import Live
 
     console = Console(stderr=True)
-    with Live(console=console, refresh_per_second=4, transient=False) as live:
+
+    def text() -> str:
+        done = [p for p in query.recentProgress if p.get("numInputRows")]
+        rows = sum(p["numInputRows"] for p in done)
+        rate = done[-1].get("processedRowsPerSecond", 0.0) if done else 0.0
+        state = query.status.get("message", "") if query.isActive else "done"
+        return f"export {len(done)} micro-batches, {rows:,} rows ({rate:,.0f} rows/s) - {state}"
+
+    if not console.is_terminal:
+        seen = -1
         while query.isActive:
-            done = [p for p in query.recentProgress if p.get("numInputRows")]
-            rows = sum(p["numInputRows"] for p in done)
-            rate = done[-1].get("processedRowsPerSecond", 0.0) if done else 0.0
-            live.update(f"[bold]export[/] {len(done)} micro-batches, {rows:,} rows "
-                        f"({rate:,.0f} rows/s) - {query.status.get('message', '')}")
+            finished = sum(1 for p in query.recentProgress if p.get("numInputRows"))
+            if finished != seen:
+                seen = finished
+                console.print(text(), markup=False, highlight=False, soft_wrap=True)
             time.sleep(0.25)
             query.exception()  # raises if the query failed
+        query.exception()
+        console.print(text(), markup=False, highlight=False, soft_wrap=True)
+        return
+    with Live(console=console, refresh_per_second=4, transient=False) as live:
+        while query.isActive:
+            live.update(text())
+            time.sleep(0.25)
+            query.exception()  # raises if the query failed
+        query.exception()
+        live.update(text())  # the final counts, not the last poll's
 
 
 def source_options(store: str | None, endpoints: str | None, topics: str | None,
-                   max_per_trigger: int | None = None) -> dict[str, str]:
+                   max_per_trigger: int | None = None, *, access_key: str | None = None,
+                   secret_key: str | None = None, tls: bool = False,
+                   tls_ca_file: str | None = None) -> dict[str, str]:
+    """The ``stratamq`` source options for the export's flags; ValueError names a bad flag.
+
+    The credentials and TLS flags are for ``--endpoints``. With ``--store`` the keys are
+    ignored (they may come from STRATAMQ_ACCESS_KEY / STRATAMQ_SECRET_KEY set for other
+    commands), while ``--tls`` / ``--tls-ca-file`` are refused as a mistake.
+    """
     if bool(store) == bool(endpoints):
         raise ValueError("give exactly one of --store and --endpoints")
+    if endpoints and bool(access_key) != bool(secret_key):
+        raise ValueError("--access-key and --secret-key must be given together "
+                         "(or STRATAMQ_ACCESS_KEY and STRATAMQ_SECRET_KEY)")
+    if store and (tls or tls_ca_file):
+        raise ValueError("--tls and --tls-ca-file are for --endpoints, not --store")
     opts = {"path": store} if store else {"endpoints": endpoints}
     if topics:
         opts["topics"] = topics
     if max_per_trigger:
         opts["maxOffsetsPerTrigger"] = str(max_per_trigger)
+    if endpoints:
+        if access_key and secret_key:
+            opts["accessKey"], opts["secretKey"] = access_key, secret_key
+        if tls or tls_ca_file:
+            opts["tls"] = "true"
+        if tls_ca_file:
+            opts["tlsCaFile"] = tls_ca_file
     return opts
 
 
@@ -109,11 +150,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-offsets-per-trigger", type=int, default=None)
     parser.add_argument("--master", help="Spark master (default: spark-submit's, or local[*])")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--access-key", default=os.environ.get("STRATAMQ_ACCESS_KEY"),
+                        help="access key to sign broker requests with (aclEnable=true); "
+                             "env STRATAMQ_ACCESS_KEY")
+    parser.add_argument("--secret-key", default=os.environ.get("STRATAMQ_SECRET_KEY"),
+                        help="secret key of --access-key; env STRATAMQ_SECRET_KEY")
+    parser.add_argument("--tls", action="store_true", help="connect to the broker over TLS")
+    parser.add_argument("--tls-ca-file", help="PEM file of the CA(s) to trust (implies --tls)")
     args = parser.parse_args(argv)
+    try:
+        source = source_options(args.store, args.endpoints, args.topics,
+                                args.max_offsets_per_trigger, access_key=args.access_key,
+                                secret_key=args.secret_key, tls=args.tls,
+                                tls_ca_file=args.tls_ca_file)
+    except ValueError as exc:
+        parser.error(str(exc))
     spark = spark_session(master=args.master)
-    summary = run_export(spark, source_options(args.store, args.endpoints, args.topics,
-                                               args.max_offsets_per_trigger),
-                         args.out, checkpoint=args.checkpoint, fmt=args.format,
+    summary = run_export(spark, source, args.out, checkpoint=args.checkpoint, fmt=args.format,
                          progress=not args.no_progress)
     print(json.dumps(summary), flush=True)
     spark.stop()

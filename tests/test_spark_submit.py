@@ -1,0 +1,47 @@
+"""The export pipeline as an ordinary PySpark application under ``spark-submit``, on a cluster.
+
+``local-cluster[2,1,1024]`` starts a real standalone Master and two Workers, each launching its
+own executor JVM with its own Python workers: nothing is shared with the driver's process, so
+the data source's partitions, options and code must travel the way they do on any cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.dataset as ds
+from conftest import REFERENCE_MESSAGES, reference_body
+
+from stratamq.spark import export
+
+SPARK_SUBMIT = Path(sys.executable).with_name("spark-submit")
+
+
+def test_export_runs_unchanged_under_spark_submit_on_a_cluster(reference_store, tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env.pop("PYSPARK_DRIVER_PYTHON", None)  # spark-submit runs the app with PYSPARK_PYTHON
+    done = subprocess.run(
+        [str(SPARK_SUBMIT), "--master", "local-cluster[2,1,1024]",
+         "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.session.timeZone=UTC",
+         export.__file__, "--store", str(reference_store), "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # spark-submit merges the app's stderr (progress, Spark's log) into its stdout: the
+    # progress is whole lines, and the JSON summary still has a line of its own.
+    lines = done.stdout.splitlines()
+    summary = json.loads([line for line in lines if line.startswith("{\"exported\": ")][-1])
+    assert summary["exported"] == REFERENCE_MESSAGES
+    assert f"export 1 micro-batches, {REFERENCE_MESSAGES:,} rows" in "\n".join(lines)
+
+    table = ds.dataset(out, format="parquet", partitioning="hive").to_table(
+        columns=["topic", "queue_id", "queue_offset", "body"])
+    assert table.num_rows == REFERENCE_MESSAGES
+    rows = {(t, q, o): b for t, q, o, b in zip(*(table.column(c).to_pylist() for c in
+                                                 ("topic", "queue_id", "queue_offset", "body")))}
+    for i in range(REFERENCE_MESSAGES):  # the reference README's placement of message i
+        assert rows[(f"BenchTopic{i % 4}", (i // 4) % 4, i // 16)] == reference_body(i)
