@@ -24,7 +24,11 @@ from pathlib import Path
 from pyspark.sql.datasource import InputPartition
 
 from stratamq.config import StoreConfig
-from stratamq.store.consume_queue import FileConsumeQueueStore
+from stratamq.store.consume_queue_store import (
+    STORE_TYPE_FILES,
+    open_consume_queue_store,
+    read_store_type,
+)
 from stratamq.store.layout import StoreLayout, parse_segment_name
 from stratamq.store.mapped_file_queue import MappedFileQueue
 
@@ -141,12 +145,15 @@ class Catalog:
 
     @classmethod
     def load(cls, root: str) -> Catalog:
-        """ConsumeQueue bounds straight from the files (cheap enough for every micro-batch)."""
+        """ConsumeQueue bounds straight from the store's ConsumeQueue store, opened read-only
+        (cheap enough for every micro-batch): the files, or the RocksDB one when the store
+        records ``storeType=defaultRocksDB``."""
         layout = StoreLayout(root)
         segments = sorted(s for p in layout.commitlog_dir.iterdir()
                           if (s := parse_segment_name(p.name)) is not None)
         segment_size = MappedFileQueue.size_on_disk(layout.commitlog_dir) or 0
-        store = FileConsumeQueueStore(layout, StoreConfig().cq_file_size, read_only=True)
+        store = open_consume_queue_store(store_type_of(root), layout, StoreConfig().cq_file_size,
+                                         read_only=True)
         store.load()
         try:
             store.recover()
@@ -156,6 +163,15 @@ class Catalog:
         finally:
             store.close()
         return cls(root, queues, segment_size, segments)
+
+
+def store_type_of(root: str) -> str:
+    """The ConsumeQueue store type a store directory records (files when none is recorded, as
+    in a store Apache RocketMQ wrote)."""
+    try:
+        return read_store_type(Path(root)) or STORE_TYPE_FILES
+    except ValueError as exc:
+        raise OptionError(f"option 'path': {exc}") from None
 
 
 def commitlog_bounds(root: str) -> tuple[int, int]:

@@ -18,10 +18,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stratamq import message as codec
-from stratamq.spark.planning import LogSplit, QueueSplit
+from stratamq.spark.planning import LogSplit, QueueSplit, store_type_of
 from stratamq.spark.rows import records_to_batch
 from stratamq.store.consume_queue import ConsumeQueue
-from stratamq.store.consume_queue_format import is_blank_unit
+from stratamq.store.consume_queue_format import UNIT_SIZE, is_blank_unit
+from stratamq.store.consume_queue_store import (
+    STORE_TYPE_ROCKSDB,
+    ConsumeQueueHandle,
+    open_consume_queue_store,
+)
 from stratamq.store.layout import StoreLayout, parse_segment_name, segment_name
 from stratamq.store.mapped_file_queue import MappedFileQueue
 
@@ -143,18 +148,49 @@ def read_log_split(split: LogSplit) -> Iterator[pa.RecordBatch]:
         segments.close()
 
 
-def read_queue_split(split: QueueSplit) -> Iterator[pa.RecordBatch]:
+@contextlib.contextmanager
+def _open_queue(split: QueueSplit) -> Iterator[tuple[ConsumeQueueHandle | None, int]]:
+    """The split's queue, read-only, and its first offset still on disk (``split.end`` if the
+    queue is empty); None if the store has no such queue any more.
+
+    A file queue is opened alone, not the whole store: a task reads one queue of perhaps
+    thousands. A RocksDB store is opened read-only beside the broker that writes it; it shows
+    what the broker has flushed to SST files (its WAL is off: the CommitLog is the log).
+    """
     layout = StoreLayout(split.root)
+    if store_type_of(split.root) == STORE_TYPE_ROCKSDB:
+        store = open_consume_queue_store(STORE_TYPE_ROCKSDB, layout, 0, read_only=True)
+        store.load()
+        try:
+            cq = store.find(split.topic, split.queue_id)
+            yield cq, (cq.min_offset() if cq is not None and cq.max_offset() else split.end)
+        finally:
+            store.close()
+        return
     directory = layout.consume_queue_dir(split.topic, split.queue_id)
     size = MappedFileQueue.size_on_disk(directory)
     if size is None:
-        _lost(split, split.start, split.end, "its ConsumeQueue is gone")
+        yield None, split.end
         return
-    cq = ConsumeQueue(split.topic, split.queue_id, Path(directory), size, read_only=True)
-    cq.load()
+    queue = ConsumeQueue(split.topic, split.queue_id, Path(directory), size, read_only=True)
+    queue.load()
+    try:
+        yield queue, (queue.files.min_offset() // UNIT_SIZE if queue.files.files else split.end)
+    finally:
+        queue.close()
+
+
+def read_queue_split(split: QueueSplit) -> Iterator[pa.RecordBatch]:
+    with _open_queue(split) as (cq, first):
+        if cq is None:
+            _lost(split, split.start, split.end, "its ConsumeQueue is gone")
+            return
+        yield from _read_queue(split, cq, first)
+
+
+def _read_queue(split: QueueSplit, cq: ConsumeQueueHandle, first: int) -> Iterator[pa.RecordBatch]:
     segments = Segments(split.root)
     try:
-        first = cq.files.min_offset() // 20 if cq.files.files else split.end
         start = split.start
         if start < first:
             _lost(split, start, min(first, split.end), "retention deleted them")
@@ -169,7 +205,6 @@ def read_queue_split(split: QueueSplit) -> Iterator[pa.RecordBatch]:
             offset += len(units)
     finally:
         segments.close()
-        cq.close()
 
 
 def _units_to_batches(split: QueueSplit, segments: Segments, first_offset: int,

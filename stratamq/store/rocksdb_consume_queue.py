@@ -13,10 +13,13 @@ and RocksDBConsumeQueueOffsetTable). Two column families:
   of the newest dispatched CommitLog record.
 
 Durability: writes go in a WriteBatch per dispatch round with the WAL disabled; the CommitLog is
-the log. Both column families flush atomically (``atomic_flush``), so what survives a crash is a
-prefix of the batches, and the checkpoint row in it says where that prefix ends: the message
-store re-dispatches from there (``max_physic_offset``), idempotently (a unit at or below a
-queue's last physical offset is skipped).
+the log. RocksDB's own flushes (a full memtable) write both column families atomically
+(``atomic_flush``); the flush service's thorough rounds flush the units, then the offset table
+(``_flush_tables``). Either way the offset table on disk never runs ahead of the units, and its
+checkpoint row says how far it covers: after a crash the message store re-dispatches from there
+(``max_physic_offset``), idempotently (a unit at or below a queue's last physical offset is
+skipped). A read-only open (the Spark source beside a running broker) sees the store as of the
+last thorough flush.
 
 Expiry: RocketMQ drops expired units in a compaction filter of its own RocksDB build; stock
 RocksDB from Python has none. Here the in-memory offset table says which queues' first unit
@@ -361,15 +364,30 @@ class RocksDBConsumeQueueStore:
             return
         self.commit_dispatch()
         if least_pages == 0:
-            with self._lock:
-                self._db.flush()
+            self._flush_tables()
+
+    def _flush_tables(self) -> None:
+        """Memtables of both tables to SST files.
+
+        A manual flush covers one column family, whatever ``atomic_flush`` says: so both are
+        flushed, units first, under the lock so no batch lands between the two. A crash between
+        them leaves offset rows (and the checkpoint) older than the units, which replay repairs;
+        the other order could leave rows pointing at lost units. Flushing only the units, the
+        offset table reached disk when its memtable filled or at close: after a crash, replay
+        started from an old checkpoint, and a read-only reader (Spark beside a running broker)
+        saw no new message.
+        """
+        with self._lock:
+            self._db.flush()
+            if self._offset_cf is not None:
+                self._offset_cf.flush()
 
     def close(self) -> None:
         if self._db is None:
             return
         if not self.read_only:
             self.commit_dispatch()
-            self._db.flush()
+            self._flush_tables()
         self._iters.clear()  # an iterator must not outlive its database
         self._offset_cf = None
         self._offset_cfh = None
