@@ -23,7 +23,8 @@ ROOT = ("root", "root-secret-1f0c")
 READER = ("reader", "reader-secret-77a2")  # SUB on every topic and group, cannot list topics
 WRITER = ("writer", "writer-secret-3b9e")  # PUB on Guarded only
 STRANGER = ("stranger", "stranger-secret-c41d")  # no permission at all
-SECRETS = (ROOT[1], READER[1], WRITER[1], STRANGER[1])
+ANALYST = ("analyst", "analyst-secret-9d03")  # SUB on Secured, as group "analytics" only
+SECRETS = (ROOT[1], READER[1], WRITER[1], STRANGER[1], ANALYST[1])
 
 
 def _self_signed(directory: Path) -> tuple[Path, Path]:
@@ -47,6 +48,8 @@ def broker(tmp_path_factory):
          "defaultGroupPerm": "SUB"},
         {"accessKey": WRITER[0], "secretKey": WRITER[1], "topicPerms": ["Guarded=PUB"]},
         {"accessKey": STRANGER[0], "secretKey": STRANGER[1]},
+        {"accessKey": ANALYST[0], "secretKey": ANALYST[1], "topicPerms": ["Secured=SUB"],
+         "groupPerms": ["analytics=SUB"]},
     ]}))
     proc = start_broker(tmp, {"aclEnable": "true", "aclFile": str(acl),
                               "aclAccessKey": ROOT[0], "aclSecretKey": ROOT[1],
@@ -150,6 +153,20 @@ def test_missing_permissions_are_reported(spark, broker):
     text = error_text(lambda: write(spark, options(broker, READER), "Guarded", [b"no"]))
     assert "option 'accessKey'" in text and "FORBIDDEN" in text and "needs PUB" in text
     assert bodies_when_visible(spark, options(broker, topics="Guarded"), 3) == [b"a", b"b", b"c"]
+
+
+def test_pulls_name_the_group_option(spark, broker):
+    bodies = [f"grouped-{i}".encode() for i in range(5)]
+    write(spark, options(broker), "Secured", bodies)
+    bodies_when_visible(spark, options(broker, topics="Secured"), 5)
+    # The account may read Secured only as group "analytics": the default group is refused...
+    text = error_text(lambda: load(spark, options(broker, ANALYST, topics="Secured")).collect())
+    assert "FORBIDDEN" in text and "group 'stratamq-spark'" in text
+    # ...and with option group=analytics the same read is served.
+    got = load(spark, options(broker, ANALYST, topics="Secured", group="analytics")).collect()
+    assert set(bodies) <= {r.body for r in got}
+    text = error_text(lambda: load(spark, options(broker, topics="Secured", group="no spaces")))
+    assert "option 'group'" in text
 
 
 def test_tls_broker_without_tls_options_names_them(spark, broker):

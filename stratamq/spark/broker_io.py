@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import struct
 import time
 import uuid
@@ -197,18 +198,33 @@ class BrokerSplit(InputPartition):
     """Queue offsets [start, end) of one topic/queue, pulled from the broker ``connection``."""
 
     def __init__(self, connection: BrokerConnection, topic: str, queue_id: int, start: int,
-                 end: int, fail_on_data_loss: bool) -> None:
+                 end: int, fail_on_data_loss: bool, group: str = PULL_GROUP) -> None:
         self.connection, self.topic, self.queue_id = connection, topic, queue_id
         self.start, self.end, self.fail_on_data_loss = start, end, fail_on_data_loss
+        self.group = group
 
     @property
     def endpoint(self) -> str:
         return self.connection.endpoint
 
     @classmethod
-    def of(cls, connection: BrokerConnection, split: QueueSplit) -> BrokerSplit:
+    def of(cls, connection: BrokerConnection, split: QueueSplit,
+           group: str = PULL_GROUP) -> BrokerSplit:
         return cls(connection, split.topic, split.queue_id, split.start, split.end,
-                   split.fail_on_data_loss)
+                   split.fail_on_data_loss, group)
+
+
+_GROUP_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")  # RocketMQ's group name rule
+
+
+def pull_group(options: Mapping[str, str]) -> str:
+    """The consumer group PullMessage names (option ``group``, lower-case keys). Pulls commit
+    no offset, so the group only matters to the ACL: the account needs SUB on it."""
+    group = options.get("group", PULL_GROUP)
+    if not _GROUP_NAME.match(group):
+        raise OptionError(f"option 'group': {group!r} is not a consumer group name (1 to 255 "
+                          "of a-z A-Z 0-9 _ - % |)")
+    return group
 
 
 # -- planning (driver) --------------------------------------------------------------------------
@@ -357,7 +373,7 @@ def read_broker_split(split: BrokerSplit) -> Iterator[pa.RecordBatch]:
                 refused = split.connection.refusal(
                     pb.Code.Name(status.code), status.message,
                     f"PullMessage of {split.topic}/{split.queue_id} (needs SUB on topic "
-                    f"{split.topic!r} and on group {PULL_GROUP!r})")
+                    f"{split.topic!r} and on group {split.group!r})")
                 raise BrokerReadError(refused or f"PullMessage {where} from offset {offset} "
                                       f"(reading up to {split.end}): "
                                       f"{pb.Code.Name(status.code)}: {status.message}")
@@ -371,7 +387,7 @@ def read_broker_split(split: BrokerSplit) -> Iterator[pa.RecordBatch]:
 def _pull(stub, split: BrokerSplit, offset: int, where: str):
     pb, svc, _ = _pb()
     req = svc.PullMessageRequest(
-        group=pb.Resource(name=PULL_GROUP),
+        group=pb.Resource(name=split.group),
         message_queue=pb.MessageQueue(topic=pb.Resource(name=split.topic), id=split.queue_id),
         offset=offset, batch_size=min(PULL_BATCH, split.end - offset),
         filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"))

@@ -36,6 +36,7 @@ from stratamq.spark.broker_io import (
     BrokerCatalog,
     BrokerSplit,
     connection_of,
+    pull_group,
     read_broker_split,
     send_batches,
 )
@@ -64,6 +65,7 @@ class StrataMQDataSource(DataSource):
     def schema(self):
         options = _lower(self.options)  # checked at load(), before any task
         if "endpoints" in options:
+            pull_group(options)
             with _broker(options) as broker:
                 planning.check_read_options(options, sorted(broker.queue_counts()))
         else:
@@ -167,7 +169,8 @@ def _splits(options: Mapping[str, str], root: str | None, ranges: dict[Queue, tu
     if root is not None:
         return list(splits)
     connection = connection_of(options)  # TLS roots and credentials travel with each split
-    return [BrokerSplit.of(connection, s) for s in splits]
+    group = pull_group(options)
+    return [BrokerSplit.of(connection, s, group) for s in splits]
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
