@@ -175,6 +175,30 @@ def test_streaming_available_now_resumes_from_checkpoint(spark, tmp_path):
     assert sorted(r.body for r in rows) == sorted(m.body for m in messages("Orders", 0, 161))
 
 
+def test_streaming_processing_time_trigger_follows_new_messages(spark, tmp_path):
+    # A long-running query (not availableNow) picks up what a writer appends while it runs.
+    config = small(tmp_path / "store")
+    put(config, messages("Orders", 0, 20))
+    query = (spark.readStream.format("stratamq").option("topics", "Orders")
+             .option("startingOffsets", "earliest").load(config.store_path_root_dir)
+             .writeStream.format("memory").queryName("orders_live")
+             .trigger(processingTime="300 milliseconds").start())
+    try:
+        for total in (20, 45, 70):
+            if total > 20:
+                put(config, messages("Orders", total - 25, 25))
+            deadline = time.monotonic() + 60
+            while (spark.sql("SELECT count(*) FROM orders_live").first()[0] < total
+                   and time.monotonic() < deadline):
+                assert query.exception() is None
+                time.sleep(0.2)
+            rows = spark.sql("SELECT queue_id, queue_offset, body FROM orders_live").collect()
+            assert len({(r.queue_id, r.queue_offset) for r in rows}) == len(rows) == total
+        assert sorted(r.body for r in rows) == sorted(m.body for m in messages("Orders", 0, 70))
+    finally:
+        query.stop()
+
+
 def _data_lost_after_first_run(spark, tmp_path) -> tuple[StoreConfig, str, str, int]:
     """A first streaming run reads 100 messages; then 500 more arrive and a forced clean-up
     deletes the oldest CommitLog (and ConsumeQueue) files, unread messages among them."""
