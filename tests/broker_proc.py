@@ -98,3 +98,14 @@ def queue_sizes_when_visible(spark, endpoint: str, topic: str, total: int) -> di
             return sizes
         time.sleep(0.2)
 
+
+def self_signed_cert(directory: Path, name: str = "server") -> tuple[Path, Path]:
+    """A certificate and key for 127.0.0.1 / localhost, made with openssl (for TLS tests)."""
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    return cert, key

@@ -7,11 +7,10 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import grpc
 import pytest
-from broker_proc import start_broker
+from broker_proc import self_signed_cert, start_broker
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
@@ -19,20 +18,9 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from stratamq.broker.tls import TlsConfigError, server_credentials
 
 
-def _self_signed(directory: Path, name: str = "server") -> tuple[Path, Path]:
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )
-    return cert, key
-
-
 @pytest.fixture
 def tls_broker(tmp_path):
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed_cert(tmp_path)
     broker = start_broker(tmp_path, {"tlsEnable": "true", "tls.server.certPath": str(cert),
                                      "tls.server.keyPath": str(key)},
                           topics=[("Tls", 1, "NORMAL")])
@@ -92,8 +80,8 @@ def test_official_client_with_tls_enable(tls_broker):
 
 
 def test_bad_tls_settings_are_reported(tmp_path):
-    cert, key = _self_signed(tmp_path)
-    other_cert, _ = _self_signed(tmp_path, "other")
+    cert, key = self_signed_cert(tmp_path)
+    other_cert, _ = self_signed_cert(tmp_path, "other")
     with pytest.raises(TlsConfigError, match="tls.server.keyPath"):
         server_credentials(str(cert), "")
     with pytest.raises(TlsConfigError, match="No such file"):

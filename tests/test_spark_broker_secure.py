@@ -13,10 +13,9 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from broker_proc import start_broker
+from broker_proc import self_signed_cert, start_broker
 from conftest_spark import spark_session  # noqa: F401  (the shared `spark` fixture)
 
 ROOT = ("root", "root-secret-1f0c")
@@ -27,21 +26,10 @@ ANALYST = ("analyst", "analyst-secret-9d03")  # SUB on Secured, as group "analyt
 SECRETS = (ROOT[1], READER[1], WRITER[1], STRANGER[1], ANALYST[1])
 
 
-def _self_signed(directory: Path) -> tuple[Path, Path]:
-    cert, key = directory / "server.crt", directory / "server.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )
-    return cert, key
-
-
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("secure-broker")
-    cert, key = _self_signed(tmp)
+    cert, key = self_signed_cert(tmp)
     acl = tmp / "acl.json"
     acl.write_text(json.dumps({"accounts": [
         {"accessKey": READER[0], "secretKey": READER[1], "defaultTopicPerm": "SUB",
