@@ -1,13 +1,21 @@
-"""Every setting StrataMQ has: its RocketMQ key, default and unit, in one place.
+"""Every setting StrataMQ has: its RocketMQ key, default, unit and valid range, in one place.
 
 Settings use RocketMQ's ``broker.conf`` key names where RocketMQ has the setting, so an existing
 ``broker.conf`` reads unchanged. ``StoreConfig.from_properties`` reports unknown keys instead of
 ignoring them. Nothing else in the project reads the environment or hard-codes a default.
+
+Each numeric setting declares its range with the setting (``minimum``/``maximum`` on
+``_setting``), and text settings with a fixed shape a ``check``. Building a ``StoreConfig`` or
+``BrokerConfig`` (directly, through ``dataclasses.replace`` or from ``broker.conf``) refuses a
+value outside them with :class:`InvalidSetting` naming the key, the value and the valid range,
+so a bad value stops the broker before it listens instead of failing puts or dispatch later.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -15,11 +23,19 @@ from typing import Any
 
 from stratamq.message import Host
 
-__all__ = ["BrokerConfig", "FlushDiskType", "StoreConfig", "UnknownSettings", "load_broker_conf",
-           "settings_table"]
+__all__ = ["BrokerConfig", "FlushDiskType", "InvalidSetting", "StoreConfig", "UnknownSettings",
+           "load_broker_conf", "settings_table"]
 
 OS_PAGE_SIZE = 4096  # bytes; flush thresholds count dirty pages of this size
 CQ_UNIT_SIZE = 20  # bytes of one ConsumeQueue unit (docs/formats/consumequeue-unit.md)
+# RocketMQ reads these keys into Java ints and maps each file with one int-sized buffer, so a
+# larger value is neither a RocketMQ setting nor a file RocketMQ could open.
+INT_MAX = 2**31 - 1
+# An index file is a 40-byte header, 4-byte hash slots and 20-byte entries
+# (docs/formats/index-file.md): it must fit one int-sized map like every RocketMQ file.
+_INDEX_HEADER, _INDEX_SLOT, _INDEX_ENTRY = 40, 4, 20
+# The broker sizes gRPC's (int32) message limits at maxMessageSize + 1 MiB of headroom.
+MAX_MESSAGE_SIZE_LIMIT = 1024 * 1024 * 1024
 
 
 class FlushDiskType(StrEnum):
@@ -31,8 +47,100 @@ class UnknownSettings(ValueError):
     """A configuration named keys StrataMQ does not know."""
 
 
-def _setting(key: str, default: Any, unit: str, doc: str) -> Any:
-    return field(default=default, metadata={"key": key, "unit": unit, "doc": doc})
+class InvalidSetting(ValueError):
+    """A setting's value is of the wrong type or outside its range; the message names the key,
+    the value and what is allowed."""
+
+
+def _setting(key: str, default: Any, unit: str, doc: str, *, minimum: int | None = None,
+             maximum: int | None = None, check: Callable[[Any], str | None] | None = None) -> Any:
+    """One setting. Integer settings must declare ``minimum`` (``maximum`` defaults to INT_MAX);
+    ``check(value)`` returns why a value is wrong, or None."""
+    if isinstance(default, int) and not isinstance(default, bool):
+        if minimum is None:
+            raise TypeError(f"setting {key}: an integer setting must declare its minimum")
+        maximum = INT_MAX if maximum is None else maximum
+    return field(default=default, metadata={"key": key, "unit": unit, "doc": doc,
+                                            "minimum": minimum, "maximum": maximum,
+                                            "check": check})
+
+
+def _one_of(*choices: str, fold_case: bool = False) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        got = value.strip().lower() if fold_case and isinstance(value, str) else value
+        allowed = [c.lower() for c in choices] if fold_case else list(choices)
+        return None if got in allowed else "must be " + "|".join(choices)
+
+    return check
+
+
+def _name(value: Any) -> str | None:
+    # Names appear in routes, logs and metrics labels: an empty one or one with blanks in it is
+    # a typo in broker.conf far more often than a wish.
+    if not isinstance(value, str) or not value.strip():
+        return "must not be empty"
+    if any(c.isspace() or not c.isprintable() for c in value):
+        return "must not contain spaces or control characters"
+    return None
+
+
+def _ip(value: Any) -> str | None:
+    # Written into every record and offset message id as 4 or 16 address bytes.
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return "must be an IPv4 or IPv6 address"
+    return None
+
+
+def _hours(value: Any) -> str | None:
+    # RocketMQ's isItTimeToDo skips entries it cannot parse, so "99" or "4am" would silently
+    # mean "never delete expired files"; refuse them instead.
+    parts = [p.strip() for p in str(value).split(";") if p.strip()]
+    if not parts or not all(p.isdigit() and 0 <= int(p) <= 23 for p in parts):
+        return "must be hours of the day 0..23 separated by ';' (e.g. 04 or 03;15)"
+    return None
+
+
+def _validate(obj: Any) -> None:
+    """Refuse a config whose values are of the wrong type or out of range (InvalidSetting)."""
+    for f in dataclasses.fields(obj):
+        meta = f.metadata
+        key, value, default = meta["key"], getattr(obj, f.name), f.default
+        if isinstance(default, Enum):
+            try:
+                value = type(default)(value)
+            except ValueError:
+                choices = "|".join(m.value for m in type(default))
+                raise InvalidSetting(f"{key}={value!r} is invalid: must be {choices}") from None
+            setattr(obj, f.name, value)  # a plain string becomes the enum the code compares
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise InvalidSetting(f"{key}={value!r} is invalid: must be true or false")
+        elif isinstance(default, int):
+            low, high = meta["minimum"], meta["maximum"]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidSetting(f"{key}={value!r} is invalid: must be an integer "
+                                     f"{low}..{high} ({meta['unit']})")
+            if not low <= value <= high:
+                raise InvalidSetting(f"{key}={value} is out of range: must be {low}..{high} "
+                                     f"({meta['unit']})")
+        check = meta["check"]
+        if check is not None:
+            problem = check(value)
+            if problem is not None:
+                raise InvalidSetting(f"{key}={value!r} is invalid: {problem}")
+
+
+def _range_text(f: dataclasses.Field) -> str:
+    meta = f.metadata
+    if meta["minimum"] is not None:
+        return f"{meta['minimum']}..{meta['maximum']}"
+    if isinstance(f.default, Enum):
+        return "|".join(m.value for m in type(f.default))
+    if isinstance(f.default, bool):
+        return "true|false"
+    return ""
 
 
 @dataclass
@@ -45,66 +153,82 @@ class StoreConfig:
     mapped_file_size_commit_log: int = _setting(
         "mappedFileSizeCommitLog", 1024 * 1024 * 1024, "bytes",
         "size of a new CommitLog segment (an existing store keeps the size found on disk)",
+        minimum=OS_PAGE_SIZE,
     )  # fmt: skip
     mapped_file_size_consume_queue: int = _setting(
         "mappedFileSizeConsumeQueue", 300_000 * CQ_UNIT_SIZE, "bytes",
         "size of a new ConsumeQueue file, rounded up to a whole number of 20-byte units",
+        minimum=CQ_UNIT_SIZE, maximum=INT_MAX // CQ_UNIT_SIZE * CQ_UNIT_SIZE,
     )  # fmt: skip
     flush_disk_type: FlushDiskType = _setting(
         "flushDiskType", FlushDiskType.ASYNC_FLUSH, "ASYNC_FLUSH|SYNC_FLUSH",
         "SYNC_FLUSH: a put returns after its bytes are on disk (group commit)",
     )  # fmt: skip
     flush_interval_commit_log: int = _setting(
-        "flushIntervalCommitLog", 500, "ms", "async flush: how often the flusher wakes"
-    )
+        "flushIntervalCommitLog", 500, "ms", "async flush: how often the flusher wakes",
+        minimum=1,
+    )  # fmt: skip
     flush_commit_log_least_pages: int = _setting(
-        "flushCommitLogLeastPages", 4, "pages", "async flush: dirty pages needed to flush"
-    )
+        "flushCommitLogLeastPages", 4, "pages", "async flush: dirty pages needed to flush",
+        minimum=0,
+    )  # fmt: skip
     flush_commit_log_thorough_interval: int = _setting(
         "flushCommitLogThoroughInterval", 10_000, "ms",
         "async flush: flush whatever is dirty at least this often",
+        minimum=0,
     )  # fmt: skip
     sync_flush_timeout: int = _setting(
-        "syncFlushTimeout", 5_000, "ms", "sync flush: wait this long, then FLUSH_DISK_TIMEOUT"
-    )
+        "syncFlushTimeout", 5_000, "ms", "sync flush: wait this long, then FLUSH_DISK_TIMEOUT",
+        minimum=1,
+    )  # fmt: skip
     flush_interval_consume_queue: int = _setting(
-        "flushIntervalConsumeQueue", 1_000, "ms", "how often ConsumeQueues are flushed"
-    )
+        "flushIntervalConsumeQueue", 1_000, "ms", "how often ConsumeQueues are flushed",
+        minimum=1,
+    )  # fmt: skip
     flush_consume_queue_least_pages: int = _setting(
-        "flushConsumeQueueLeastPages", 2, "pages", "dirty pages needed to flush a ConsumeQueue"
-    )
+        "flushConsumeQueueLeastPages", 2, "pages", "dirty pages needed to flush a ConsumeQueue",
+        minimum=0,
+    )  # fmt: skip
     flush_consume_queue_thorough_interval: int = _setting(
         "flushConsumeQueueThoroughInterval", 60_000, "ms",
         "flush every ConsumeQueue and the checkpoint at least this often",
+        minimum=0,
     )  # fmt: skip
     max_message_size: int = _setting(
-        "maxMessageSize", 4 * 1024 * 1024, "bytes", "largest body a put accepts"
-    )
+        "maxMessageSize", 4 * 1024 * 1024, "bytes", "largest body a put accepts",
+        minimum=1, maximum=MAX_MESSAGE_SIZE_LIMIT,
+    )  # fmt: skip
     check_crc_on_recover: bool = _setting(
         "checkCRCOnRecover", True, "bool", "verify body CRCs while recovering"
     )
     broker_ip: str = _setting(
-        "brokerIP1", "127.0.0.1", "ip", "store host address written into records and msg ids"
-    )
+        "brokerIP1", "127.0.0.1", "ip", "store host address written into records and msg ids",
+        check=_ip,
+    )  # fmt: skip
     listen_port: int = _setting(
-        "listenPort", 10911, "port", "store host port written into records and msg ids"
-    )
+        "listenPort", 10911, "port", "store host port written into records and msg ids",
+        minimum=0, maximum=65535,
+    )  # fmt: skip
     max_transfer_count_on_message_in_memory: int = _setting(
-        "maxTransferCountOnMessageInMemory", 32, "messages", "default max_count of one get"
-    )
+        "maxTransferCountOnMessageInMemory", 32, "messages", "default max_count of one get",
+        minimum=1,
+    )  # fmt: skip
     max_transfer_bytes_on_message_in_memory: int = _setting(
-        "maxTransferBytesOnMessageInMemory", 256 * 1024, "bytes", "default max_bytes of one get"
-    )
+        "maxTransferBytesOnMessageInMemory", 256 * 1024, "bytes", "default max_bytes of one get",
+        minimum=1,
+    )  # fmt: skip
     pre_allocate_mapped_file: bool = _setting(
         "preAllocateMappedFile", True, "bool",
         "create the next CommitLog segment in the background before it is needed",
     )  # fmt: skip
     dispatch_interval: int = _setting(
-        "dispatchIntervalMs", 1, "ms", "how long the dispatcher sleeps when it has caught up"
-    )
+        "dispatchIntervalMs", 1, "ms", "how long the dispatcher sleeps when it has caught up",
+        minimum=1,
+    )  # fmt: skip
     destroy_mapped_file_interval_forcibly: int = _setting(
         "destroyMapedFileIntervalForcibly", 120_000, "ms",
         "a segment still held by a reader is unmapped anyway after this long",
+        minimum=0,
     )  # fmt: skip
 
     # -- index (issue 3; docs/formats/index-file.md) --------------------------------------------
@@ -112,42 +236,53 @@ class StoreConfig:
         "messageIndexEnable", True, "bool", "index every message's KEYS and UNIQ_KEY"
     )
     max_hash_slot_num: int = _setting(
-        "maxHashSlotNum", 5_000_000, "slots", "hash slots of one index file"
-    )
+        "maxHashSlotNum", 5_000_000, "slots", "hash slots of one index file",
+        minimum=1,
+    )  # fmt: skip
     max_index_num: int = _setting(
-        "maxIndexNum", 20_000_000, "entries", "entries of one index file before a new one"
-    )
+        "maxIndexNum", 20_000_000, "entries", "entries of one index file before a new one",
+        minimum=1,
+    )  # fmt: skip
 
     # -- clean-up (issue 3) ----------------------------------------------------------------------
     file_reserved_time: int = _setting(
-        "fileReservedTime", 72, "hours", "CommitLog files older than this may be deleted"
-    )
+        "fileReservedTime", 72, "hours", "CommitLog files older than this may be deleted",
+        minimum=0,
+    )  # fmt: skip
     delete_when: str = _setting(
-        "deleteWhen", "04", "hours;hours", "hours of the day (;-separated) expired files go"
-    )
+        "deleteWhen", "04", "hours;hours", "hours of the day (;-separated) expired files go",
+        check=_hours,
+    )  # fmt: skip
     disk_max_used_space_ratio: int = _setting(
-        "diskMaxUsedSpaceRatio", 75, "%", "past this disk usage expired files go at any hour"
-    )
+        "diskMaxUsedSpaceRatio", 75, "%", "past this disk usage expired files go at any hour",
+        minimum=0, maximum=100,
+    )  # fmt: skip
     disk_space_clean_forcibly_ratio: int = _setting(
         "diskSpaceCleanForciblyRatio", 85, "%",
         "past this disk usage the oldest files go even if not expired",
+        minimum=0, maximum=100,
     )  # fmt: skip
     disk_space_warning_level_ratio: int = _setting(
-        "diskSpaceWarningLevelRatio", 90, "%", "past this disk usage puts are rejected"
-    )
+        "diskSpaceWarningLevelRatio", 90, "%", "past this disk usage puts are rejected",
+        minimum=0, maximum=100,
+    )  # fmt: skip
     clean_resource_interval: int = _setting(
-        "cleanResourceInterval", 10_000, "ms", "how often the clean-up service looks"
-    )
+        "cleanResourceInterval", 10_000, "ms", "how often the clean-up service looks",
+        minimum=1,
+    )  # fmt: skip
     delete_commit_log_files_interval: int = _setting(
-        "deleteCommitLogFilesInterval", 100, "ms", "pause between two deleted CommitLog files"
-    )
+        "deleteCommitLogFilesInterval", 100, "ms", "pause between two deleted CommitLog files",
+        minimum=0,
+    )  # fmt: skip
     delete_consume_queue_files_interval: int = _setting(
         "deleteConsumeQueueFilesInterval", 100, "ms",
         "pause between two deleted ConsumeQueue files",
+        minimum=0,
     )  # fmt: skip
     delete_file_batch_max: int = _setting(
-        "deleteFileBatchMax", 10, "files", "most CommitLog files one clean-up pass deletes"
-    )
+        "deleteFileBatchMax", 10, "files", "most CommitLog files one clean-up pass deletes",
+        minimum=1,
+    )  # fmt: skip
     clean_file_forcibly_enable: bool = _setting(
         "cleanFileForciblyEnable", True, "bool",
         "past diskSpaceCleanForciblyRatio, delete unexpired files too",
@@ -157,11 +292,22 @@ class StoreConfig:
     store_type: str = _setting(
         "storeType", "default", "default|defaultRocksDB",
         "ConsumeQueue store: one file per queue, or RocksDB; an existing store keeps its type",
+        check=_one_of("default", "defaultRocksDB"),  # consume_queue_store.STORE_TYPES
     )  # fmt: skip
     rocksdb_cq_double_write_enable: bool = _setting(
         "rocksdbCQDoubleWriteEnable", False, "bool",
         "dispatch to both ConsumeQueue stores so either can serve",
     )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _validate(self)
+        index_bytes = (_INDEX_HEADER + self.max_hash_slot_num * _INDEX_SLOT
+                       + self.max_index_num * _INDEX_ENTRY)
+        if index_bytes > INT_MAX:
+            raise InvalidSetting(
+                f"maxHashSlotNum={self.max_hash_slot_num} and maxIndexNum={self.max_index_num} "
+                f"make a {index_bytes}-byte index file: 40 + 4 x maxHashSlotNum + 20 x "
+                f"maxIndexNum must be at most {INT_MAX} bytes")
 
     @property
     def root(self) -> Path:
@@ -216,12 +362,13 @@ def _convert(f: dataclasses.Field, raw: str) -> Any:
 
 
 def settings_table() -> list[dict[str, str]]:
-    """Every setting with key, default and unit, for docs and ``stratamq config``."""
+    """Every setting with key, default, unit and range, for docs and ``stratamq config``."""
     return [
         {
             "key": f.metadata["key"],
             "default": str(f.default.value if isinstance(f.default, Enum) else f.default),
             "unit": f.metadata["unit"],
+            "range": _range_text(f),
             "doc": f.metadata["doc"],
         }
         for f in dataclasses.fields(StoreConfig)
@@ -242,13 +389,16 @@ class BrokerConfig:
     separate proxy, so it has no second port.)
     """
 
-    broker_name: str = _setting("brokerName", "broker-a", "name", "broker name in routes")
+    broker_name: str = _setting("brokerName", "broker-a", "name", "broker name in routes",
+                                check=_name)
     broker_cluster_name: str = _setting(
-        "brokerClusterName", "DefaultCluster", "name", "cluster name reported to admin tools"
-    )
+        "brokerClusterName", "DefaultCluster", "name", "cluster name reported to admin tools",
+        check=_name,
+    )  # fmt: skip
     listen_host: str = _setting(
-        "listenHost", "0.0.0.0", "host", "address the gRPC server binds (StrataMQ's own key)"
-    )
+        "listenHost", "0.0.0.0", "host", "address the gRPC server binds (StrataMQ's own key)",
+        check=_name,
+    )  # fmt: skip
     auto_create_topic_enable: bool = _setting(
         "autoCreateTopicEnable", False, "bool",
         "create an unknown topic on first send or route query (NORMAL, defaultTopicQueueNums)",
@@ -257,56 +407,68 @@ class BrokerConfig:
         "autoCreateSubscriptionGroup", True, "bool", "create an unknown consumer group on first use"
     )
     default_topic_queue_nums: int = _setting(
-        "defaultTopicQueueNums", 8, "queues", "queues of a topic created without --queues"
-    )
+        "defaultTopicQueueNums", 8, "queues", "queues of a topic created without --queues",
+        minimum=1, maximum=1024,
+    )  # fmt: skip
     grpc_thread_pool_nums: int = _setting(
         "grpcThreadPoolNums", 128, "threads",
         "gRPC worker threads; each long poll and each client's telemetry stream holds one",
+        minimum=1,
     )  # fmt: skip
     default_invisible_time_mills: int = _setting(
         "defaultInvisibleTimeMills", 60_000, "ms",
         "invisible time of a receive that names none (PushConsumer's auto-renew receives)",
+        minimum=1,
     )  # fmt: skip
     min_invisible_time_mills_for_recv: int = _setting(
-        "minInvisibleTimeMillsForRecv", 10_000, "ms", "shortest invisible time a receive may ask"
-    )
+        "minInvisibleTimeMillsForRecv", 10_000, "ms", "shortest invisible time a receive may ask",
+        minimum=1,
+    )  # fmt: skip
     max_invisible_time_mills: int = _setting(
-        "maxInvisibleTimeMills", 12 * 3600 * 1000, "ms", "longest invisible time accepted"
-    )
+        "maxInvisibleTimeMills", 12 * 3600 * 1000, "ms", "longest invisible time accepted",
+        minimum=1,
+    )  # fmt: skip
     max_long_polling_time_mills: int = _setting(
         "grpcClientConsumerMaxLongPollingTimeoutMillis", 20_000, "ms",
         "longest a receive or pull waits for messages",
+        minimum=0,
     )  # fmt: skip
     default_retry_max_times: int = _setting(
         "retryMaxTimes", 16, "times",
         "retries of a new group: a message goes to %DLQ%<group> after 1 + this many deliveries",
+        minimum=0, maximum=1000,
     )  # fmt: skip
     receive_batch_size: int = _setting(
-        "grpcReceiveBatchSize", 32, "messages", "batch size the broker suggests to consumers"
-    )
+        "grpcReceiveBatchSize", 32, "messages", "batch size the broker suggests to consumers",
+        minimum=1,
+    )  # fmt: skip
     pop_state_sync_write: bool = _setting(
         "popStateSyncWrite", False, "bool",
         "fsync the pop-state WAL on every receive/ack (survive power loss, not just SIGKILL)",
     )  # fmt: skip
     shutdown_grace_seconds: int = _setting(
-        "shutdownGraceSeconds", 10, "s", "on SIGTERM, how long in-flight requests may finish"
-    )
+        "shutdownGraceSeconds", 10, "s", "on SIGTERM, how long in-flight requests may finish",
+        minimum=0,
+    )  # fmt: skip
     timer_enable: bool = _setting(
         "timerWheelEnable", True, "bool", "accept DELAY messages (needs the timer service)"
     )
     acl_enable: bool = _setting("aclEnable", False, "bool", "verify clients' signatures")
     tls_enable: bool = _setting("tlsEnable", False, "bool", "serve gRPC over TLS only")
     metrics_port: int = _setting(
-        "metricsPrometheusPort", 0, "port", "Prometheus /metrics port; 0: no metrics server"
-    )
+        "metricsPrometheusPort", 0, "port", "Prometheus /metrics port; 0: no metrics server",
+        minimum=0, maximum=65535,
+    )  # fmt: skip
     # -- DELAY messages, ACL, TLS, metrics (issue 5, second half) --------------------------------
     timer_max_delay_sec: int = _setting(
         "timerMaxDelaySec", 3 * 24 * 3600, "s",
         "furthest-ahead delivery time a DELAY message may ask (ILLEGAL_DELIVERY_TIME beyond)",
+        minimum=1,
     )  # fmt: skip
     timer_flush_interval_ms: int = _setting(
         "timerFlushIntervalMs", 1_000, "ms",
         "how often the timer index (RocksDB, no WAL) and timercheck are made durable",
+        minimum=1,
     )  # fmt: skip
     acl_file: str = _setting(
         "aclFile", "", "path",
@@ -320,6 +482,7 @@ class BrokerConfig:
     acl_signature_window_sec: int = _setting(
         "aclSignatureWindowSec", 900, "s",
         "a request whose x-mq-date-time is further than this from now is UNAUTHORIZED",
+        minimum=1,
     )  # fmt: skip
     tls_server_cert_path: str = _setting(
         "tls.server.certPath", "", "path", "PEM certificate chain served when tlsEnable"
@@ -333,7 +496,17 @@ class BrokerConfig:
     tls_server_need_client_auth: str = _setting(
         "tls.server.need.client.auth", "none", "none|optional|require",
         "whether clients must present a certificate signed by tls.server.trustCertPath",
+        check=_one_of("none", "optional", "require", fold_case=True),
     )  # fmt: skip
+
+
+    def __post_init__(self) -> None:
+        _validate(self)
+        for key, value in (("minInvisibleTimeMillsForRecv", self.min_invisible_time_mills_for_recv),
+                           ("defaultInvisibleTimeMills", self.default_invisible_time_mills)):
+            if value > self.max_invisible_time_mills:
+                raise InvalidSetting(f"{key}={value} is out of range: must be at most "
+                                     f"maxInvisibleTimeMills ({self.max_invisible_time_mills} ms)")
 
 
 def _from_props(cls: type, props: dict[str, str]) -> Any:
@@ -346,7 +519,8 @@ def load_broker_conf(
 ) -> tuple[StoreConfig, BrokerConfig, list[str]]:
     """Read a ``broker.conf`` (Java properties ``key=value``; ``#``/``!`` comments) and split its
     keys between StoreConfig and BrokerConfig; returns the unknown keys instead of dropping them
-    (the caller reports them). Bad values raise ValueError naming the key."""
+    (the caller reports them). Bad values raise ValueError (InvalidSetting for a value out of its
+    range) naming the key, the value and what is allowed."""
     if text is None:
         text = Path(path).read_text(encoding="utf-8") if path is not None else ""
     store_keys = {f.metadata["key"] for f in dataclasses.fields(StoreConfig)}
@@ -373,9 +547,9 @@ def load_broker_conf(
 
 
 def broker_settings_table() -> list[dict[str, str]]:
-    """BrokerConfig's keys with default and unit (StoreConfig's are in settings_table)."""
+    """BrokerConfig's keys with default, unit and range (StoreConfig's are in settings_table)."""
     return [
         {"key": f.metadata["key"], "default": str(f.default), "unit": f.metadata["unit"],
-         "doc": f.metadata["doc"]}
+         "range": _range_text(f), "doc": f.metadata["doc"]}
         for f in dataclasses.fields(BrokerConfig)
     ]

@@ -293,3 +293,28 @@ def test_stale_units_behind_the_end_do_not_break_opening(small_config, read_only
         # A writable open re-dispatches units 3 and 4 from the CommitLog; a read-only one
         # stops at the end the ConsumeQueue shows.
         assert got == ([b"m0", b"m1", b"m2"] if read_only else [b"m%d" % i for i in range(5)])
+
+
+def test_a_store_holding_a_record_no_directory_can_take_still_opens(tmp_path, small_config,
+                                                                     caplog):
+    """Records an older StrataMQ acknowledged (before puts checked topic names) whose topic
+    cannot be a directory: dispatch skips them, naming the record, and the store opens."""
+    import dataclasses
+    import logging
+
+    cfg = dataclasses.replace(small_config, store_path_root_dir=str(tmp_path / "d" / "store"))
+    with MessageStore(cfg).open() as store:
+        store.reput.shutdown()  # write the records the way an unchecked put path did
+        store.commitlog.append([Message("x" * 300, b"long", 0), Message("../../escape", b"e", 0),
+                                Message("Normal", b"ok", 0)])
+    caplog.set_level(logging.ERROR)
+    with MessageStore(cfg).open() as store:
+        assert store.reput.skipped == 2
+        assert store.put_message(Message("Normal", b"after", 0)).ok
+        assert store.wait_dispatched() and store.reput.error is None
+        with store.get_messages("g", "Normal", 0, 0) as got:
+            assert [m.body for m in got.messages()] == [b"ok", b"after"]
+    assert "x" * 80 in caplog.text and "CommitLog offset 0" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["store"]  # nothing escaped
+    with MessageStore(cfg).open() as store:  # and again, with nothing left to skip
+        assert store.reput.error is None

@@ -8,6 +8,10 @@ broker's files load here and ours load there. A write goes to ``<file>.tmp``, is
 renamed over the file (the previous version is kept as ``<file>.bak`` like RocketMQ does), so a
 kill at any moment leaves either the old or the new table, never a torn one.
 
+Loading checks every entry against the limits the admin API applies (names, queue counts, message
+type, retry times) and refuses a file that breaks one with a MetadataError naming the file, the
+entry and the key; it never rewrites the file.
+
 Thread-safety: every method may be called from any thread (one lock per table).
 """
 
@@ -22,12 +26,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stratamq.store.message_store import TOPIC_NAME_CHARS
+
 __all__ = ["GroupConfig", "MetadataError", "MetadataStore", "TopicConfig", "MESSAGE_TYPES",
            "DEFAULT_RETRY_BACKOFF_MS", "dlq_topic", "retry_topic"]
 
 MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
 PERM_READ, PERM_WRITE, PERM_INHERIT = 4, 2, 1
-NAME_RE = re.compile(r"^[%a-zA-Z0-9_-]{1,127}$")  # RocketMQ's topic and group name rule
+PERM_ALL = 15  # RocketMQ's PermName bits: priority 8, read 4, write 2, inherit 1
+MAX_QUEUES = 1024  # queues of one topic
+MAX_RETRY_TIMES = 1000
+# RocketMQ's topic and group name rule: TopicValidator's characters (the same ones the store
+# accepts, so every topic the broker accepts can be stored) and its 127-character topic limit.
+NAME_MAX_LENGTH = 127
+NAME_RE = re.compile(f"^[{TOPIC_NAME_CHARS}]{{1,{NAME_MAX_LENGTH}}}$")
+RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"
 # RocketMQ's delay levels from level 3 on: the push consumer's default retry backoff.
 DEFAULT_RETRY_BACKOFF_MS = [1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000,
                             300_000, 360_000, 420_000, 480_000, 540_000, 600_000, 1_200_000,
@@ -48,11 +61,11 @@ def is_system_topic(name: str) -> bool:
 
 
 def retry_topic(group: str) -> str:
-    return f"%RETRY%{group}"
+    return f"{RETRY_PREFIX}{group}"
 
 
 def dlq_topic(group: str) -> str:
-    return f"%DLQ%{group}"
+    return f"{DLQ_PREFIX}{group}"
 
 
 class MetadataError(ValueError):
@@ -64,8 +77,62 @@ class MetadataError(ValueError):
 
 
 def check_name(what: str, name: str) -> None:
-    if not NAME_RE.match(name or ""):
+    if not isinstance(name, str) or not NAME_RE.match(name):
         raise MetadataError("invalid", f"{what} name {name!r} must match {NAME_RE.pattern}")
+
+
+def check_topic_name(name: str) -> None:
+    """A topic name: RocketMQ's rule, or a group's retry / dead-letter topic, which may be a few
+    characters longer than 127 because it wraps a group name of up to 127 (all within the
+    store's 255-byte limit)."""
+    if isinstance(name, str):
+        for prefix in (RETRY_PREFIX, DLQ_PREFIX):
+            if name.startswith(prefix) and NAME_RE.match(name[len(prefix):]):
+                return
+    check_name("topic", name)
+
+
+_MISSING = object()
+
+
+def _json_kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            type(None): "null", int: "a number", float: "a number"}.get(type(value),
+                                                                         type(value).__name__)
+
+
+def _get(d: dict[str, Any], key: str, kind: type, default: Any = _MISSING) -> Any:
+    """``d[key]`` if it is a JSON ``kind``; ``default`` if absent or null. Errors name the key."""
+    value = d.get(key)
+    if value is None:
+        if default is _MISSING:
+            raise ValueError(f"key {key!r} is missing")
+        return default
+    ok = (isinstance(value, int) and not isinstance(value, bool)) if kind is int else (
+        isinstance(value, kind))
+    if not ok:
+        want = {int: "an integer", bool: "true or false", str: "a string", dict: "an object",
+                list: "a list"}[kind]
+        raise ValueError(f"key {key!r} must be {want}, not {_json_kind(value)} ({value!r:.60})")
+    return value
+
+
+def _get_int(d: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = _get(d, key, int, default)
+    if not low <= value <= high:
+        raise ValueError(f"key {key!r} must be {low}..{high}, not {value}")
+    return value
+
+
+def _named(name: str, d: Any, name_key: str) -> dict[str, Any]:
+    """The entry ``d`` stored under table key ``name``: an object whose ``name_key`` is ``name``."""
+    if not isinstance(d, dict):
+        raise ValueError(f"must be an object, not {_json_kind(d)}")
+    own = _get(d, name_key, str)
+    if own != name:
+        raise ValueError(f"key {name_key!r} is {own!r} but the entry is stored under {name!r}; "
+                         "they must be the same")
+    return d
 
 
 @dataclass
@@ -88,13 +155,24 @@ class TopicConfig:
                 "attributes": {"message.type": self.message_type}}  # fmt: skip
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> TopicConfig:
-        attrs = d.get("attributes") or {}
+    def from_json(cls, name: str, d: Any) -> TopicConfig:
+        """The entry stored under ``name``, checked like the admin API checks a new topic;
+        ValueError names the key that is wrong."""
+        d = _named(name, d, "topicName")
+        try:
+            check_topic_name(name)
+        except MetadataError as exc:
+            raise ValueError(f"key 'topicName': {exc}") from None
+        attrs = _get(d, "attributes", dict, {})
         mtype = attrs.get("message.type") or attrs.get("+message.type")
         if not mtype:
-            mtype = "FIFO" if d.get("order") else "NORMAL"
-        return cls(d["topicName"], int(d.get("readQueueNums", 8)),
-                   int(d.get("writeQueueNums", 8)), int(d.get("perm", 6)), str(mtype).upper())
+            mtype = "FIFO" if _get(d, "order", bool, False) else "NORMAL"
+        if not isinstance(mtype, str) or mtype.upper() not in MESSAGE_TYPES:
+            raise ValueError(f"key 'attributes.message.type' must be one of "
+                             f"{'|'.join(MESSAGE_TYPES)}, not {mtype!r}")
+        return cls(name, _get_int(d, "readQueueNums", 8, 1, MAX_QUEUES),
+                   _get_int(d, "writeQueueNums", 8, 1, MAX_QUEUES),
+                   _get_int(d, "perm", PERM_READ | PERM_WRITE, 0, PERM_ALL), mtype.upper())
 
 
 @dataclass
@@ -120,12 +198,23 @@ class GroupConfig:
                 "attributes": {}}  # fmt: skip
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> GroupConfig:
-        policy = (d.get("groupRetryPolicy") or {}).get("customizedRetryPolicy") or {}
-        backoff = [int(x) for x in policy.get("next") or DEFAULT_RETRY_BACKOFF_MS]
-        return cls(d["groupName"], bool(d.get("consumeEnable", True)),
-                   bool(d.get("consumeMessageOrderly", False)), int(d.get("retryMaxTimes", 16)),
-                   backoff)
+    def from_json(cls, name: str, d: Any) -> GroupConfig:
+        """The entry stored under ``name``, checked like the admin API checks a new group;
+        ValueError names the key that is wrong."""
+        d = _named(name, d, "groupName")
+        try:
+            check_name("group", name)
+        except MetadataError as exc:
+            raise ValueError(f"key 'groupName': {exc}") from None
+        policy = _get(_get(d, "groupRetryPolicy", dict, {}), "customizedRetryPolicy", dict, {})
+        backoff = _get(policy, "next", list, [])
+        if any(isinstance(ms, bool) or not isinstance(ms, int) or ms <= 0 for ms in backoff):
+            raise ValueError("key 'groupRetryPolicy.customizedRetryPolicy.next' must be a list "
+                             f"of positive milliseconds, not {backoff!r:.80}")
+        return cls(name, _get(d, "consumeEnable", bool, True),
+                   _get(d, "consumeMessageOrderly", bool, False),
+                   _get_int(d, "retryMaxTimes", 16, 0, MAX_RETRY_TIMES),
+                   list(backoff) or list(DEFAULT_RETRY_BACKOFF_MS))
 
 
 class _JsonTable:
@@ -139,14 +228,38 @@ class _JsonTable:
         self.entries: dict[str, Any] = {}
         self.counter = 0
         if path.exists():
+            self._load(load_entry)
+
+    def _load(self, load_entry) -> None:
+        """Read the file, or raise one MetadataError naming it, the entry and the key. A bad
+        file is left exactly as it is: never replaced by an empty or repaired table."""
+        path = self.path
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise self._error(f"cannot read it: {exc}") from None
+        if not isinstance(doc, dict):
+            raise self._error(f"it must hold a JSON object, not {_json_kind(doc)}")
+        try:
+            version = _get(doc, "dataVersion", dict, {})
+            table = _get(doc, self.table_key, dict, {})
+        except ValueError as exc:
+            raise self._error(str(exc)) from None
+        try:
+            self.counter = _get_int(version, "counter", 0, 0, 2**63 - 1)
+        except ValueError as exc:
+            raise self._error(f"dataVersion: {exc}") from None
+        for name, entry in table.items():
             try:
-                doc = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                raise MetadataError("invalid", f"cannot read {path}: {exc}; the previous version "
-                                    f"is in {path}.bak") from None
-            self.counter = int((doc.get("dataVersion") or {}).get("counter", 0))
-            for name, entry in (doc.get(table_key) or {}).items():
-                self.entries[name] = load_entry(entry)
+                self.entries[name] = load_entry(name, entry)
+            except ValueError as exc:
+                raise self._error(f"{self.table_key} entry {name!r}: {exc}") from None
+
+    def _error(self, problem: str) -> MetadataError:
+        bak = self.path.with_name(self.path.name + ".bak")
+        hint = (f"; the previous version is in {bak}" if bak.is_file() else "")
+        return MetadataError("invalid", f"{self.path}: {problem}. Correct the file and start "
+                             f"the broker again (it left the file unchanged){hint}")
 
     def save(self) -> None:
         with self.lock:
@@ -196,7 +309,7 @@ class MetadataStore:
 
     def create_topic(self, name: str, queues: int, message_type: str = "NORMAL",
                      *, exist_ok: bool = False) -> TopicConfig:
-        check_name("topic", name)
+        check_topic_name(name)
         if is_system_topic(name):
             raise MetadataError("invalid", f"topic name {name!r} is reserved for the broker's "
                                 f"system topics ({SYSTEM_TOPIC_PREFIX}*)")
@@ -204,8 +317,8 @@ class MetadataStore:
         if message_type not in MESSAGE_TYPES:
             raise MetadataError("invalid", f"message type {message_type!r} is not one of "
                                 + "|".join(MESSAGE_TYPES))
-        if not 1 <= queues <= 1024:
-            raise MetadataError("invalid", f"queues must be 1..1024, not {queues}")
+        if not 1 <= queues <= MAX_QUEUES:
+            raise MetadataError("invalid", f"queues must be 1..{MAX_QUEUES}, not {queues}")
         with self._topics.lock:
             existing = self._topics.entries.get(name)
             if existing is not None:
@@ -225,8 +338,9 @@ class MetadataStore:
                 raise MetadataError("not_found", f"topic {name!r} does not exist")
             new = TopicConfig(**vars(cfg))
             if queues is not None:
-                if not 1 <= queues <= 1024:
-                    raise MetadataError("invalid", f"queues must be 1..1024, not {queues}")
+                if not 1 <= queues <= MAX_QUEUES:
+                    raise MetadataError("invalid",
+                                        f"queues must be 1..{MAX_QUEUES}, not {queues}")
                 new.read_queue_nums = new.write_queue_nums = queues
             if message_type is not None:
                 if message_type.upper() not in MESSAGE_TYPES:
@@ -234,6 +348,8 @@ class MetadataStore:
                                         "of " + "|".join(MESSAGE_TYPES))
                 new.message_type = message_type.upper()
             if perm is not None:
+                if not 0 <= perm <= PERM_ALL:
+                    raise MetadataError("invalid", f"perm must be 0..{PERM_ALL}, not {perm}")
                 new.perm = perm
             self._topics.entries[name] = new
             self._topics.save()
@@ -293,8 +409,8 @@ class MetadataStore:
 
     @staticmethod
     def _check_group(cfg: GroupConfig) -> None:
-        if not 0 <= cfg.retry_max_times <= 1000:
-            raise MetadataError("invalid", f"retryMaxTimes must be 0..1000, "
+        if not 0 <= cfg.retry_max_times <= MAX_RETRY_TIMES:
+            raise MetadataError("invalid", f"retryMaxTimes must be 0..{MAX_RETRY_TIMES}, "
                                 f"not {cfg.retry_max_times}")
         if not cfg.retry_backoff_ms or any(ms <= 0 for ms in cfg.retry_backoff_ms):
             raise MetadataError("invalid", "retry backoff must be a list of positive ms")

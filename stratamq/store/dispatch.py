@@ -10,6 +10,7 @@ before the thread starts (recovery). Records are read in place from the map, nev
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from collections import deque
@@ -21,6 +22,15 @@ from stratamq.message import DispatchInfo
 from stratamq.store.mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger(__name__)
+
+# OSErrors that come from one record (its topic cannot be a ConsumeQueue directory name), not
+# from the disk: dispatch skips that record instead of stopping for good, since every later
+# open would replay it and fail the same way.
+RECORD_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EINVAL})
+
+
+class DispatchError(RuntimeError):
+    """Dispatching one record failed; the message names the record and what to do."""
 
 
 class Dispatcher(Protocol):
@@ -63,6 +73,7 @@ class ReputService:
         self._idle = False
         self._thread = threading.Thread(target=self._run, name="reput", daemon=True)
         self.error: BaseException | None = None
+        self.skipped = 0  # records no ConsumeQueue could take (RECORD_ERRNOS); logged each
         # (topic bytes, queue id) -> replay floor, only while a skip_covered replay runs.
         self._floors: dict[tuple[bytes, int], int] | None = None
 
@@ -164,7 +175,10 @@ class ReputService:
                         break  # the rest of the record is not written yet
                     info = codec.decode_dispatch_info(buf, pos)
                 for dispatcher in dispatchers:
-                    dispatcher.dispatch(info)
+                    try:
+                        dispatcher.dispatch(info)
+                    except OSError as exc:
+                        self._dispatch_failed(info, exc)
                 for listener in listeners:
                     listener(info)
                 self.last_store_timestamp = info.store_timestamp
@@ -176,6 +190,18 @@ class ReputService:
         finally:
             mf.release()
         return count
+
+    def _dispatch_failed(self, info: DispatchInfo, exc: OSError) -> None:
+        where = (f"the record at CommitLog offset {info.physical_offset} (topic "
+                 f"{info.topic[:80]!r}, queue {info.queue_id}, queue offset {info.queue_offset})")
+        if exc.errno in RECORD_ERRNOS:
+            self.skipped += 1
+            log.error("skipped %s: %s. It stays in the CommitLog, but no ConsumeQueue serves "
+                      "it: its topic cannot be a directory name", where, exc)
+            return
+        raise DispatchError(
+            f"cannot dispatch {where}: {exc}. Fix the cause (disk space, permissions, open-file "
+            "limit) and open the store again: dispatch resumes at this record") from exc
 
     def start(self) -> None:
         self._thread.start()

@@ -12,6 +12,7 @@ The directory is RocketMQ's, so either system can open the other's store::
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 SEGMENT_NAME_DIGITS = 20
@@ -43,6 +44,10 @@ class StoreLayout:
         return self.root / "consumequeue"
 
     def consume_queue_dir(self, topic: str, queue_id: int) -> Path:
+        # A topic is one directory name: never a path out of consumequeue/ (records written
+        # before puts checked topic names may still carry one).
+        if not topic or "/" in topic or "\0" in topic or topic in (".", ".."):
+            raise OSError(errno.EINVAL, f"topic {topic[:80]!r} is not a directory name")
         return self.consumequeue_dir / topic / str(queue_id)
 
     @property

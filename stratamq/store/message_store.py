@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import re
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -48,6 +49,31 @@ from stratamq.store.results import (
 
 log = logging.getLogger(__name__)
 
+# Characters of a topic name: RocketMQ's TopicValidator rule (its brokers and clients refuse any
+# other), which also keeps a name a single, harmless path component: a topic is the directory
+# name ``consumequeue/<topic>/`` (no "/", ".", "..", blanks).
+TOPIC_NAME_CHARS = "%|a-zA-Z0-9_-"
+TOPIC_NAME_RE = re.compile(f"^[{TOPIC_NAME_CHARS}]+$")
+# Longest topic the store writes: a directory name is at most NAME_MAX (255) bytes. Topics over
+# 127 bytes are written as RocketMQ's message version 2 (two-byte topic length).
+MAX_TOPIC_NAME_BYTES = 255
+
+
+def topic_name_problem(topic: object, max_bytes: int = MAX_TOPIC_NAME_BYTES) -> str | None:
+    """Why ``topic`` cannot be stored (a sentence naming the rule it breaks), or None."""
+    if not isinstance(topic, str):
+        return f"topic must be a string, not {type(topic).__name__}"
+    if not topic:
+        return "topic is empty"
+    if not TOPIC_NAME_RE.match(topic):
+        bad = ", ".join(map(repr, sorted({c for c in topic if not TOPIC_NAME_RE.match(c)})[:8]))
+        return (f"topic {topic[:80]!r} contains {bad}: a topic name may only hold letters, "
+                "digits and % | _ - (RocketMQ's topic rule; a topic is also a directory name)")
+    if len(topic) > max_bytes:  # ASCII only by now: characters are bytes
+        return (f"topic {topic[:40]!r}... is {len(topic)} bytes, longer than {max_bytes} bytes "
+                "(a topic is a directory name, consumequeue/<topic>/)")
+    return None
+
 
 class StoreLocked(RuntimeError):
     """Another process has the store open."""
@@ -81,6 +107,10 @@ class MessageStore:
         self._cq_flusher: ConsumeQueueFlushService | None = None
         self.cleanup: CleanupService | None = None  # retention and the disk-full mark
         self.index: IndexService | None = None  # key / unique-id lookups (messageIndexEnable)
+        # Topics put_messages has already found valid: one set lookup per message after that.
+        # Writers share it without a lock: a set's add, clear and ``in`` are atomic under the GIL.
+        self._valid_topics: set[str] = set()
+        self._max_topic_bytes: int | None = None  # NAME_MAX of the store's file system, <= 255
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -315,6 +345,14 @@ class MessageStore:
         refusal = self.cleanup.put_refusal() if self.cleanup is not None else None
         if refusal is not None:  # past diskSpaceWarningLevelRatio: RocketMQ's DISK_FULL flag
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, error=refusal)
+        # Checked before anything of the batch is written: a topic that cannot be a ConsumeQueue
+        # directory would otherwise be acknowledged and then stop dispatch for good.
+        valid = self._valid_topics
+        for m in messages:
+            if m.topic not in valid:
+                problem = self._topic_problem(m.topic)
+                if problem is not None:
+                    return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, error=problem)
         result = self.commitlog.append(messages)
         if result.messages and isinstance(self._flusher, GroupCommitService):
             wants_wait = any(
@@ -326,6 +364,23 @@ class MessageStore:
             ):
                 result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
         return result
+
+    def _topic_problem(self, topic: object) -> str | None:
+        """``topic_name_problem`` against this store's file system; remembers valid topics."""
+        if self._max_topic_bytes is None:
+            try:
+                name_max = os.pathconf(self.layout.root, "PC_NAME_MAX")
+            except (OSError, ValueError):
+                name_max = MAX_TOPIC_NAME_BYTES
+            # Never past 255 even where the file system allows more: the store must stay
+            # copyable to an ordinary one (and readable by RocketMQ there).
+            self._max_topic_bytes = min(name_max, MAX_TOPIC_NAME_BYTES)
+        problem = topic_name_problem(topic, self._max_topic_bytes)
+        if problem is None:
+            if len(self._valid_topics) >= 100_000:  # bounded; a miss costs only a regex match
+                self._valid_topics.clear()
+            self._valid_topics.add(topic)  # type: ignore[arg-type]
+        return problem
 
     def flush(self) -> None:
         """Force everything appended so far to disk (CommitLog and ConsumeQueues)."""
@@ -523,4 +578,5 @@ class MessageStore:
         return self.reput.behind_bytes()
 
 
-__all__ = ["MessageStore", "StoreLocked"]
+__all__ = ["MAX_TOPIC_NAME_BYTES", "MessageStore", "StoreLocked", "TOPIC_NAME_RE",
+           "topic_name_problem"]
