@@ -866,6 +866,8 @@ def skip_covered(
             p = pos + layout.header.size + _INT.unpack_from(buf, pos + layout.header.size - 4)[0]
         else:
             p = pos + header_size + body_len
+        if p < pos + header_size or p + 2 > pos + total:
+            break  # a damaged body length: the full path names the record
         if magic == v1:
             key = (bytes(buf[p + 1 : p + 1 + buf[p]]), queue_id)
         else:

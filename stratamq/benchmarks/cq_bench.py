@@ -48,10 +48,17 @@ def cq_path(root: Path, store_type: str) -> Path:
 
 def run_cq_bench(*, queues: int, messages_per_queue: int, store_type: str,
                  store_dir: str | None = None, body_size: int = 128) -> dict[str, Any]:
+    """One run, as one JSON-ready dict. Bad arguments (a ``store_dir`` that is a file, not
+    empty or cannot be created; a body over maxMessageSize) raise ValueError before anything is
+    written; a run that fails part way (EMFILE: one file per queue runs out of descriptors; a
+    put refused) returns what it measured so far with ``error`` set."""
+    limit = StoreConfig().max_message_size  # the bench store runs with the default
+    if body_size > limit:
+        raise ValueError(f"body size {body_size} is more than maxMessageSize ({limit})")
     owned = store_dir is None
     root = Path(tempfile.mkdtemp(prefix="stratamq-cq-bench-")) if owned else Path(store_dir)
-    if not owned and root.exists() and any(root.iterdir()):
-        raise ValueError(f"{root} is not empty: the bench needs a fresh store directory")
+    if not owned:
+        _check_fresh_dir(root)
     config = StoreConfig(store_path_root_dir=str(root), store_type=store_type,
                          mapped_file_size_commit_log=COMMITLOG_SEGMENT,
                          message_index_enable=False)  # measure the ConsumeQueues, not the index
@@ -110,12 +117,25 @@ def run_cq_bench(*, queues: int, messages_per_queue: int, store_type: str,
         out["put_vs_rocketmq_rocksdb"] = round(total / put_s / ROCKETMQ_ROCKSDB_PUT_MSGS_PER_S, 4)
         out["get_vs_rocketmq_rocksdb"] = round(total / get_s / ROCKETMQ_ROCKSDB_GET_MSGS_PER_S, 4)
         out["cq_load_s"] = round(_time_cq_load(root, store_type), 4)
-    except OSError as exc:  # e.g. EMFILE: one file per queue runs out of descriptors
+    except (OSError, RuntimeError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         if owned:
             shutil.rmtree(root, ignore_errors=True)
     return out
+
+
+def _check_fresh_dir(root: Path) -> None:
+    """Create ``root`` for the bench store, or raise ValueError saying why it cannot be one."""
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"store directory {root} is a file")
+    if root.is_dir() and any(root.iterdir()):
+        raise ValueError(f"{root} is not empty: the bench needs a fresh store directory")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create store directory {root}: "
+                         f"{exc.strerror or exc}") from None
 
 
 def _time_cq_load(root: Path, store_type: str) -> float:

@@ -18,10 +18,19 @@ from stratamq.cli.common import emit
 TYPES = click.Choice(["NORMAL", "FIFO", "DELAY", "TRANSACTION"], case_sensitive=False)
 
 
+def _check_endpoint(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    from stratamq.client.admin import check_endpoint
+
+    try:
+        return check_endpoint(value)
+    except ValueError:
+        raise click.BadParameter(f"must be HOST:PORT with a port 1..65535, not {value!r}") from None
+
+
 def endpoint_option(fn: Callable) -> Callable:
     """``--endpoint`` plus the ACL credentials; passes one ``Connection`` as ``endpoint``."""
 
-    @click.option("--endpoint", required=True, help="Broker HOST:PORT.")
+    @click.option("--endpoint", required=True, callback=_check_endpoint, help="Broker HOST:PORT.")
     @click.option("--access-key", envvar="STRATAMQ_ACCESS_KEY", default=None,
                   help="Access key to sign requests with (broker with aclEnable=true); "
                        "env STRATAMQ_ACCESS_KEY.")

@@ -3,13 +3,51 @@
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import click
 
-from stratamq.cli.app import main
+from stratamq.cli.app import main, os_error_text
+
+MAX_PORT = 65535
+
+
+def _check_listen(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """HOST:PORT with a port 0..65535: gRPC would take 70000 modulo 65536 and serve on 4464."""
+    if value is None:
+        return None
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise click.BadParameter(f"must be HOST:PORT, not {value!r}")
+    if int(port) > MAX_PORT:
+        raise click.BadParameter(f"port {port} is out of range 0..{MAX_PORT} (in {value!r})")
+    return value
+
+
+def _bind_refusal(host: str, port: int) -> str | None:
+    """Why binding ``host:port`` fails (``Address already in use``), or None if it does not.
+
+    gRPC's own error says only "Failed to bind" and logs the reason in a line of its own; one
+    bind of our own, made after gRPC's failed, learns the reason for the error line.
+    """
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        return f"cannot resolve {host!r}: {exc}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        # As gRPC binds: SO_REUSEADDR, so a port left in TIME_WAIT is not reported as in use.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 @main.group()
@@ -22,7 +60,7 @@ def broker() -> None:
               help="broker.conf (key=value, RocketMQ key names).")
 @click.option("--store", "store_dir", default=None,
               help="Store root (overrides storePathRootDir; default ./data).")
-@click.option("--listen", default=None,
+@click.option("--listen", default=None, callback=_check_listen,
               help="HOST:PORT to serve gRPC on (default 0.0.0.0:<listenPort>, 10911; "
                    "port 0 picks a free port).")
 def broker_start(config_file: str | None, store_dir: str | None, listen: str | None) -> None:
@@ -43,21 +81,40 @@ def broker_start(config_file: str | None, store_dir: str | None, listen: str | N
             "(see stratamq/config.py for every key)")
     if store_dir is not None:
         store_cfg = replace(store_cfg, store_path_root_dir=store_dir)
+    root = Path(store_cfg.store_path_root_dir)
+    if root.exists() and not root.is_dir():
+        raise click.ClickException(f"store directory {root} is a file")
     try:
         b = Broker(store_cfg, broker_cfg, listen)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
         endpoint = b.start()
     except StoreLocked as exc:
         raise click.ClickException(str(exc)) from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        if exc.errno is None and str(exc).startswith("cannot listen on"):  # Broker's, no errno
+            host, port = b.listen_host, b.listen_port
+            reason = _bind_refusal(host, port)
+            if reason is None:
+                raise click.ClickException(str(exc)) from None
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            raise click.ClickException(f"cannot listen on {address}: {reason}") from None
+        raise click.ClickException(
+            f"cannot open store {root}: {os_error_text(exc, root)}") from None
+    except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    click.echo(f"StrataMQ broker {broker_cfg.broker_name} listening on {endpoint} "
-               f"(store: {store_cfg.store_path_root_dir})")
-    sys.stdout.flush()
-    while not stop.wait(1.0):
-        pass
-    click.echo("stopping: finishing in-flight requests, flushing, writing the checkpoint")
-    b.stop()
+    try:
+        click.echo(f"StrataMQ broker {broker_cfg.broker_name} listening on {endpoint} "
+                   f"(store: {store_cfg.store_path_root_dir})")
+        sys.stdout.flush()
+        while not stop.wait(1.0):
+            pass
+        click.echo("stopping: finishing in-flight requests, flushing, writing the checkpoint")
+    finally:
+        # Even when stdout is gone (a closed pipe): the store must still close cleanly.
+        b.stop()
     click.echo("stopped cleanly")

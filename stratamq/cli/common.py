@@ -1,24 +1,40 @@
-"""Helpers every CLI module shares: JSON output, opening a store, the dump shape."""
+"""Helpers every CLI module shares: JSON output, opening a store, the dump shape, and the
+warnings a read-only command prints when the store holds more than it can show."""
 
 from __future__ import annotations
 
 import base64
 import json
+import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 
+from stratamq import message as codec
 from stratamq.config import StoreConfig
-from stratamq.message import StoredMessage
-from stratamq.store.consume_queue_store import STORE_TYPE_FILES, STORE_TYPES
+from stratamq.message import RecordCorrupt, StoredMessage
+from stratamq.store.consume_queue_store import (
+    ROCKSDB_CQ_DIR,
+    STORE_TYPE_FILES,
+    STORE_TYPE_ROCKSDB,
+    STORE_TYPES,
+    read_store_type,
+)
+from stratamq.store.mapped_file_queue import MappedFileQueue
 from stratamq.store.message_store import MessageStore, StoreLocked
 from stratamq.store.results import GetMessageStatus
+from stratamq.store.verify import UndispatchedScan
 
 
 def emit(obj: Any) -> None:
     click.echo(json.dumps(obj, separators=(",", ":"), ensure_ascii=False))
+
+
+def warn(text: str) -> None:
+    """One ``warning: ...`` line on stderr: stdout keeps its contract shape."""
+    click.echo(f"warning: {text}", err=True)
 
 
 _STORE_TYPE_KEY = "stratamq.store_type"
@@ -49,6 +65,8 @@ def open_store(store_dir: str, *, read_only: bool, store_type: str | None = None
     if store_type is None:
         ctx = click.get_current_context(silent=True)
         store_type = ctx.meta.get(_STORE_TYPE_KEY) if ctx is not None else None
+    if read_only:
+        _refuse_missing_rocksdb(root, store_type)
     config = StoreConfig(store_path_root_dir=str(root),
                          store_type=store_type or STORE_TYPE_FILES)
     try:
@@ -58,6 +76,31 @@ def open_store(store_dir: str, *, read_only: bool, store_type: str | None = None
         raise click.ClickException(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise click.ClickException(f"cannot open store {root}: {exc}") from None
+
+
+def _refuse_missing_rocksdb(root: Path, forced: str | None) -> None:
+    """A store recorded as ``defaultRocksDB`` without its RocksDB would open with no queue at
+    all and a read-only command would show an empty store: say what is wrong instead. (A
+    read-write open rebuilds the RocksDB from the CommitLog: ``store verify`` does that.)"""
+    try:
+        recorded = read_store_type(root)
+    except ValueError as exc:
+        raise click.ClickException(f"cannot open store {root}: {exc}") from None
+    if (forced or recorded) != STORE_TYPE_ROCKSDB or (root / ROCKSDB_CQ_DIR / "CURRENT").exists():
+        return
+    if MappedFileQueue.size_on_disk(root / "commitlog") is None:
+        return  # no data: nothing to miss
+    cq_dir = root / "consumequeue"
+    has_files = cq_dir.is_dir() and any(cq_dir.iterdir())
+    how = (f"it still has ConsumeQueue files: read them with --store-type {STORE_TYPE_FILES}, "
+           f"or build the RocksDB store from the CommitLog: stratamq store migrate-cq --store "
+           f"{root} --store-type {STORE_TYPE_FILES} --to rocksdb" if has_files else
+           f"rebuild it from the CommitLog with a read-write open: stratamq store verify "
+           f"--store {root} (stratamq store migrate-cq needs a ConsumeQueue store to start from)")
+    raise click.ClickException(
+        f"store {root} uses ConsumeQueue store type {STORE_TYPE_ROCKSDB} (config/storeType) "
+        f"but its RocksDB ConsumeQueue store {ROCKSDB_CQ_DIR}/ is missing, so every queue would "
+        f"look empty; {how}")
 
 
 def message_json(msg: StoredMessage) -> dict[str, Any]:
@@ -82,8 +125,28 @@ def message_json(msg: StoredMessage) -> dict[str, Any]:
     }
 
 
-def iter_queue(store: MessageStore, topic: str, queue_id: int) -> Iterator[StoredMessage]:
-    """Every message of one queue in queue order."""
+class CorruptRecord(NamedTuple):
+    """A record a queue points at that does not decode (or fails its body CRC)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    reason: str
+
+    def __str__(self) -> str:
+        return (f"corrupt record at CommitLog offset {self.commitlog_offset} "
+                f"({self.topic}/{self.queue_id}@{self.queue_offset}): {self.reason}")
+
+
+def iter_queue(store: MessageStore, topic: str, queue_id: int,
+               on_corrupt: Callable[[CorruptRecord], None] | None = None
+               ) -> Iterator[StoredMessage]:
+    """Every message of one queue in queue order.
+
+    A record that does not decode, or whose body fails its CRC, goes to ``on_corrupt`` (named
+    by its CommitLog offset) and is not yielded if it does not decode; a CRC failure is still
+    yielded, since its fields are readable. Without ``on_corrupt`` it raises RecordCorrupt."""
     offset = store.get_min_offset_in_queue(topic, queue_id)
     while True:
         result = store.get_messages("stratamq-cli", topic, queue_id, offset, max_count=256,
@@ -92,7 +155,49 @@ def iter_queue(store: MessageStore, topic: str, queue_id: int) -> Iterator[Store
             if result.status not in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
                                      GetMessageStatus.MESSAGE_WAS_REMOVING):
                 return
-            yield from result.messages()
+            for record in result.records:
+                phys = record.physical_offset
+                try:
+                    msg = record.decode()
+                except (RecordCorrupt, ValueError, struct.error) as exc:
+                    reason = exc.reason if isinstance(exc, RecordCorrupt) else str(exc)
+                    if on_corrupt is None:
+                        raise RecordCorrupt(phys, reason) from None
+                    on_corrupt(CorruptRecord(topic, queue_id, record.queue_offset, phys, reason))
+                    continue
+                if on_corrupt is not None and codec.body_crc(msg.body) != msg.body_crc:
+                    on_corrupt(CorruptRecord(topic, queue_id, record.queue_offset, phys,
+                                             "body CRC mismatch"))
+                yield msg
             if result.next_begin_offset <= offset:
                 return
             offset = result.next_begin_offset
+
+
+def read_only_warnings(store: MessageStore, store_dir: str,
+                       scan: UndispatchedScan | None = None) -> list[str]:
+    """What a read-only command cannot show: records behind a recovery cut, records no
+    ConsumeQueue holds yet, and damaged records met while scanning the CommitLog."""
+    out: list[str] = []
+    rec = store.recovery
+    verify = f"stratamq store verify --store {store_dir}"
+    if rec is not None and rec.records_after_cut:
+        out.append(
+            f"the CommitLog has a corrupt record at {rec.end_offset} with "
+            f"{rec.records_after_cut} valid records after it ({rec.problem}); the log is read "
+            f"only up to it, so they are not shown. Run `{verify}` to check the store (like any "
+            f"read-write open, it cuts the log there: copy the store first to keep them)")
+    elif rec is not None and rec.dropped_units:
+        out.append(
+            f"{rec.dropped_units} ConsumeQueue units point past the end of the CommitLog at "
+            f"{rec.end_offset} ({rec.problem or 'its records are gone'}); those messages are "
+            f"not shown. Run `{verify}` for the details")
+    if scan is not None and scan.records:
+        out.append(
+            f"{scan.records} records in the CommitLog are in no ConsumeQueue "
+            f"({scan.queues_text()}); they are not shown. Run `{verify}` to re-dispatch them")
+    if scan is not None and scan.corrupt:
+        more = len(scan.corrupt) - 1
+        out.append(f"{scan.corrupt[0]}" + (f" (and {more} more damaged places)" if more else "")
+                   + f"; run `{verify}` for the details")
+    return out

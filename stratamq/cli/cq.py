@@ -97,10 +97,13 @@ def bench_cq(queues: int, messages_per_queue: int, store_type: str, store_dir: s
     from stratamq.benchmarks.cq_bench import run_cq_bench
 
     try:
-        emit(run_cq_bench(queues=queues, messages_per_queue=messages_per_queue,
-                          store_type=store_type, store_dir=store_dir, body_size=body_size))
+        result = run_cq_bench(queues=queues, messages_per_queue=messages_per_queue,
+                              store_type=store_type, store_dir=store_dir, body_size=body_size)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+    emit(result)  # kept on a failed run too: what it measured before failing, and why
+    if "error" in result:
+        raise click.ClickException(f"bench failed: {result['error']}")
 
 
 __all__ = ["main"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from stratamq.cli.app import main
+from stratamq.cli.app import main, os_error_text, prepare_store_dir
 from stratamq.config import StoreConfig
 from stratamq.message import Message, Prop
 from stratamq.store.message_store import MessageStore, StoreLocked
@@ -18,11 +18,15 @@ from stratamq.store.message_store import MessageStore, StoreLocked
 @click.option("--messages", type=click.IntRange(min=1), default=1000, show_default=True)
 def demo(store_dir: str, messages: int) -> None:
     """Write messages through an embedded store, read them back and say what happened."""
+    prepare_store_dir(store_dir)
     config = StoreConfig(store_path_root_dir=store_dir)
     try:
         s = MessageStore(config).open()
     except StoreLocked as exc:
         raise click.ClickException(str(exc)) from None
+    except (OSError, ValueError) as exc:  # a read-only mount, a file where a directory goes
+        text = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
+        raise click.ClickException(f"cannot open store {store_dir}: {text}") from None
     with s:
         report = s.recovery
         click.echo(f"store {Path(store_dir).resolve()} opened "

@@ -1,13 +1,33 @@
-"""``stratamq store ...``: inspect and check a store directory."""
+"""``stratamq store ...``: inspect and check a store directory.
+
+``dump`` and ``stat`` are read-only and keep their stdout shapes; what they cannot show
+(records behind a recovery cut, records no ConsumeQueue holds yet, damaged records) they say on
+stderr as ``warning:`` lines, and ``stat`` adds it to its JSON. ``verify`` opens read-write.
+"""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
 from stratamq.cli.app import main
-from stratamq.cli.common import emit, iter_queue, message_json, open_store, store_type_option
+from stratamq.cli.common import (
+    CorruptRecord,
+    emit,
+    iter_queue,
+    message_json,
+    open_store,
+    read_only_warnings,
+    store_type_option,
+    warn,
+)
+from stratamq.store.consume_queue_store import ROCKSDB_CQ_DIR, STORE_TYPE_ROCKSDB, STORE_TYPES
+from stratamq.store.mapped_file_queue import MappedFileQueue
+from stratamq.store.verify import queue_name, scan_undispatched
+
+MAX_LISTED_ERRORS = 20
 
 
 @main.group()
@@ -21,36 +41,80 @@ def store() -> None:
 @click.option("--topic", default=None, help="Only this topic.")
 @click.option("--queue-id", type=int, default=None, help="Only this queue id.")
 def store_dump(store_dir: str, topic: str | None, queue_id: int | None) -> None:
-    """Print every message as one JSON object per line, in queue order. Read-only."""
+    """Print every message as one JSON object per line, in queue order. Read-only.
+
+    A record that does not decode is skipped with an error on stderr naming its CommitLog
+    offset, and the command exits 1 once everything else is printed."""
     s = open_store(store_dir, read_only=True)
+    corrupt: list[CorruptRecord] = []
     try:
         topics = s.topics()
         if topic is not None and topic not in topics:
             raise click.ClickException(f"topic {topic!r} not found in {store_dir}")
+        if queue_id is not None:
+            if topic is not None and queue_id not in topics[topic]:
+                raise click.ClickException(
+                    f"topic {topic!r} has no queue {queue_id} (queues: {topics[topic]})")
+            if topic is None and not any(queue_id in ids for ids in topics.values()):
+                raise click.ClickException(f"no topic in {store_dir} has queue {queue_id}")
+        scan = scan_undispatched(s)
+        # Only the queues asked for: other topics' stragglers are not missing from this dump.
+        for key in list(scan.by_queue):
+            if (topic is not None and key[0] != topic) or (queue_id is not None
+                                                           and key[1] != queue_id):
+                del scan.by_queue[key]
+        for text in read_only_warnings(s, store_dir, scan):
+            warn(text)
         for name, queue_ids in topics.items():
             if topic is not None and name != topic:
                 continue
             for qid in queue_ids:
                 if queue_id is not None and qid != queue_id:
                     continue
-                for msg in iter_queue(s, name, qid):
+                for msg in iter_queue(s, name, qid, on_corrupt=corrupt.append):
                     emit(message_json(msg))
     finally:
         s.close()
+    if corrupt:
+        if len(corrupt) == 1:
+            raise click.ClickException(str(corrupt[0]))
+        for bad in corrupt[:MAX_LISTED_ERRORS]:
+            click.echo(f"error: {bad}", err=True)
+        raise click.ClickException(
+            f"{len(corrupt)} corrupt records in the queues dumped (the first "
+            f"{min(len(corrupt), MAX_LISTED_ERRORS)} listed above); everything else was dumped")
+
+
+def _has_queues(root: Path, store_type: str) -> bool:
+    if store_type == STORE_TYPE_ROCKSDB:
+        return (root / ROCKSDB_CQ_DIR / "CURRENT").exists()
+    cq_dir = root / "consumequeue"
+    return cq_dir.is_dir() and any(cq_dir.iterdir())
 
 
 @store.command("verify")
 @click.option("--store", "store_dir", required=True, help="Store root directory.")
 @store_type_option
 def store_verify(store_dir: str) -> None:
-    """Recover if needed, check every record and ConsumeQueue unit; exit 1 on a problem."""
+    """Recover if needed, repair what the CommitLog can rebuild (ConsumeQueue units, index
+    entries), check every record and ConsumeQueue unit; exit 1 on a problem or lost data."""
     from stratamq.store.verify import verify_store
 
+    root = Path(store_dir)
+    # A ConsumeQueue store missing as a whole is rebuilt by the open itself (it replays the
+    # CommitLog into the empty store): note it here, where it is still visible.
+    had = {t: _has_queues(root, t) for t in STORE_TYPES}
+    has_log = MappedFileQueue.size_on_disk(root / "commitlog") is not None
     s = open_store(store_dir, read_only=False)
     try:
         summary = verify_store(s)
+        rebuilt = [c.store_type for c in s.cq_stores if has_log and not had[c.store_type]]
     finally:
         s.close()
+    for store_type in rebuilt:
+        where = f"{ROCKSDB_CQ_DIR}/" if store_type == STORE_TYPE_ROCKSDB else "consumequeue/"
+        summary["repaired"].insert(0, f"{where} was missing or empty: the open rebuilt the "
+                                      f"{store_type} ConsumeQueue store from the CommitLog")
     emit(summary)
     if not summary["ok"]:
         sys.exit(1)
@@ -58,9 +122,16 @@ def store_verify(store_dir: str) -> None:
 
 @store.command("stat")
 @click.option("--store", "store_dir", required=True, help="Store root directory.")
+@click.option("--full", is_flag=True, default=False,
+              help="Check the whole CommitLog, not just what an open would replay.")
 @store_type_option
-def store_stat(store_dir: str) -> None:
-    """Print topics, queues, min/max offsets and bytes as JSON. Read-only."""
+def store_stat(store_dir: str, full: bool) -> None:
+    """Print topics, queues, min/max offsets and bytes as JSON. Read-only.
+
+    Also counts the CommitLog's records that no ConsumeQueue holds (``undispatched_records``)
+    and the corrupt records met (``corrupt_records``), from where an open would start its replay
+    (``scanned_from``; quick on a large store), or over the whole CommitLog with ``--full`` (one
+    pass: finds the records of a lost queue and damage in old segments too)."""
     s = open_store(store_dir, read_only=True)
     try:
         topics = {}
@@ -77,6 +148,9 @@ def store_stat(store_dir: str) -> None:
                 })
             topics[name] = {"queues": queues,
                             "messages": sum(q["messages"] for q in queues)}
+        scanned_from = s.min_physical_offset if full else s.recovery.start_offset
+        scan = scan_undispatched(s, start=scanned_from)
+        warnings = read_only_warnings(s, store_dir, scan)
         files = s.commitlog.files
         emit({
             "store": store_dir,
@@ -90,6 +164,13 @@ def store_stat(store_dir: str) -> None:
             "topics": topics,
             "messages": sum(t["messages"] for t in topics.values()),
             "recovery": s.recovery.as_dict() if s.recovery else None,
+            "scanned_from": scanned_from,
+            "undispatched_records": scan.records,
+            "undispatched_by_queue": {queue_name(k): n for k, n in sorted(scan.by_queue.items())},
+            "corrupt_records": [c.position for c in scan.corrupt[:MAX_LISTED_ERRORS]],
+            "warnings": warnings,
         })
+        for text in warnings:
+            warn(text)
     finally:
         s.close()

@@ -14,7 +14,7 @@ import grpc
 
 from stratamq.signature import auth_metadata
 
-__all__ = ["AdminClient", "AdminError"]
+__all__ = ["AdminClient", "AdminError", "check_endpoint"]
 
 SERVICE = "stratamq.admin.v1.Admin"
 
@@ -28,6 +28,20 @@ class AdminError(RuntimeError):
         self.message = message
 
 
+def check_endpoint(endpoint: str) -> str:
+    """``endpoint`` if it is HOST:PORT with a port 1..65535 (an IPv6 host in brackets).
+
+    Checked here because gRPC takes anything: an empty target prints C-core resolver errors,
+    and a missing or out-of-range port only shows up as "no broker reachable".
+    """
+    host, sep, port = endpoint.rpartition(":")
+    bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
+    if (not sep or host.strip("[]") == "" or bare_ipv6 or not port.isdigit()
+            or not 1 <= int(port) <= 65535):
+        raise ValueError(f"endpoint must be HOST:PORT with a port 1..65535, not {endpoint!r}")
+    return endpoint
+
+
 class AdminClient:
     """``AdminClient("127.0.0.1:10911").call("ListTopics")``; use as a context manager."""
 
@@ -36,7 +50,7 @@ class AdminClient:
                  access_key: str | None = None, secret_key: str | None = None) -> None:
         if bool(access_key) != bool(secret_key):
             raise ValueError("access key and secret key must be given together")
-        self.endpoint = endpoint
+        self.endpoint = check_endpoint(endpoint)
         self.timeout = timeout
         self.access_key = access_key or None
         self.secret_key = secret_key or None

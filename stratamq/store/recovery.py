@@ -6,6 +6,10 @@
   after a crash, the newest segment that began before the checkpoint's flush time), scans
   forward across segments, and cuts the log at the first torn or corrupt record, deleting the
   segments after it and zeroing the cut tail so that stale records can never come back.
+
+Before cutting, it counts the valid records the cut throws away (``count_records_after``): none
+after a torn tail, but a corrupt record or a lost write in the middle of the log has valid
+records behind it, and the report says so instead of passing the cut off as a clean end.
 """
 
 from __future__ import annotations
@@ -50,8 +54,25 @@ class RecoveryReport:
     problem: str | None = None  # what stopped the scan early, with its offset
     deleted_segments: list[str] = field(default_factory=list)
     dropped_units: int = 0  # ConsumeQueue units removed because their records are gone
+    # Valid records found after the cut (confirmed by their stored physical offsets): what the
+    # cut throws away. 0 for a torn tail; more means damage in the middle of the log.
+    records_after_cut: int = 0
+    first_record_after_cut: int | None = None
+    # A read-only open changes nothing on disk: deleted_segments and dropped_units then say
+    # what a read-write open would remove.
+    read_only: bool = False
+
+    @property
+    def lost_data(self) -> bool:
+        """Did the cut throw away valid records or dispatched messages (not just a torn tail)?"""
+        return self.records_after_cut > 0 or self.dropped_units > 0
 
     def as_dict(self) -> dict:
+        extra: dict = {}
+        if self.read_only and (self.deleted_segments or self.dropped_units
+                               or self.records_after_cut):
+            extra["note"] = ("read-only open: nothing on disk was changed; deleted_segments and "
+                             "dropped_units are what a read-write open would remove")
         return {
             "abnormal": self.abnormal,
             "start_offset": self.start_offset,
@@ -61,6 +82,10 @@ class RecoveryReport:
             "problem": self.problem,
             "deleted_segments": self.deleted_segments,
             "dropped_units": self.dropped_units,
+            "records_after_cut": self.records_after_cut,
+            "first_record_after_cut": self.first_record_after_cut,
+            "read_only": self.read_only,
+            **extra,
         }
 
 
@@ -89,10 +114,49 @@ def choose_start(files: list[MappedFile], abnormal: bool, checkpoint: StoreCheck
     return 0
 
 
+def count_records_after(files: list[MappedFile], cut: int,
+                        check_crc: bool) -> tuple[int, int | None]:
+    """Valid records after CommitLog offset ``cut`` (the rest of its segment and every later
+    one) and the offset of the first: what cutting the log at ``cut`` throws away.
+
+    Records are found by resyncing on the magic code and confirmed by their stored physical
+    offset (``message.resync``), so stale copies and body bytes that look like a header do not
+    count. Only a file's data extents are searched: a torn tail is followed by unwritten space,
+    which costs nothing to skip."""
+    count = 0
+    first: int | None = None
+    for mf in files:
+        if mf.file_end_offset <= cut:
+            continue
+        base, size = mf.file_from_offset, mf.file_size
+        # The record at the cut failed a check (or is zeros): look from the next byte.
+        pos = max(0, cut + 1 - base)
+        raw = mf.buffer.obj  # the mmap: its find() searches without copying the segment
+        done = False
+        # Holes and unwritten extents read as zeros: no record can start there. (A record
+        # straddling a hole, which only a zero-detecting copy could make, is not counted.)
+        for start, stop in mf._data_extents(pos):
+            pos = max(pos, start)
+            while not done and pos < stop:
+                hit = codec.resync(raw, pos, stop, base)
+                if hit is None:
+                    break
+                scan = codec.scan_records(mf.buffer, hit, size, base, check_crc)
+                if scan.records:
+                    count += scan.records
+                    if first is None:
+                        first = base + hit
+                done = scan.blank  # the segment's filler: the rest of it is not records
+                pos = max(scan.end, hit) + 1
+            if done:
+                break
+    return count, first
+
+
 def recover_commitlog(
     queue: MappedFileQueue, abnormal: bool, checkpoint: StoreCheckpoint, check_crc: bool
 ) -> RecoveryReport:
-    report = RecoveryReport(abnormal=abnormal)
+    report = RecoveryReport(abnormal=abnormal, read_only=queue.read_only)
     files = queue.files
     if not files:
         return report
@@ -114,6 +178,16 @@ def recover_commitlog(
             log.warning("CommitLog recovery stops at %d: %s", end, scan.problem.reason)
         break
     report.end_offset = end
+    if index < len(files):  # the scan stopped inside files[index]: the log is cut at ``end``
+        lost, first = count_records_after(files[index:], end, check_crc)
+        report.records_after_cut, report.first_record_after_cut = lost, first
+        if lost:
+            if report.problem is None:  # zeros in the middle of the log: a lost write
+                report.problem = str(RecordCorrupt(
+                    end, f"zero bytes where a record should be, but valid records follow "
+                         f"from {first}"))
+            log.warning("CommitLog recovery cuts at %d: %d valid records after it are lost",
+                        end, lost)
     old_names = {mf.path.name for mf in files}
     queue.truncate_dirty_files(end)
     report.deleted_segments = sorted(old_names - {mf.path.name for mf in queue.files})

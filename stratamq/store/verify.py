@@ -1,57 +1,432 @@
-"""Offline consistency check of a store: every record and every ConsumeQueue unit.
+"""Consistency checks of a store: ``stratamq store verify`` and the read-only commands' warnings.
 
-Records: every segment is scanned from the CommitLog's start with CRCs checked; only the last
-segment may end in never-written space. Units: each must point at a record whose size, topic,
-queue id, queue offset and tags code agree with it; and every consumable record must have
-exactly one unit.
+``verify_store`` runs on a store opened read-write (whose open has already recovered it):
+
+1. Repairs what can be rebuilt from the CommitLog without losing anything: ConsumeQueue units
+   the queues lack (a queue's files removed, a dispatcher that fell behind) and index entries no
+   index file holds (index files removed or unreadable).
+2. Checks every record (CRCs included; a segment other than the last must end with a blank
+   record) and every ConsumeQueue unit (it must point at a record whose size, topic, queue id,
+   queue offset and tags code agree with it); every consumable record must have exactly one
+   unit, queue by queue, and every record with keys must be in an index file.
+3. Says what recovery threw away: a cut with valid records behind it, or dispatched messages
+   whose units it dropped, is data loss, not a torn tail.
+
+The summary's ``ok`` is false when a check fails or data was lost; what was repaired is listed
+under ``repaired``. The read-only helpers (``scan_undispatched``, ``index_gaps``,
+``record_problem_at``) let ``dump``, ``stat`` and ``query`` say what they cannot show.
 """
 
 from __future__ import annotations
 
+import struct
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from stratamq import message as codec
-from stratamq.message import RecordCorrupt, SysFlag, tags_hash_code
+from stratamq.message import DispatchInfo, RecordCorrupt, SysFlag, tags_hash_code
 from stratamq.store.consume_queue_format import is_blank_unit
+from stratamq.store.consume_queue_store import ConsumeQueueStore
+from stratamq.store.index_service import IndexService, record_keys
+from stratamq.store.mapped_file import MappedFile
+from stratamq.store.mapped_file_queue import MappedFileQueue
 from stratamq.store.message_store import MessageStore
-from stratamq.store.recovery import scan_segment
 
 MAX_LISTED_PROBLEMS = 50
+MAX_LISTED_QUEUES = 10
+
+QueueKey = tuple[str, int]
 
 
-def verify_store(store: MessageStore) -> dict[str, Any]:
-    problems: list[str] = []
+def queue_name(key: QueueKey) -> str:
+    return f"{key[0]}/{key[1]}"
 
-    def problem(text: str) -> None:
-        problems.append(text)
 
-    files = store.commitlog.files.files
-    records = 0
-    consumable = 0
-    scanned_bytes = 0
-    for index, mf in enumerate(files):
-        limit = mf.read_position
-        scan = scan_segment(mf.buffer, mf.file_from_offset, limit, True)
-        records += scan.records
-        scanned_bytes += scan.valid_end
-        last = index == len(files) - 1
-        if scan.problem is not None and not (last and scan.valid_end == limit):
-            problem(f"commitlog: {scan.problem}")
-        elif not last and not scan.ended_with_blank:
-            problem(f"commitlog: segment {mf.path.name} does not end with a blank record")
+def _resync(mf: MappedFile, pos: int, limit: int) -> int | None:
+    """The next position >= ``pos`` in ``mf`` where a record provably starts (searched in the
+    mmap itself: ``message.resync`` on a memoryview would copy the whole segment)."""
+    return codec.resync(mf.buffer.obj, pos, limit, mf.file_from_offset)
+
+
+def _segments_from(files: MappedFileQueue, offset: int) -> Iterator[MappedFile]:
+    """Held segments from the one holding ``offset`` on; each is released after its turn."""
+    mf = files.find_by_offset(max(offset, files.min_offset()))
+    while mf is not None:
+        if mf.hold():
+            try:
+                yield mf
+            finally:
+                mf.release()
+        mf = files.find_by_offset(mf.file_end_offset)
+
+
+# -- records no ConsumeQueue covers ----------------------------------------------------------
+
+
+def _coverage(cq_stores: list[ConsumeQueueStore]) -> Callable[[str, int], int]:
+    """``floor(topic, queue_id)``: records of that queue below it are in every ConsumeQueue
+    store (-1: the queue is missing from one)."""
+    cache: dict[QueueKey, int] = {}
+
+    def floor(topic: str, queue_id: int) -> int:
+        key = (topic, queue_id)
+        value = cache.get(key)
+        if value is None:
+            floors = []
+            for s in cq_stores:
+                # find() first: a lazily loaded store (RocksDB) knows the queue's rows after it.
+                if s.find(topic, queue_id) is None:
+                    floors.append(-1)
+                else:
+                    floors.append(s.replay_floor(topic, queue_id))  # type: ignore[attr-defined]
+            value = cache[key] = min(floors)
+        return value
+
+    return floor
+
+
+@dataclass
+class UndispatchedScan:
+    """Records of the CommitLog that no ConsumeQueue holds, and damage met on the way."""
+
+    by_queue: Counter[QueueKey] = field(default_factory=Counter)
+    corrupt: list[RecordCorrupt] = field(default_factory=list)
+    redispatched: bool = False
+
+    @property
+    def records(self) -> int:
+        return sum(self.by_queue.values())
+
+    def queues_text(self) -> str:
+        listed = ", ".join(f"{queue_name(k)}: {n}"
+                           for k, n in self.by_queue.most_common(MAX_LISTED_QUEUES))
+        more = len(self.by_queue) - MAX_LISTED_QUEUES
+        return listed + (f", and {more} more queues" if more > 0 else "")
+
+
+def scan_undispatched(store: MessageStore, *, redispatch: bool = False,
+                      start: int | None = None) -> UndispatchedScan:
+    """Walk the CommitLog (from ``start``; default its beginning) and find the consumable
+    records no ConsumeQueue covers (after a crash the queues lag; a queue's files may be gone).
+    With ``redispatch`` (a read-write store whose dispatcher is stopped) dispatch them to every
+    ConsumeQueue store too.
+
+    Covered records are passed over reading only their topic and queue id (the replay's fast
+    path); the others are checked in full, so damage is reported, never dispatched."""
+    result = UndispatchedScan(redispatched=redispatch)
+    floor = _coverage(store.cq_stores)
+    floors: dict[tuple[bytes, int], int] = {}  # skip_covered's cache, by raw topic bytes
+    files = store.commitlog.files
+    for mf in _segments_from(files, files.min_offset() if start is None else start):
+        buf, base, end = mf.buffer, mf.file_from_offset, mf.read_position
         pos = 0
-        while pos < scan.valid_end:
-            size, _ = codec.read_size_and_magic(mf.buffer, pos)
-            info = codec.decode_dispatch_info(mf.buffer, pos)
-            if SysFlag.is_dispatchable(info.sys_flag):
-                consumable += 1
+        fast = True
+        while pos + 8 <= end:
+            if fast:
+                try:
+                    pos, _ = codec.skip_covered(buf, pos, end, base, floors, floor)
+                except (IndexError, ValueError, struct.error):
+                    # skip_covered trusts a record's body length; a damaged one sends it out of
+                    # bounds. Check record by record for the rest of this segment instead.
+                    fast = False
+                if pos + 8 > end:
+                    break
+            try:
+                size = codec.check_record(buf, pos, end, base + pos, False)
+            except RecordCorrupt as exc:
+                result.corrupt.append(RecordCorrupt(base + pos, exc.reason))
+                nxt = _resync(mf, pos + 1, end)
+                if nxt is None:
+                    break
+                pos = nxt
+                continue
+            if size == 0:
+                break
+            info = codec.decode_dispatch_info(buf, pos)
+            if (SysFlag.is_dispatchable(info.sys_flag)
+                    and info.physical_offset >= floor(info.topic, info.queue_id)):
+                result.by_queue[(info.topic, info.queue_id)] += 1
+                if redispatch:
+                    for cq_store in store.cq_stores:
+                        cq_store.dispatch(info)
             pos += size
+        if redispatch:
+            for cq_store in store.cq_stores:
+                cq_store.commit_dispatch()
+    return result
 
-    units = 0
-    queues = 0
+
+# -- index coverage --------------------------------------------------------------------------
+
+
+def is_indexed_record(info: DispatchInfo) -> bool:
+    """Does the index hold entries for this record (IndexService.dispatch's rule)?"""
+    rollback = info.sys_flag & SysFlag.TRANSACTION_MASK == SysFlag.TRANSACTION_ROLLBACK_TYPE
+    return not rollback and bool(record_keys(info))
+
+
+# Bytes every record with keys holds in its properties: a stretch without them has none, and
+# is passed over with one search instead of a decode per record.
+_KEY_MARKS = tuple(f"{name}{codec.NAME_VALUE_SEPARATOR}".encode()
+                   for name in (codec.Prop.UNIQ_KEY, codec.Prop.KEYS))
+
+
+def _next_key_mark(raw: Any, pos: int, limit: int) -> int:
+    hits = [hit for mark in _KEY_MARKS if (hit := raw.find(mark, pos, limit)) >= 0]
+    return min(hits, default=-1)
+
+
+def indexed_records(files: MappedFileQueue, start: int,
+                    stop: int) -> Iterator[tuple[int, DispatchInfo]]:
+    """(CommitLog offset, dispatch info) of the records in [``start``, ``stop``) that the index
+    holds entries for, walking from the record at ``start`` (resyncing past damage). Only
+    records whose bytes hold a KEYS or UNIQ_KEY property name are decoded; the rest of a
+    segment without one is skipped whole."""
+    for mf in _segments_from(files, start):
+        base, limit, buf = mf.file_from_offset, mf.read_position, mf.buffer
+        raw = buf.obj  # the mmap: find() without copying
+        pos = max(0, start - base)
+        end = min(limit, stop - base)
+        mark = -1
+        while pos + 8 <= limit and pos < end:
+            if mark < pos:
+                mark = _next_key_mark(raw, pos, limit)
+                if mark < 0:
+                    break  # no record from here to the segment's end has keys
+            try:
+                size = codec.check_record(buf, pos, limit, base + pos, False)
+            except RecordCorrupt:
+                nxt = _resync(mf, pos + 1, limit)
+                if nxt is None:
+                    break
+                pos = nxt
+                continue
+            if size == 0:
+                break
+            if mark < pos + size:
+                info = codec.decode_dispatch_info(buf, pos)
+                if is_indexed_record(info):
+                    yield base + pos, info
+            pos += size
+        if mf.file_end_offset >= stop:
+            return
+
+
+@dataclass
+class IndexGap:
+    """Records with keys that no index file covers, between two covered stretches."""
+
+    first: int  # CommitLog offset of the first such record
+    last: int  # of the last one seen (the first one only, when counting stopped early)
+    records: int  # how many (1 when counting stopped at the first)
+    first_timestamp: int  # store time of the first
+    until_timestamp: int | None  # store time where coverage resumes (None: the log's end)
+
+
+def index_spans(index_files: list) -> list[tuple[int, int]]:
+    """[first, last] CommitLog offsets each index file with entries covers, merged, in order."""
+    spans: list[tuple[int, int]] = []
+    for begin, end in sorted((f.begin_phy_offset, f.end_phy_offset)
+                             for f in index_files if f.entries):
+        if spans and begin <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(end, spans[-1][1]))
+        else:
+            spans.append((begin, end))
+    return spans
+
+
+def index_gaps(store: MessageStore, index_files: list | None = None, *,
+               first_only: bool = False) -> list[IndexGap]:
+    """Stretches of the CommitLog holding records with keys that no index file covers.
+
+    Only the uncovered stretches are walked (``indexed_records``): before the first file,
+    between files and after the last. ``first_only`` stops each walk at the first such
+    record (enough to warn). Empty when the index is off."""
+    if store.index is None:
+        return []
+    if index_files is None:
+        index_files = store.index.files()
+    files = store.commitlog.files
+    lo, hi = files.min_offset(), files.max_offset()
+    spans = index_spans(index_files)
+    # (walk from, stop before, store time where coverage resumes, covered record to skip): a
+    # span's last offset is the start of a covered record, so a walk after it starts there.
+    stretches: list[tuple[int, int, int | None, int]] = []
+    cursor, skip = lo, -1
+    for begin, end in spans:
+        if begin > cursor:
+            stretches.append((cursor, begin, store.commitlog.store_timestamp_at(begin), skip))
+        if end >= cursor:
+            cursor, skip = end, end
+    if cursor < hi:
+        stretches.append((cursor, hi, None, skip))
+    gaps = []
+    for start, stop, until, covered in stretches:
+        gap: IndexGap | None = None
+        for phys, info in indexed_records(files, start, stop):
+            if phys == covered:
+                continue
+            if gap is None:
+                gap = IndexGap(phys, phys, 1, info.store_timestamp, until)
+                if first_only:
+                    break
+            else:
+                gap.last = phys
+                gap.records += 1
+        if gap is not None:
+            gaps.append(gap)
+    return gaps
+
+
+def _rebuild_index(store: MessageStore, gaps: list[IndexGap]) -> tuple[IndexService, dict]:
+    """Index every record from the first gap on, into files that end before it.
+
+    Entries must go in CommitLog order, newest file last, so index files covering anything
+    after the first gap are removed (they are derived data) and rebuilt with it. The store's own
+    index service lets go of its files first; the store's dispatcher must be stopped."""
+    assert store.index is not None
+    first = gaps[0].first
+    old = store.index.files()
+    removed = [f.name for f in old if not (f.entries and f.end_phy_offset < first)]
+    directory = store.index.directory
+    store.index.close()
+    for name in removed:
+        (directory / name).unlink(missing_ok=True)
+    cfg = store.config
+    fresh = IndexService(directory, cfg.max_hash_slot_num, cfg.max_index_num)
+    fresh.load()
+    count = 0
+    files = store.commitlog.files
+    for _, info in indexed_records(files, first, files.max_offset()):
+        fresh.dispatch(info)
+        count += 1
+    fresh.commit_dispatch()
+    fresh.flush()
+    return fresh, {"from_offset": first, "records": count, "removed_files": removed}
+
+
+# -- reading one record ----------------------------------------------------------------------
+
+
+def _is_record_start(mf: MappedFile, rel: int) -> bool:
+    """Do the segment's records, followed by size from its start, reach position ``rel``?"""
+    pos, limit = 0, mf.read_position
+    while pos <= rel:
+        walk = codec.walk_records(mf.buffer, pos, rel + 1, limit)
+        positions = walk.positions
+        if (len(positions) and int(positions[-1]) == rel) or walk.stop == rel:
+            return True
+        if walk.reason != "corrupt" or walk.stop > rel:
+            return False
+        nxt = _resync(mf, walk.stop + 1, limit)
+        if nxt is None:
+            return False
+        pos = nxt
+    return False
+
+
+def record_problem_at(store: MessageStore, phys: int, *, known_start: bool = False) -> str | None:
+    """Why the record at CommitLog offset ``phys`` cannot be read, or None if it reads fine or
+    no record starts there. ``known_start``: ``phys`` comes from an index or a ConsumeQueue,
+    so it is a record start unless those are damaged too; otherwise the segment is walked from
+    its start to make sure before calling a record corrupt."""
+    commitlog = store.commitlog
+    rec = store.recovery
+    if phys >= commitlog.max_offset:
+        if rec is not None and rec.problem is not None and phys >= rec.end_offset:
+            return (f"CommitLog offset {phys} lies after the point where recovery cuts the log "
+                    f"({rec.problem})")
+        return None
+    if phys < commitlog.min_offset:
+        return (f"CommitLog offset {phys} is below the log's first offset "
+                f"{commitlog.min_offset}: clean-up removed it")
+    mf = commitlog.files.find_by_offset(phys)
+    if mf is None or not mf.hold():
+        return None
+    try:
+        rel = phys - mf.file_from_offset
+        try:
+            codec.check_record(mf.buffer, rel, mf.read_position, phys, True)
+        except RecordCorrupt as exc:
+            if known_start or _is_record_start(mf, rel):
+                return f"the record at CommitLog offset {phys} is corrupt: {exc.reason}"
+        return None
+    finally:
+        mf.release()
+
+
+# -- verify ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _LogFacts:
+    records: int = 0
+    record_bytes: int = 0
+    corrupt: int = 0
+    consumable: Counter[QueueKey] = field(default_factory=Counter)
+    keyed_unindexed: int = 0
+    first_unindexed: int | None = None
+
+
+def _check_log(store: MessageStore, index_files: list | None,
+               problem: Callable[[str], None]) -> _LogFacts:
+    """Scan every record from the CommitLog's start with CRCs checked, past damage too."""
+    facts = _LogFacts()
+    files = store.commitlog.files.files
+    spans = index_spans(index_files) if index_files is not None else None
+    span_at = 0
+    for number, mf in enumerate(files):
+        buf, base, limit = mf.buffer, mf.file_from_offset, mf.read_position
+        last = number == len(files) - 1
+        pos = 0
+        ended_with_blank = False
+        while True:
+            scan = codec.scan_records(buf, pos, limit, base, True)
+            p = pos
+            while p < scan.end:
+                size, _ = codec.read_size_and_magic(buf, p)
+                info = codec.decode_dispatch_info(buf, p)
+                if SysFlag.is_dispatchable(info.sys_flag):
+                    facts.consumable[(info.topic, info.queue_id)] += 1
+                if spans is not None and is_indexed_record(info):
+                    phys = base + p
+                    while span_at < len(spans) and spans[span_at][1] < phys:
+                        span_at += 1
+                    if span_at == len(spans) or spans[span_at][0] > phys:
+                        facts.keyed_unindexed += 1
+                        if facts.first_unindexed is None:
+                            facts.first_unindexed = phys
+                facts.record_bytes += size
+                p += size
+            facts.records += scan.records
+            if scan.blank:
+                ended_with_blank = True
+                break
+            if scan.end + 8 > limit:
+                break  # the end of what the segment holds
+            facts.corrupt += 1
+            reason = scan.problem or RecordCorrupt(base + scan.end,
+                                                   "zero bytes where a record should be")
+            nxt = _resync(mf, scan.end + 1, limit)
+            after = (f"; valid records resume at {base + nxt}" if nxt is not None
+                     else "; no valid record after it in this segment")
+            problem(f"commitlog: {reason}{after}")
+            if nxt is None:
+                break
+            pos = nxt
+        if not last and not ended_with_blank:
+            problem(f"commitlog: segment {mf.path.name} does not end with a blank record")
+    return facts
+
+
+def _check_units(store: MessageStore, problem: Callable[[str], None]) -> Counter[QueueKey]:
+    units: Counter[QueueKey] = Counter()
     commitlog_min = store.commitlog.min_offset
     for cq in store.consume_queues:
-        queues += 1
+        key = (cq.topic, cq.queue_id)
+        units[key] += 0
         start, end = cq.min_offset(), cq.max_offset()
         offset = start
         while offset < end:
@@ -62,7 +437,6 @@ def verify_store(store: MessageStore) -> dict[str, Any]:
             for queue_offset, (phys, size, code) in enumerate(batch, offset):
                 if is_blank_unit(phys, size, code) or phys < commitlog_min:
                     continue
-                units += 1
                 where = f"consumequeue {cq.topic}/{cq.queue_id}@{queue_offset}"
                 selected = store.commitlog.select(phys, size)
                 if selected is None:
@@ -73,11 +447,15 @@ def verify_store(store: MessageStore) -> dict[str, Any]:
                     codec.check_record(view, 0, size, phys, True)
                     info = codec.decode_dispatch_info(view, 0)
                 except (RecordCorrupt, ValueError) as exc:
-                    problem(f"{where}: bad record at {phys}: {exc}")
+                    reason = exc.reason if isinstance(exc, RecordCorrupt) else str(exc)
+                    problem(f"{where}: bad record at commitlog offset {phys}: {reason}")
                     continue
                 finally:
                     view.release()
                     mf.release()
+                # Counted only when its record is sound: a damaged one is reported above, and
+                # the per-queue count below then compares units with the sound records.
+                units[key] += 1
                 if (info.topic, info.queue_id, info.queue_offset, info.size) != (
                     cq.topic, cq.queue_id, queue_offset, size
                 ):
@@ -88,18 +466,109 @@ def verify_store(store: MessageStore) -> dict[str, Any]:
                 elif code != tags_hash_code(info.properties.get(codec.Prop.TAGS)):
                     problem(f"{where}: tags code {code} does not match the record's tags")
             offset += len(batch)
-    if units != consumable:
-        problem(f"{consumable} consumable records but {units} ConsumeQueue units")
+    return units
+
+
+def _loss(store: MessageStore, problem: Callable[[str], None]) -> dict[str, Any] | None:
+    """What this open's recovery threw away, if more than a torn tail."""
+    rec = store.recovery
+    if rec is None or not rec.lost_data:
+        return None
+    if rec.records_after_cut:
+        problem(f"commitlog: recovery cut the log at {rec.end_offset} ({rec.problem}); "
+                f"{rec.records_after_cut} valid records after the cut (the first at "
+                f"{rec.first_record_after_cut}) are lost"
+                + (f"; segments deleted whole: {', '.join(rec.deleted_segments)}"
+                   if rec.deleted_segments else ""))
+    if rec.dropped_units:
+        problem(f"consumequeue: recovery dropped {rec.dropped_units} units of dispatched "
+                f"messages whose records lay past the cut at {rec.end_offset}")
+    return {
+        "cut_offset": rec.end_offset,
+        "reason": rec.problem,
+        "records_after_cut": rec.records_after_cut,
+        "first_record_after_cut": rec.first_record_after_cut,
+        "dropped_units": rec.dropped_units,
+        "deleted_segments": rec.deleted_segments,
+    }
+
+
+def verify_store(store: MessageStore) -> dict[str, Any]:
+    """Repair what the CommitLog can rebuild, then check everything (module docstring).
+
+    ``store`` must be open read-write with nothing else using it: its dispatcher is stopped
+    here so the repairs run on this thread alone. A read-only store is only checked."""
+    problems: list[str] = []
+    repaired: list[str] = []
+
+    def problem(text: str) -> None:
+        problems.append(text)
+
+    data_loss = _loss(store, problem)
+    index = store.index
+    fresh_index: IndexService | None = None
+    index_summary: dict[str, Any] | None = None
+    try:
+        if not store.read_only:
+            store.reput.shutdown()
+            missing = scan_undispatched(store, redispatch=True)
+            if missing.records:
+                repaired.append(f"re-dispatched {missing.records} records that no ConsumeQueue "
+                                f"held ({missing.queues_text()})")
+        if index is not None:
+            index_summary = {}
+            if index.dropped and not store.read_only:
+                repaired.append("rebuilt untrusted index files from the CommitLog: " + "; ".join(
+                    f"{name} ({why})" for name, why in index.dropped))
+            gaps = [] if store.read_only else index_gaps(store)
+            if gaps:
+                missing_keys = sum(g.records for g in gaps)
+                fresh_index, rebuilt = _rebuild_index(store, gaps)
+                index_summary["rebuilt"] = rebuilt
+                repaired.append(
+                    f"{missing_keys} records with keys were in no index file (the first at "
+                    f"{gaps[0].first}); re-indexed {rebuilt['records']} records from there"
+                    + (f", replacing {', '.join(rebuilt['removed_files'])}"
+                       if rebuilt["removed_files"] else ""))
+            index_files = (fresh_index or index).files()
+            index_summary["files"] = len(index_files)
+        else:
+            index_files = None
+
+        facts = _check_log(store, index_files, problem)
+        units = _check_units(store, problem)
+        consumable = sum(facts.consumable.values())
+        unit_count = sum(units.values())
+        if units != facts.consumable:
+            differ = sorted(k for k in facts.consumable.keys() | units.keys()
+                            if facts.consumable[k] != units[k])
+            listed = ", ".join(f"{queue_name(k)} ({facts.consumable[k]} records, "
+                               f"{units[k]} units)" for k in differ[:MAX_LISTED_QUEUES])
+            more = len(differ) - MAX_LISTED_QUEUES
+            problem(f"{consumable} consumable records but {unit_count} ConsumeQueue units; "
+                    f"queues that differ: {listed}" + (f", and {more} more" if more > 0 else ""))
+        if index_summary is not None:
+            index_summary["unindexed_records"] = facts.keyed_unindexed
+            if facts.keyed_unindexed:
+                problem(f"index: {facts.keyed_unindexed} records with keys are in no index file "
+                        f"(the first at {facts.first_unindexed})")
+    finally:
+        if fresh_index is not None:
+            fresh_index.close()
     return {
         "ok": not problems,
         "store": str(store.layout.root),
         "recovery": store.recovery.as_dict() if store.recovery else None,
-        "segments": len(files),
-        "records": records,
+        "data_loss": data_loss,
+        "repaired": repaired,
+        "segments": len(store.commitlog.files.files),
+        "records": facts.records,
+        "corrupt_records": facts.corrupt,
         "consumable_records": consumable,
-        "bytes": scanned_bytes,
-        "queues": queues,
-        "units": units,
+        "bytes": facts.record_bytes,
+        "queues": len(units),
+        "units": unit_count,
+        "index": index_summary,
         "problem_count": len(problems),
         "problems": problems[:MAX_LISTED_PROBLEMS],
     }
