@@ -133,15 +133,11 @@ def scan_undispatched(store: MessageStore, *, redispatch: bool = False,
                     fast = False
                 if pos + 8 > end:
                     break
-            try:
-                size = codec.check_record(buf, pos, end, base + pos, False)
-            except RecordCorrupt as exc:
-                result.corrupt.append(RecordCorrupt(base + pos, exc.reason))
-                nxt = _resync(mf, pos + 1, end)
-                if nxt is None:
-                    break
-                pos = nxt
-                continue
+            pos, size, bad = _next_record(mf, pos, end)
+            if bad is not None:
+                result.corrupt.append(bad)
+            if size is None:
+                continue  # resynced past damage: check the record found there
             if size == 0:
                 break
             info = codec.decode_dispatch_info(buf, pos)
@@ -156,6 +152,20 @@ def scan_undispatched(store: MessageStore, *, redispatch: bool = False,
             for cq_store in store.cq_stores:
                 cq_store.commit_dispatch()
     return result
+
+
+def _next_record(mf: MappedFile, pos: int,
+                 limit: int) -> tuple[int, int | None, RecordCorrupt | None]:
+    """Check the record at ``pos`` of a segment: (pos, its size, None) when it is whole (size 0:
+    the segment's end), else (where ``resync`` confirms the next record, None, what was wrong)
+    or, with no record after it, (limit, 0, what was wrong)."""
+    try:
+        return pos, codec.check_record(mf.buffer, pos, limit, mf.file_from_offset + pos,
+                                       False), None
+    except RecordCorrupt as exc:
+        bad = RecordCorrupt(mf.file_from_offset + pos, exc.reason)
+        nxt = _resync(mf, pos + 1, limit)
+        return (limit, 0, bad) if nxt is None else (nxt, None, bad)
 
 
 # -- index coverage --------------------------------------------------------------------------
@@ -195,14 +205,9 @@ def indexed_records(files: MappedFileQueue, start: int,
                 mark = _next_key_mark(raw, pos, limit)
                 if mark < 0:
                     break  # no record from here to the segment's end has keys
-            try:
-                size = codec.check_record(buf, pos, limit, base + pos, False)
-            except RecordCorrupt:
-                nxt = _resync(mf, pos + 1, limit)
-                if nxt is None:
-                    break
-                pos = nxt
-                continue
+            pos, size, _ = _next_record(mf, pos, limit)
+            if size is None:
+                continue  # resynced past damage: check the record found there
             if size == 0:
                 break
             if mark < pos + size:
