@@ -213,6 +213,8 @@ class ReputService:
             except Exception as exc:  # keep serving reads; report loudly
                 self.error = exc
                 log.exception("dispatch stopped at offset %d", self.reput_from)
+                with self._caught_up:  # waiters learn of it now, not at their timeout
+                    self._caught_up.notify_all()
                 return
             if self.reput_from >= self.files.max_offset():
                 with self._caught_up:
