@@ -40,12 +40,18 @@ def spark_export(store_dir: str | None, endpoints: str | None, topics: str | Non
                  secret_key: str | None, tls: bool, tls_ca_file: str | None) -> None:
     """Export topics to Parquet partitioned by topic and date; a second run exports only what
     is new (Spark checkpoint). Prints a JSON summary."""
-    from stratamq.spark.export import run_export, source_options, spark_session
+    from stratamq.spark.export import (
+        check_export_target,
+        run_export,
+        source_options,
+        spark_session,
+    )
 
     try:
         source = source_options(store_dir, endpoints, topics, max_offsets_per_trigger,
                                 access_key=access_key, secret_key=secret_key, tls=tls,
                                 tls_ca_file=tls_ca_file)
+        check_export_target(out, checkpoint)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     session = spark_session(master=master)

@@ -48,6 +48,7 @@ def run_export(spark, source: dict[str, str], out: str, *, checkpoint: str | Non
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"--format {fmt!r}: want one of {', '.join(EXPORT_FORMATS)}")
     checkpoint = checkpoint or os.path.join(out, "_checkpoint")
+    check_export_target(out, checkpoint)
     reader = spark.readStream.format("stratamq").option("startingOffsets", "earliest")
     for key, value in source.items():
         reader = reader.option(key, value)
@@ -65,6 +66,35 @@ def run_export(spark, source: dict[str, str], out: str, *, checkpoint: str | Non
                                                        if p.get("numInputRows", 0)),
             "out": out, "checkpoint": checkpoint, "format": fmt,
             "seconds": round(time.monotonic() - started, 3)}
+
+
+def _local(path: str) -> str | None:
+    """``path`` as a local file name, or None for another file system (hdfs://, s3a://...)."""
+    if path.startswith("file:"):
+        return "/" + path[len("file:"):].lstrip("/")
+    return None if "://" in path else path
+
+
+def check_export_target(out: str, checkpoint: str | None) -> None:
+    """Refuse (ValueError naming the flags) an output another checkpoint's query wrote to.
+
+    Spark's file sink keeps its own log of committed batches in ``<out>/_spark_metadata``; a
+    query with a new checkpoint starts again at batch 0, the sink finds batch 0 already
+    committed and skips it, and the checkpoint records those messages as exported: they never
+    reach the output. Checked for local paths (another file system is not looked at).
+    """
+    checkpoint = checkpoint or os.path.join(out, "_checkpoint")
+    out_dir, ckpt_dir = _local(out), _local(checkpoint)
+    if out_dir is None or ckpt_dir is None:
+        return
+    sink_log = os.path.join(out_dir, "_spark_metadata")
+    commits = os.path.join(ckpt_dir, "commits")
+    if (os.path.isdir(sink_log) and os.listdir(sink_log)
+            and not (os.path.isdir(commits) and os.listdir(commits))):
+        raise ValueError(f"--out {out} already holds an export made with another checkpoint "
+                         f"(it has _spark_metadata), and --checkpoint {checkpoint} has none: "
+                         "Spark would skip this run's first batches and record them as "
+                         "exported. Give the --checkpoint that export used, or a new --out")
 
 
 def _show_progress(query) -> None:
@@ -163,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                                 args.max_offsets_per_trigger, access_key=args.access_key,
                                 secret_key=args.secret_key, tls=args.tls,
                                 tls_ca_file=args.tls_ca_file)
+        check_export_target(args.out, args.checkpoint)
     except ValueError as exc:
         parser.error(str(exc))
     spark = spark_session(master=args.master)

@@ -15,6 +15,7 @@ Every bad option raises ``OptionError`` naming the option, before any task runs.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections.abc import Mapping
@@ -31,6 +32,8 @@ from stratamq.store.consume_queue_store import (
 )
 from stratamq.store.layout import StoreLayout, parse_segment_name
 from stratamq.store.mapped_file_queue import MappedFileQueue
+
+log = logging.getLogger(__name__)
 
 EARLIEST = -2
 LATEST = -1
@@ -49,9 +52,11 @@ class LogSplit(InputPartition):
     """Records starting in CommitLog offsets [start, end) of the segment at ``segment_start``;
     ``limit`` is where the segment's valid data ends."""
 
-    def __init__(self, root: str, segment_start: int, start: int, end: int, limit: int) -> None:
+    def __init__(self, root: str, segment_start: int, start: int, end: int, limit: int,
+                 fail_on_data_loss: bool = True) -> None:
         self.root, self.segment_start = root, segment_start
         self.start, self.end, self.limit = start, end, limit
+        self.fail_on_data_loss = fail_on_data_loss
 
 
 class QueueSplit(InputPartition):
@@ -260,13 +265,15 @@ def check_offset_topics(spec: object, name: str, topics: list[str]) -> None:
 
 
 def log_splits(root: str, catalog: Catalog, min_offset: int, end: int,
-               min_partitions: int) -> list[LogSplit]:
+               min_partitions: int, *, fail_on_data_loss: bool = True) -> list[LogSplit]:
     """Byte ranges of CommitLog segments, at least ``min_partitions`` of them when there are
-    that many bytes, never crossing a segment."""
+    that many bytes, never crossing a segment. A segment missing between two others is data
+    loss (DataLoss, or a warning with ``fail_on_data_loss`` false)."""
     size = catalog.segment_size
     total = max(0, end - min_offset)
     if total == 0 or size == 0:
         return []
+    _check_continuous(catalog.segments, size, end, fail_on_data_loss)
     piece = max(1, math.ceil(total / max(1, min_partitions)))
     splits = []
     for seg in catalog.segments:
@@ -279,8 +286,20 @@ def log_splits(root: str, catalog: Catalog, min_offset: int, end: int,
         for k in range(count):
             a, b = lo + k * step, min(hi, lo + (k + 1) * step)
             if a < b:
-                splits.append(LogSplit(root, seg, a, b, limit))
+                splits.append(LogSplit(root, seg, a, b, limit, fail_on_data_loss))
     return splits
+
+
+def _check_continuous(segments: list[int], size: int, end: int, fail: bool) -> None:
+    from stratamq.spark.reading import DataLoss
+
+    for before, after in zip(segments, segments[1:]):
+        if after != before + size and after <= end:
+            text = (f"CommitLog segments from {before + size:020d} to {after:020d} are missing: "
+                    f"the records at CommitLog offsets [{before + size}, {after}) cannot be read")
+            if fail:
+                raise DataLoss(text + ". Set failOnDataLoss=false to skip them with a warning.")
+            log.warning("%s (skipped: failOnDataLoss=false)", text)
 
 
 def queue_splits(root: str, ranges: dict[Queue, tuple[int, int]], min_partitions: int,

@@ -56,6 +56,8 @@ class Segments:
             except FileNotFoundError:
                 return None
             try:
+                if os.fstat(fd).st_size == 0:
+                    return None  # an empty file holds no records (and cannot be mapped)
                 m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
             finally:
                 os.close(fd)
@@ -75,13 +77,18 @@ TAIL_CRC_RECORDS = 256  # the last records whose body CRCs are checked (a write 
 
 def log_bounds(root: str) -> tuple[int, int]:
     """(min, end) of the CommitLog's records: the first segment's start, and where records stop
-    in the last segment, found by a bulk walk of that segment alone (read-only, no store lock).
+    in the last segment holding any, found by a bulk walk of that segment alone (read-only, no
+    store lock).
 
     A store open would find the same end by recovery, but recovery walks record by record and
     CRC-checks every body: seconds per GiB on every query. Here the walk uses sizes and magic
     codes (like every split reader), and only the last ``TAIL_CRC_RECORDS`` records, where a
     broker's write can be under way, have their bodies CRC-checked; the end is cut before the
-    first that fails.
+    first that fails. Segments after it that hold no record (the store creates the next segment
+    before it is needed) are not the end.
+
+    A bad record with valid records after it is damage, not a write under way: RecordCorrupt,
+    naming its CommitLog offset and file, rather than a read that silently stops there.
     """
     directory = StoreLayout(root).commitlog_dir
     try:
@@ -93,10 +100,12 @@ def log_bounds(root: str) -> tuple[int, int]:
         return 0, 0
     segments = Segments(root)
     try:
-        last = starts[-1]
-        buf = segments.get(last)
-        if buf is None:
-            return starts[0], last
+        for last in reversed(starts):
+            buf = segments.get(last)
+            if buf is not None and buf[:8] != bytes(8):  # a record (or a blank) at its start
+                break
+        else:
+            return starts[0], starts[0]  # no segment holds a record yet
         pos, tail = 0, np.empty(0, dtype=np.int64)
         while True:
             walk = codec.walk_records(buf, pos, pos + WALK_BYTES, len(buf))
@@ -106,15 +115,38 @@ def log_bounds(root: str) -> tuple[int, int]:
                 break
             pos = walk.stop
         end = walk.stop
-        for at in tail.tolist():
+        if walk.reason == "corrupt":
+            _fail_if_followed(buf, last, end, segments, "not a record")
+        for k, at in enumerate(tail.tolist()):
             try:
                 codec.check_record(buf, at, end, last + at, True)
-            except codec.RecordCorrupt:
+            except codec.RecordCorrupt as exc:
+                if any(_whole(buf, later, end, last) for later in tail.tolist()[k + 1:]):
+                    raise codec.RecordCorrupt(last + at, f"in {segments.dir}/"
+                                              f"{segment_name(last)}: {exc.reason}; whole "
+                                              "records follow it") from None
                 end = at
                 break
         return starts[0], last + end
     finally:
         segments.close()
+
+
+def _whole(buf, at: int, end: int, file_from_offset: int) -> bool:
+    try:
+        codec.check_record(buf, at, end, file_from_offset + at, True)
+        return True
+    except codec.RecordCorrupt:
+        return False
+
+
+def _fail_if_followed(buf, base: int, at: int, segments: Segments, what: str) -> None:
+    """RecordCorrupt if a record confirmed by its stored offset starts after ``at``: the bytes
+    at ``at`` are damage in the log, not the end of what has been written."""
+    after = codec.resync(buf, at + 1, len(buf), base)
+    if after is not None:
+        raise codec.RecordCorrupt(base + at, f"in {segments.dir}/{segment_name(base)}: {what}; "
+                                  f"records go on from {base + after}")
 
 
 def read_log_split(split: LogSplit) -> Iterator[pa.RecordBatch]:
@@ -124,7 +156,12 @@ def read_log_split(split: LogSplit) -> Iterator[pa.RecordBatch]:
     try:
         buf = segments.get(split.segment_start)
         if buf is None:
-            raise DataLoss(f"CommitLog segment {segment_name(split.segment_start)} is gone")
+            text = (f"CommitLog segment {segment_name(split.segment_start)} is gone (or empty): "
+                    f"records at CommitLog offsets [{split.start}, {split.end}) cannot be read")
+            if split.fail_on_data_loss:
+                raise DataLoss(text + ". Set failOnDataLoss=false to skip them with a warning.")
+            log.warning("%s (skipped: failOnDataLoss=false)", text)
+            return
         base = split.segment_start
         limit = min(len(buf), split.limit - base)
         pos = split.start - base
@@ -137,15 +174,30 @@ def read_log_split(split: LogSplit) -> Iterator[pa.RecordBatch]:
         while pos < end:
             walk = codec.walk_records(buf, pos, min(end, pos + BATCH_BYTES), limit)
             if len(walk.positions):
-                yield records_to_batch(buf, walk.positions, base)
+                yield _located(segments, base, buf, walk.positions)
             if walk.reason == "corrupt":
                 raise codec.RecordCorrupt(base + walk.stop, f"in {segments.dir}/"
                                           f"{segment_name(base)}: not a record")
+            if walk.reason == "zero" and walk.stop < limit:
+                # Zeros before the data's end (planning saw records past here): a lost write.
+                raise codec.RecordCorrupt(base + walk.stop, f"in {segments.dir}/"
+                                          f"{segment_name(base)}: zero bytes where a record "
+                                          f"should be (the log goes on to {base + limit})")
             if walk.reason != "end":
-                break  # blank record (segment complete) or never-written bytes
+                break  # blank record (segment complete) or the end of the data
             pos = walk.stop
     finally:
         segments.close()
+
+
+def _located(segments: Segments, base: int, buf, positions, where: str = "") -> pa.RecordBatch:
+    """``records_to_batch``, with a RecordCorrupt it raises (positions in the segment's
+    buffer) turned into one naming the CommitLog offset, the file and ``where`` (topic/queue)."""
+    try:
+        return records_to_batch(buf, positions, base)
+    except codec.RecordCorrupt as exc:
+        raise codec.RecordCorrupt(base + exc.position, f"in {segments.dir}/{segment_name(base)}"
+                                  f"{where}: {exc.reason}") from None
 
 
 @contextlib.contextmanager
@@ -212,6 +264,9 @@ def _units_to_batches(split: QueueSplit, segments: Segments, first_offset: int,
     """Records the units point at, grouped by segment, with each record checked against its
     unit (topic, queue and queue offset) so a stale ConsumeQueue is caught, not believed."""
     seg_size = segments.size
+    if not seg_size:  # no CommitLog segment at all: every record the units point at is gone
+        _lost(split, first_offset, first_offset + len(units), "the CommitLog has no segments")
+        return
     run: list[int] = []
     expected: list[int] = []
     run_seg = -1
@@ -236,7 +291,8 @@ def _batch(split: QueueSplit, segments: Segments, seg: int, positions: list[int]
         _lost(split, expected[0], expected[-1] + 1, f"CommitLog segment {segment_name(seg)} "
               "was deleted")
         return
-    batch = records_to_batch(buf, positions, seg)
+    batch = _located(segments, seg, buf, positions,
+                     f" (ConsumeQueue {split.topic}/{split.queue_id})")
     if batch.num_rows != len(positions):  # a unit pointing at a non-message
         raise codec.RecordCorrupt(seg + positions[0], "ConsumeQueue unit points at a "
                                   "prepared or rolled-back transactional record")

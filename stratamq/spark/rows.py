@@ -177,6 +177,16 @@ def _msg_ids(store_ips: np.ndarray, store_ports: np.ndarray, offsets: np.ndarray
                                                   pa.py_buffer(chars.tobytes())])
 
 
+def _inflate(body: pa.Buffer, sys_flag: int, position: int) -> bytes:
+    """A compressed body inflated; a RecordCorrupt naming the record's ``position`` (in the
+    buffer) if it does not inflate or names an unknown compression."""
+    try:
+        return codec.decompress_body(body, sys_flag)
+    except Exception as exc:  # zlib.error, zstd / lz4 errors, ValueError for unknown bits
+        raise codec.RecordCorrupt(position, f"its compressed body does not inflate: "
+                                  f"{type(exc).__name__}: {exc}") from None
+
+
 def records_to_batch(buf, positions: Sequence[int], file_from_offset: int) -> pa.RecordBatch:
     """One Arrow batch of the messages starting at ``positions`` of a segment buffer.
 
@@ -226,7 +236,8 @@ def records_to_batch(buf, positions: Sequence[int], file_from_offset: int) -> pa
         msg_id = _msg_ids(f["store_host_ip"], f["store_host_port"], f["physical_offset"])
     compressed = np.flatnonzero(sys_flag & SysFlag.COMPRESSED)
     if len(compressed):  # inflate just those rows; the others stay as gathered
-        inflated = [codec.decompress_body(body[i].as_buffer(), int(sys_flag[i]))
+        inflated = [_inflate(body[i].as_buffer(), int(sys_flag[i]),
+                             int(f["physical_offset"][i]) - file_from_offset)
                     for i in compressed.tolist()]
         mask = np.zeros(n, dtype=bool)
         mask[compressed] = True
