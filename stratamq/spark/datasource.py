@@ -11,8 +11,10 @@ with a message naming it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -52,6 +54,9 @@ from stratamq.spark.planning import (
 from stratamq.spark.reading import DataLoss, read_log_split, read_queue_split
 from stratamq.spark.rows import spark_schema
 
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
 log = logging.getLogger(__name__)
 
 
@@ -64,12 +69,20 @@ class StrataMQDataSource(DataSource):
 
     def schema(self):
         options = _lower(self.options)  # checked at load(), before any task
+        root, catalog = None, None
         if "endpoints" in options:
             pull_group(options)
             with _broker(options) as broker:
-                planning.check_read_options(options, sorted(broker.queue_counts()))
+                existing = _broker_queues(broker)
         else:
-            planning.check_read_options(options)
+            root = planning.store_root(options)
+            catalog = Catalog.load(root)
+            existing = catalog.topics
+        with _topic_hints(options, root, catalog):
+            planning.check_read_options(options, sorted(existing))
+            for name, default in (("startingOffsets", "earliest"), ("endingOffsets", "latest")):
+                _check_named_queues(planning.parse_offsets(options, name, default), name,
+                                    existing)
         return spark_schema()
 
     def reader(self, schema) -> DataSourceReader:
@@ -78,11 +91,11 @@ class StrataMQDataSource(DataSource):
     def streamReader(self, schema) -> DataSourceStreamReader:
         return StreamReader(dict(self.options))
 
-    def writer(self, schema, overwrite: bool) -> DataSourceArrowWriter:
-        return BatchWriter(dict(self.options), schema.fieldNames(), overwrite)
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        return BatchWriter(dict(self.options), schema, overwrite)
 
-    def streamWriter(self, schema, overwrite: bool) -> DataSourceStreamArrowWriter:
-        return StreamWriter(dict(self.options), schema.fieldNames(), overwrite)
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        return StreamWriter(dict(self.options), schema, overwrite)
 
 
 def _broker(options: Mapping[str, str]) -> BrokerCatalog:
@@ -90,6 +103,74 @@ def _broker(options: Mapping[str, str]) -> BrokerCatalog:
     if options.get("path"):
         raise OptionError("option 'endpoints': give either a store path or endpoints, not both")
     return BrokerCatalog(connection_of(options), options)
+
+
+def _broker_queues(broker: BrokerCatalog) -> dict[str, list[int]]:
+    """topic -> queue ids of a broker (a topic's queues are numbered from 0)."""
+    return {t: list(range(n)) for t, n in broker.queue_counts().items()}
+
+
+# -- checks of topics and queues the options name -----------------------------------------------
+
+
+def _check_named_queues(spec: object, name: str, existing: Mapping[str, Collection[int]]) -> None:
+    """OptionError naming a topic or queue that an offsets option gives but the store (or
+    broker) does not have; it would otherwise be skipped without a word."""
+    if not isinstance(spec, dict):
+        return
+    unknown = [t for t in spec if t not in existing]
+    if unknown:
+        # Named only by the offsets (no ``topics``): nothing checked them yet.
+        raise planning.UnknownTopics(name, f"option '{name}': unknown topic(s) "
+                                     f"{', '.join(unknown)}; the topics are "
+                                     f"{', '.join(sorted(existing)) or 'none'}")
+    for topic, offsets in spec.items():
+        missing = sorted(set(offsets) - set(existing[topic]))
+        if missing:
+            raise OptionError(f"option '{name}': topic {topic} has no queue "
+                              f"{', '.join(map(str, missing))}; its queues are "
+                              f"{_queue_ids(existing[topic])}")
+
+
+def _queue_ids(ids: Collection[int]) -> str:
+    ordered = sorted(ids)
+    if ordered and ordered == list(range(len(ordered))) and len(ordered) > 2:
+        return f"0 to {len(ordered) - 1}"
+    return ", ".join(map(str, ordered)) or "none"
+
+
+@contextlib.contextmanager
+def _topic_hints(options: Mapping[str, str], root: str | None,
+                 catalog: Catalog | None) -> Iterator[None]:
+    """Adds to an unknown-topic OptionError what most likely caused it: ``|`` read as part of a
+    topic name, or a store whose ConsumeQueues are missing (whole-store reads still work)."""
+    try:
+        yield
+    except planning.UnknownTopics as exc:
+        text = str(exc)
+        hints = []
+        if exc.option == "topics" and planning.is_topic_list(options.get("topics", "")):
+            piped = [t.strip() for t in options.get("topics", "").split(",") if "|" in t]
+            if piped:
+                hints.append(f"{', '.join(piped)} is read as a topic name because '|' may be "
+                             "part of one; for a regex add another regex character, e.g. "
+                             f"'({piped[0]})' or '{piped[0]}$'")
+        if catalog is not None and root is not None and not catalog.queues and _has_records(root):
+            hints.append("the store has CommitLog records but no ConsumeQueues (consumequeue/ "
+                         "missing or empty), so no topic is known: run `stratamq store verify "
+                         f"--store {root}` to rebuild them (a read with no topics or offsets "
+                         "reads the CommitLog directly)")
+        if not hints:
+            raise
+        raise OptionError("; ".join([text, *hints])) from None
+
+
+def _has_records(root: str) -> bool:
+    try:
+        low, end = planning.commitlog_bounds(root)
+    except Exception:  # noqa: BLE001 - only a hint: a damaged CommitLog is reported elsewhere
+        return False
+    return end > low
 
 
 def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -136,15 +217,21 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
     starting = planning.parse_offsets(options, "startingOffsets", "earliest")
     ending = planning.parse_offsets(options, "endingOffsets", "latest")
     timestamp = planning.int_option(options, "startingTimestamp", None, minimum=0)
-    known = sorted(catalog.topics if catalog is not None else broker.queue_counts())
-    topics = planning.select_topics(options, known, must_match=True, offsets=[starting, ending])
-    if (root is not None and topics is None and starting == "earliest" and ending == "latest"
-            and timestamp is None):
-        low, end = planning.commitlog_bounds(root)
-        return list(planning.log_splits(root, catalog, low, end, min_parts))
-    topics = topics if topics is not None else known
-    planning.check_offset_topics(starting, "startingOffsets", topics)
-    planning.check_offset_topics(ending, "endingOffsets", topics)
+    existing = catalog.topics if catalog is not None else _broker_queues(broker)
+    known = sorted(existing)
+    with _topic_hints(options, root, catalog):
+        topics = planning.select_topics(options, known, must_match=True,
+                                        offsets=[starting, ending])
+        if (root is not None and topics is None and starting == "earliest"
+                and ending == "latest" and timestamp is None):
+            low, end = planning.commitlog_bounds(root)
+            return list(planning.log_splits(root, catalog, low, end, min_parts,
+                                            fail_on_data_loss=fail))
+        topics = topics if topics is not None else known
+        planning.check_offset_topics(starting, "startingOffsets", topics)
+        planning.check_offset_topics(ending, "endingOffsets", topics)
+        _check_named_queues(starting, "startingOffsets", existing)
+        _check_named_queues(ending, "endingOffsets", existing)
     if ending == "earliest" or (isinstance(ending, dict) and any(
             v == EARLIEST for q in ending.values() for v in q.values())):
         raise OptionError("option 'endingOffsets': earliest (-2) is not allowed as an end")
@@ -156,11 +243,42 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
         by_time = broker.offsets_by_time(list(queues), timestamp) if timestamp is not None else {}
     ranges = {}
     for queue, bounds in queues.items():
-        start = by_time.get(queue, planning.resolve(starting, queue, bounds, "startingOffsets",
-                                                    EARLIEST))
+        if queue in by_time:
+            start, given = by_time[queue], f"option 'startingTimestamp' ({timestamp})"
+        else:
+            start = planning.resolve(starting, queue, bounds, "startingOffsets", EARLIEST)
+            given = _how_given(starting, queue, "startingOffsets", "earliest")
+            if _explicit(starting, queue) and start > bounds[1]:
+                raise OptionError(
+                    f"option 'startingOffsets': {queue[0]}/{queue[1]}: offset {start} is after "
+                    f"the end of the queue ({bounds[1]}, the next offset to be written); -1 "
+                    "starts at the end")
+        # An end past the queue's end reads to its end (as spark-sql-kafka's "latest").
         end = min(planning.resolve(ending, queue, bounds, "endingOffsets", LATEST), bounds[1])
+        if start > end:
+            raise OptionError(
+                f"option 'endingOffsets': {queue[0]}/{queue[1]}: the starting offset {start} "
+                f"({given}) is after the ending offset {end} "
+                f"({_how_given(ending, queue, 'endingOffsets', 'latest')})")
         ranges[queue] = (_check_loss(queue, start, bounds, fail), end)
     return _splits(options, root, ranges, min_parts, fail)
+
+
+def _explicit(spec: object, queue: Queue) -> bool:
+    """Whether an offsets option gives ``queue`` an offset of its own (not -1 / -2)."""
+    return isinstance(spec, dict) and spec.get(queue[0], {}).get(queue[1], LATEST) >= 0
+
+
+def _how_given(spec: object, queue: Queue, name: str, default: str) -> str:
+    """Where a queue's resolved offset came from, for messages."""
+    if _explicit(spec, queue):
+        return f"option '{name}'"
+    if not isinstance(spec, dict):
+        return f"{spec}, option '{name}'"
+    value = spec.get(queue[0], {}).get(queue[1])
+    if value is None:
+        return f"{default}: the queue is not in option '{name}'"
+    return f"{'earliest' if value == EARLIEST else 'latest'}, option '{name}'"
 
 
 def _splits(options: Mapping[str, str], root: str | None, ranges: dict[Queue, tuple[int, int]],
@@ -232,17 +350,25 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _queues(self) -> dict[Queue, tuple[int, int]]:
         if self.root is None:  # a broker: latest offsets from QueryOffset
             with _broker(self.options) as broker:
-                topics = planning.select_topics(self.options, sorted(broker.queue_counts()),
-                                                must_match=False, offsets=[self.starting])
+                with _topic_hints(self.options, None, None):
+                    topics = planning.select_topics(self.options, sorted(broker.queue_counts()),
+                                                    must_match=False, offsets=[self.starting])
                 return broker.queues(topics)
         catalog = Catalog.load(self.root)
-        topics = planning.select_topics(self.options, sorted(catalog.topics), must_match=False,
-                                        offsets=[self.starting])
+        with _topic_hints(self.options, self.root, catalog):
+            topics = planning.select_topics(self.options, sorted(catalog.topics),
+                                            must_match=False, offsets=[self.starting])
         return {q: b for q, b in catalog.queues.items() if topics is None or q[0] in topics}
 
     def initialOffset(self) -> dict:
+        """Only for a new query (a restarted one takes its checkpoint's offsets instead)."""
+        queues = self._queues()
+        existing: dict[str, list[int]] = {}
+        for topic, qid in queues:
+            existing.setdefault(topic, []).append(qid)
+        _check_named_queues(self.starting, "startingOffsets", existing)  # as at load()
         return _encode({q: planning.resolve(self.starting, q, b, "startingOffsets", EARLIEST)
-                        for q, b in self._queues().items()})
+                        for q, b in queues.items()})
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.max_per_trigger:
@@ -312,8 +438,8 @@ class BatchWriter(DataSourceArrowWriter):
     """Appends rows to the embedded store at ``path``, or sends them to the broker at
     ``endpoints`` (at-least-once either way; see stratamq.spark.write and .broker_io)."""
 
-    def __init__(self, options: Mapping[str, str], columns: list[str], overwrite: bool) -> None:
-        from stratamq.spark.write import check_write_schema
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
+        from stratamq.spark.write import check_store_path, check_write_schema
 
         if overwrite:
             raise OptionError("mode 'overwrite' is not supported: a topic is append-only "
@@ -328,7 +454,9 @@ class BatchWriter(DataSourceArrowWriter):
         if not path:
             raise OptionError("option 'path' is missing: use .save(<store directory>)")
         self.root = path
-        check_write_schema(columns, self.options)
+        check_write_schema(schema, self.options)
+        if self.endpoint is None:
+            check_store_path(path)
         self.written = 0
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCount:
@@ -347,8 +475,8 @@ class BatchWriter(DataSourceArrowWriter):
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, options: Mapping[str, str], columns: list[str], overwrite: bool) -> None:
-        self._batch = BatchWriter(options, columns, False)
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
+        self._batch = BatchWriter(options, schema, False)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCount:
         return self._batch.write(iterator)

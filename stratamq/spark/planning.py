@@ -45,6 +45,14 @@ class OptionError(ValueError):
     """A ``stratamq`` data source option is missing or malformed; the message names it."""
 
 
+class UnknownTopics(OptionError):
+    """An option names topics the store (or broker) does not have; ``option`` is its name."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
 Queue = tuple[str, int]
 
 
@@ -190,6 +198,11 @@ def commitlog_bounds(root: str) -> tuple[int, int]:
 # -- topics and offsets -------------------------------------------------------------------------
 
 
+def is_topic_list(raw: str) -> bool:
+    """Is this ``topics`` value a comma list of names (else it is a regex)?"""
+    return bool(_TOPIC_LIST.match(raw.strip()))
+
+
 def select_topics(options: Mapping[str, str], known: list[str], *, must_match: bool,
                   offsets: list[object]) -> list[str] | None:
     """Topics the ``topics`` option names; None = all. A value made only of topic-name
@@ -202,12 +215,13 @@ def select_topics(options: Mapping[str, str], known: list[str], *, must_match: b
     raw = raw.strip()
     if not raw:
         raise OptionError("option 'topics' is empty")
-    if _TOPIC_LIST.match(raw):
+    if is_topic_list(raw):
         listed = [t.strip() for t in raw.split(",")]
         unknown = [t for t in listed if t not in known]
         if unknown:
-            raise OptionError(f"option 'topics': unknown topic(s) {', '.join(unknown)}; the store "
-                              f"has {', '.join(known) or 'no topics'}")
+            raise UnknownTopics("topics", f"option 'topics': unknown topic(s) "
+                                f"{', '.join(unknown)}; the store has "
+                                f"{', '.join(known) or 'no topics'}")
         return listed
     try:
         pattern = re.compile(raw)
@@ -216,8 +230,8 @@ def select_topics(options: Mapping[str, str], known: list[str], *, must_match: b
                           f"({exc})") from None
     matched = [t for t in known if pattern.fullmatch(t)]
     if must_match and not matched:
-        raise OptionError(f"option 'topics': pattern {raw!r} matches no topic; the store has "
-                          f"{', '.join(known) or 'no topics'}")
+        raise UnknownTopics("topics", f"option 'topics': pattern {raw!r} matches no topic; "
+                            f"the store has {', '.join(known) or 'no topics'}")
     return matched
 
 

@@ -13,51 +13,156 @@ again, and a streaming micro-batch that is re-run after a failure is written aga
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 
 import pyarrow as pa
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    ByteType,
+    CharType,
+    DataType,
+    IntegerType,
+    LongType,
+    MapType,
+    NullType,
+    ShortType,
+    StringType,
+    StructType,
+    VarcharType,
+)
 
 from stratamq.config import StoreConfig
 from stratamq.message import Message, Prop
 from stratamq.spark.planning import OptionError, int_option
-from stratamq.store.message_store import MessageStore, StoreLocked
+from stratamq.store.message_store import MessageStore, StoreLocked, topic_name_problem
 
-WRITABLE_COLUMNS = ("body", "topic", "tags", "keys", "properties", "queue_id")
 BUFFER_BYTES = 32 * 1024 * 1024
 PUT_BATCH = 256
 
 
-def check_write_schema(names: list[str], options: Mapping[str, str]) -> None:
-    """Fail at planning when the rows cannot become messages."""
-    if "body" not in names:
-        raise OptionError("the DataFrame has no 'body' column (binary or string) to write")
-    if "topic" not in names and not options.get("topic"):  # options: lower-case keys
+def _is_string(t: DataType) -> bool:
+    return isinstance(t, (StringType, CharType, VarcharType))
+
+
+# Every column the writer reads, with the Spark types it takes and how to say them. Checked when
+# the writer is made: a value of another type would otherwise become something else silently
+# (an INT body as that many zero bytes) or fail deep inside a task.
+COLUMN_TYPES: dict[str, tuple[Callable[[DataType], bool], str]] = {
+    "body": (lambda t: isinstance(t, BinaryType) or _is_string(t), "BINARY or STRING"),
+    "topic": (_is_string, "STRING"),
+    "tags": (_is_string, "STRING"),
+    "keys": (lambda t: _is_string(t) or (isinstance(t, ArrayType) and _is_string(t.elementType)),
+             "STRING or ARRAY<STRING>"),
+    "properties": (lambda t: (isinstance(t, MapType) and _is_string(t.keyType)
+                              and _is_string(t.valueType)), "MAP<STRING,STRING>"),
+    "queue_id": (lambda t: isinstance(t, (ByteType, ShortType, IntegerType, LongType)),
+                 "TINYINT, SMALLINT, INT or BIGINT"),
+}
+WRITABLE_COLUMNS = tuple(COLUMN_TYPES)
+
+
+def check_write_schema(schema: StructType, options: Mapping[str, str]) -> None:
+    """Fail at planning when the rows cannot become messages: no ``body``, no topic, or a column
+    the writer reads with a type it does not take (``options``: lower-case keys). Other
+    columns are ignored, so a DataFrame read from the source can be written back as it is."""
+    types = {f.name: f.dataType for f in schema.fields}
+    problems = []
+    for name in types:
+        # Spark resolves column names case-insensitively, the writer does not: say so rather
+        # than ignore a 'Tags' column.
+        if name not in COLUMN_TYPES and name.lower() in COLUMN_TYPES and (
+                name.lower() not in types):
+            problems.append(f"column '{name}' is not read: the writer reads '{name.lower()}' "
+                            "(names are case-sensitive here); rename it")
+    if "body" not in types:
+        problems.insert(0, "the DataFrame has no 'body' column (BINARY or STRING) to write")
+    for name, (accepts, wanted) in COLUMN_TYPES.items():
+        t = types.get(name)
+        # A NULL-typed column (``lit(None)``) is a column of nulls: no tags, no keys, ...; a
+        # null body or topic is refused below or row by row.
+        if t is None or accepts(t) or (isinstance(t, NullType) and name not in ("body", "topic")):
+            continue
+        problems.append(f"column '{name}' is {t.simpleString().upper()}; the writer takes "
+                        f"{name} as {wanted}")
+    if problems:
+        raise OptionError("; ".join(problems))
+    if options.get("topic") and (problem := topic_name_problem(options["topic"])):
+        raise OptionError(f"option 'topic': {problem}")
+    if "topic" not in types and not options.get("topic"):
         raise OptionError("option 'topic' is missing and the DataFrame has no 'topic' column")
+    if isinstance(types.get("topic"), NullType) and not options.get("topic"):
+        raise OptionError("option 'topic' is missing and column 'topic' is NULL in every row")
+
+
+def check_store_path(path: str) -> None:
+    """Fail at planning when ``path`` cannot be a store directory to append to: a file (or
+    under one), or an existing directory that holds other things and no store.
+
+    A non-empty directory without ``commitlog/`` is refused rather than turned into a store: a
+    mistyped path (an output or a home directory) would otherwise get ``commitlog/``,
+    ``config/``, ``lock`` ... among its own files, and reads would then take it for a store.
+    Paths the driver cannot see pass (on a cluster only executors may mount the directory)."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            if (p / "commitlog").is_dir():
+                return
+            entries = sorted(os.listdir(p))
+            if entries:
+                shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+                raise OptionError(f"option 'path': {path} is not a store directory (no "
+                                  f"commitlog/) and not empty ({shown}); give a store "
+                                  "directory, or a new or empty directory for a new store")
+            return
+        if p.exists():
+            raise OptionError(f"option 'path': {path} is a file, not a store directory")
+        for parent in p.absolute().parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise OptionError(f"option 'path': {parent} is a file, so store directory "
+                                      f"{path} cannot be made")
+                return
+    except OSError as exc:
+        raise OptionError(f"option 'path': cannot look at {path}: "
+                          f"{exc.strerror or exc}") from None
 
 
 def rows_to_messages(batch: pa.RecordBatch, default_topic: str | None) -> Iterator[Message]:
+    """Messages from rows whose column types ``check_write_schema`` accepted."""
     names = set(batch.schema.names)
     cols = {n: batch.column(n).to_pylist() for n in WRITABLE_COLUMNS if n in names}
+    nothing = [None] * batch.num_rows
     now = int(time.time() * 1000)
     for i in range(batch.num_rows):
         body = cols["body"][i]
         if body is None:
-            raise ValueError("a row has a null body")
+            raise ValueError("column 'body': a row has a null body")
         if isinstance(body, str):
             body = body.encode()
         topic = cols["topic"][i] if "topic" in cols and cols["topic"][i] else default_topic
         if not topic:
-            raise ValueError("a row has no topic and option 'topic' is not set")
+            raise ValueError("a row has no topic (column 'topic' is null or empty) and option "
+                             "'topic' is not set")
         props: dict[str, str] = {}
-        raw_props = cols.get("properties", [None] * batch.num_rows)[i]
+        raw_props = cols.get("properties", nothing)[i]
         if raw_props:
-            props.update(raw_props.items() if isinstance(raw_props, dict) else raw_props)
-        for column, prop in (("tags", Prop.TAGS), ("keys", Prop.KEYS)):
-            value = cols.get(column, [None] * batch.num_rows)[i]
-            if value:
-                props[prop] = value if isinstance(value, str) else " ".join(value)
-        queue_id = cols.get("queue_id", [None] * batch.num_rows)[i]
+            items = raw_props.items() if isinstance(raw_props, dict) else raw_props
+            # A null value has no text form: the property is left out (str() would store the
+            # text "None").
+            props.update((k, v) for k, v in items if v is not None)
+        tags = cols.get("tags", nothing)[i]
+        if tags:
+            props[Prop.TAGS] = tags
+        keys = cols.get("keys", nothing)[i]
+        if keys and not isinstance(keys, str):
+            keys = " ".join(k for k in keys if k)  # null and empty keys of an array dropped
+        if keys:
+            props[Prop.KEYS] = keys
+        queue_id = cols.get("queue_id", nothing)[i]
         yield Message(topic, bytes(body), -1 if queue_id is None else int(queue_id), props,
                       born_timestamp=now)
 
