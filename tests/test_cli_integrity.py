@@ -21,6 +21,7 @@ import textwrap
 from pathlib import Path
 
 from conftest import REFERENCE_MESSAGES
+from damage import patch, record_starts
 
 from stratamq.config import StoreConfig
 from stratamq.message import Message, decode, offset_msg_id
@@ -32,7 +33,6 @@ from stratamq.store.verify import index_gaps, verify_store
 PROJECT = Path(__file__).resolve().parents[1]
 SEGMENT = 64 * 1024
 NEWEST = "00000000000024117248"  # the reference store's newest CommitLog segment (1 MiB each)
-SIZE_MAGIC = struct.Struct(">iI")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -53,25 +53,6 @@ def lines(proc: subprocess.CompletedProcess) -> int:
 
 def warnings(proc: subprocess.CompletedProcess) -> list[str]:
     return [x for x in proc.stderr.splitlines() if x.startswith("warning: ")]
-
-
-def record_starts(segment: Path) -> list[int]:
-    """Positions of the records of a segment, following sizes from its start."""
-    data = segment.read_bytes()
-    out, pos = [], 0
-    while pos + 8 <= len(data):
-        size, magic = SIZE_MAGIC.unpack_from(data, pos)
-        if size <= 0 or magic not in (0xDAA320A7, 0xDAA320AB):
-            break
-        out.append(pos)
-        pos += size
-    return out
-
-
-def patch(path: Path, pos: int, data: bytes) -> None:
-    with path.open("r+b") as f:
-        f.seek(pos)
-        f.write(data)
 
 
 def small_config(root: Path, **extra) -> StoreConfig:

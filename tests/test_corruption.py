@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REFERENCE_MESSAGES, reference_body
+from damage import patch
 
 from stratamq import message as codec
 from stratamq.config import StoreConfig
@@ -86,12 +87,6 @@ def write_store(cfg: StoreConfig, count: int = 240) -> list[Written]:
 def segment_of(cfg: StoreConfig, physical_offset: int, size: int = SEGMENT) -> tuple[Path, int]:
     start = physical_offset - physical_offset % size
     return cfg.root / "commitlog" / segment_name(start), physical_offset - start
-
-
-def patch(path: Path, pos: int, data: bytes) -> None:
-    with path.open("r+b") as f:
-        f.seek(pos)
-        f.write(data)
 
 
 def flip_bit(path: Path, pos: int, bit: int = 0) -> None:

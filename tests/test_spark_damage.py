@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest_spark import spark_session  # noqa: F401  (the shared `spark` fixture)
+from damage import patch, records
 
 from stratamq import message as codec
 from stratamq.config import StoreConfig
@@ -42,27 +43,6 @@ def store_with(root: Path, count: int) -> StoreConfig:
         assert store.put_messages(messages(0, count)).ok
         store.wait_dispatched()
     return cfg
-
-
-def records(root: Path) -> list[tuple[Path, int, int]]:
-    """(segment file, position, size) of every record, walking each segment."""
-    out = []
-    for seg in sorted((root / "commitlog").iterdir()):
-        data = seg.read_bytes()
-        pos = 0
-        while pos + 8 <= len(data):
-            size, magic = codec.read_size_and_magic(data, pos)
-            if magic not in (codec.MESSAGE_MAGIC_CODE_V1, codec.MESSAGE_MAGIC_CODE_V2):
-                break
-            out.append((seg, pos, size))
-            pos += size
-    return out
-
-
-def patch(path: Path, at: int, data: bytes) -> None:
-    with path.open("r+b") as f:
-        f.seek(at)
-        f.write(data)
 
 
 def whole_read(root: Path, fail_on_data_loss: bool = True) -> list[dict]:
