@@ -171,8 +171,9 @@ class ConsumeQueue:
         cut = self._first_unit_where(lambda u: u[0] + u[1] > commitlog_end, low, high)
         dropped = high - cut
         if dropped:
-            log.warning("%s/%d: dropping %d units past CommitLog end %d",
-                        self.topic, self.queue_id, dropped, commitlog_end)
+            log.warning("%s/%d: %s %d units past CommitLog end %d", self.topic, self.queue_id,
+                        "ignoring (read-only)" if self.files.read_only else "dropping", dropped,
+                        commitlog_end)
             self.files.truncate_dirty_files(cut * UNIT_SIZE)
             prev = self._unit_at((cut - 1) * UNIT_SIZE) if cut > low else None
             self.max_physic_offset = prev[0] + prev[1] if prev and not is_blank_unit(*prev) else -1
