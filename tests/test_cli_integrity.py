@@ -371,3 +371,14 @@ def test_dump_refuses_a_queue_that_does_not_exist(reference_store):
     assert "topic 'BenchTopic0' has no queue 7 (queues: [0, 1, 2, 3])" in proc.stderr
     proc = cli("store", "dump", "--store", str(reference_store), "--queue-id", "99")
     assert proc.returncode == 1 and "has queue 99" in proc.stderr
+
+
+def test_verify_stops_the_clean_up_service_first(tmp_path):
+    # A clean-up pass that fired during verify (at deleteWhen, or under disk pressure) could
+    # delete a segment the check is reading: verify stops the service before it starts.
+    with MessageStore(small_config(tmp_path / "store")).open() as store:
+        assert store.put_messages([Message("T", b"x" * 900, 0) for _ in range(300)]).ok
+        assert store.wait_dispatched()
+        assert store.cleanup._thread.is_alive()
+        assert verify_store(store)["ok"]
+        assert not store.cleanup._thread.is_alive()

@@ -501,8 +501,9 @@ def _loss(store: MessageStore, problem: Callable[[str], None]) -> dict[str, Any]
 def verify_store(store: MessageStore) -> dict[str, Any]:
     """Repair what the CommitLog can rebuild, then check everything (module docstring).
 
-    ``store`` must be open read-write with nothing else using it: its dispatcher is stopped
-    here so the repairs run on this thread alone. A read-only store is only checked."""
+    ``store`` must be open read-write with nothing else using it: its dispatcher and clean-up
+    service are stopped here so the repairs run on this thread alone and no file is deleted
+    under the check. A read-only store is only checked."""
     problems: list[str] = []
     repaired: list[str] = []
 
@@ -516,6 +517,8 @@ def verify_store(store: MessageStore) -> dict[str, Any]:
     try:
         if not store.read_only:
             store.reput.shutdown()
+            if store.cleanup is not None:  # no file may be deleted under the check
+                store.cleanup.shutdown()
             missing = scan_undispatched(store, redispatch=True)
             if missing.records:
                 repaired.append(f"re-dispatched {missing.records} records that no ConsumeQueue "
