@@ -246,3 +246,12 @@ def test_broker_reads_refuse_offsets_that_cannot_be_honoured(spark, broker, opti
     values = {k: v if isinstance(v, str) else json.dumps(v) for k, v in options.items()}
     with pytest.raises(Exception, match=named):
         read(spark, endpoints=broker.endpoint, **values).count()
+
+
+def test_a_negative_queue_id_is_refused_not_spread_over_the_queues(spark, tmp_path):
+    root = store_with_a(tmp_path)
+    df = spark.createDataFrame([(b"ok", "A", None), (b"bad", "A", -3)],
+                               "body BINARY, topic STRING, queue_id INT")
+    with pytest.raises(Exception, match="column 'queue_id': -3 is not a queue id"):
+        write(df, root)
+    assert b"bad" not in {bytes(r.body) for r in read(spark, root).collect()}

@@ -163,6 +163,9 @@ def rows_to_messages(batch: pa.RecordBatch, default_topic: str | None) -> Iterat
         if keys:
             props[Prop.KEYS] = keys
         queue_id = cols.get("queue_id", nothing)[i]
+        if queue_id is not None and queue_id < 0:
+            raise ValueError(f"column 'queue_id': {queue_id} is not a queue id (0 or more; a "
+                             "null queue_id lets the writer choose the queue)")
         yield Message(topic, bytes(body), -1 if queue_id is None else int(queue_id), props,
                       born_timestamp=now)
 
