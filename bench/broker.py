@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent import futures
 from pathlib import Path
@@ -208,6 +209,8 @@ def _start(cmd: list[str], marker: str, env: dict | None = None) -> tuple[subpro
         if not line:
             raise RuntimeError(f"{cmd[0]} exited before serving")
         if marker in line:
+            # Drain the rest: a full pipe would stall the server on a log line mid-run.
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
             return proc, line.split(marker, 1)[1].split()[0]
 
 

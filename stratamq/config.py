@@ -31,9 +31,6 @@ CQ_UNIT_SIZE = 20  # bytes of one ConsumeQueue unit (docs/formats/consumequeue-u
 # RocketMQ reads these keys into Java ints and maps each file with one int-sized buffer, so a
 # larger value is neither a RocketMQ setting nor a file RocketMQ could open.
 INT_MAX = 2**31 - 1
-# An index file is a 40-byte header, 4-byte hash slots and 20-byte entries
-# (docs/formats/index-file.md): it must fit one int-sized map like every RocketMQ file.
-_INDEX_HEADER, _INDEX_SLOT, _INDEX_ENTRY = 40, 4, 20
 # The broker sizes gRPC's (int32) message limits at maxMessageSize + 1 MiB of headroom.
 MAX_MESSAGE_SIZE_LIMIT = 1024 * 1024 * 1024
 
@@ -301,12 +298,18 @@ class StoreConfig:
 
     def __post_init__(self) -> None:
         _validate(self)
-        index_bytes = (_INDEX_HEADER + self.max_hash_slot_num * _INDEX_SLOT
-                       + self.max_index_num * _INDEX_ENTRY)
+        # The index layout lives in index_file.py alone; imported here, not at the top, because
+        # the store package imports this module. An index file must fit one int-sized map like
+        # every RocketMQ file.
+        from stratamq.store.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
+        from stratamq.store.index_file import file_size as index_file_size
+
+        index_bytes = index_file_size(self.max_hash_slot_num, self.max_index_num)
         if index_bytes > INT_MAX:
             raise InvalidSetting(
                 f"maxHashSlotNum={self.max_hash_slot_num} and maxIndexNum={self.max_index_num} "
-                f"make a {index_bytes}-byte index file: 40 + 4 x maxHashSlotNum + 20 x "
+                f"make a {index_bytes}-byte index file: {HEADER_SIZE} + {SLOT_SIZE} x "
+                f"maxHashSlotNum + {ENTRY_SIZE} x "
                 f"maxIndexNum must be at most {INT_MAX} bytes")
 
     @property
@@ -326,19 +329,7 @@ class StoreConfig:
     @classmethod
     def from_properties(cls, props: dict[str, str], **overrides: Any) -> StoreConfig:
         """Build from ``broker.conf``-style key/values; unknown keys raise UnknownSettings."""
-        by_key = {f.metadata["key"]: f for f in dataclasses.fields(cls)}
-        values: dict[str, Any] = {}
-        unknown = []
-        for key, raw in props.items():
-            f = by_key.get(key)
-            if f is None:
-                unknown.append(key)
-                continue
-            values[f.name] = _convert(f, raw.strip())
-        if unknown:
-            raise UnknownSettings("unknown settings: " + ", ".join(sorted(unknown)))
-        values.update(overrides)
-        return cls(**values)
+        return _from_props(cls, props, **overrides)
 
 
 def _convert(f: dataclasses.Field, raw: str) -> Any:
@@ -361,8 +352,7 @@ def _convert(f: dataclasses.Field, raw: str) -> Any:
     return raw
 
 
-def settings_table() -> list[dict[str, str]]:
-    """Every setting with key, default, unit and range, for docs and ``stratamq config``."""
+def _settings_table(cls: type) -> list[dict[str, str]]:
     return [
         {
             "key": f.metadata["key"],
@@ -371,8 +361,13 @@ def settings_table() -> list[dict[str, str]]:
             "range": _range_text(f),
             "doc": f.metadata["doc"],
         }
-        for f in dataclasses.fields(StoreConfig)
+        for f in dataclasses.fields(cls)
     ]
+
+
+def settings_table() -> list[dict[str, str]]:
+    """Every setting with key, default, unit and range, for docs and ``stratamq config``."""
+    return _settings_table(StoreConfig)
 
 
 # -- the broker (issue 5) -----------------------------------------------------------------------
@@ -499,7 +494,6 @@ class BrokerConfig:
         check=_one_of("none", "optional", "require", fold_case=True),
     )  # fmt: skip
 
-
     def __post_init__(self) -> None:
         _validate(self)
         for key, value in (("minInvisibleTimeMillsForRecv", self.min_invisible_time_mills_for_recv),
@@ -509,9 +503,14 @@ class BrokerConfig:
                                      f"maxInvisibleTimeMills ({self.max_invisible_time_mills} ms)")
 
 
-def _from_props(cls: type, props: dict[str, str]) -> Any:
+def _from_props(cls: type, props: dict[str, str], **overrides: Any) -> Any:
+    """Build ``cls`` from ``broker.conf``-style key/values; unknown keys raise UnknownSettings."""
     by_key = {f.metadata["key"]: f for f in dataclasses.fields(cls)}
-    return cls(**{by_key[k].name: _convert(by_key[k], v.strip()) for k, v in props.items()})
+    unknown = sorted(k for k in props if k not in by_key)
+    if unknown:
+        raise UnknownSettings("unknown settings: " + ", ".join(unknown))
+    values = {by_key[k].name: _convert(by_key[k], v.strip()) for k, v in props.items()}
+    return cls(**{**values, **overrides})
 
 
 def load_broker_conf(
@@ -548,8 +547,4 @@ def load_broker_conf(
 
 def broker_settings_table() -> list[dict[str, str]]:
     """BrokerConfig's keys with default, unit and range (StoreConfig's are in settings_table)."""
-    return [
-        {"key": f.metadata["key"], "default": str(f.default), "unit": f.metadata["unit"],
-         "range": _range_text(f), "doc": f.metadata["doc"]}
-        for f in dataclasses.fields(BrokerConfig)
-    ]
+    return _settings_table(BrokerConfig)

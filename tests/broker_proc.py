@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,9 @@ def start_broker(tmp_path: Path, settings: dict[str, str] | None = None,
         output.append(line)
         if "listening on" in line:
             endpoint = line.split("listening on", 1)[1].split()[0]
+            # Keep draining stdout (stderr goes there too): a full pipe would block the broker
+            # on its next log line.
+            threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True).start()
             return BrokerProc(proc, endpoint, store, conf, output)
     proc.kill()
     raise RuntimeError("broker did not start:\n" + "".join(output) + proc.stdout.read())

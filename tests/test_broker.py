@@ -12,13 +12,15 @@ import pytest
 from rocketmq import ConsumeResult, MessageListener, Producer, PushConsumer, SimpleConsumer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
-from rocketmq.grpc_protocol import service_pb2_grpc
 from test_broker_harness import (
     BrokerProcess,
     FilterExpression,
     config,
+    create_topic,
     message,
+    raw_stub,
     receive_until,
+    send,
 )
 
 from stratamq.config import load_broker_conf
@@ -29,12 +31,6 @@ def broker(tmp_path_factory):
     b = BrokerProcess(tmp_path_factory.mktemp("broker") / "store").start()
     yield b
     b.terminate()
-
-
-def _topic(b: BrokerProcess, name: str, queues: int = 4, mtype: str = "NORMAL") -> str:
-    r = b.cli("topic", "create", "--topic", name, "--queues", str(queues), "--type", mtype)
-    assert r.returncode == 0, r.stderr
-    return name
 
 
 def _producer(b: BrokerProcess, *topics: str) -> Producer:
@@ -51,13 +47,8 @@ def _simple(b: BrokerProcess, group: str, topic: str, expr: str = "*",
     return c
 
 
-def _stub(b: BrokerProcess):
-    channel = grpc.insecure_channel(b.endpoint)
-    return channel, service_pb2_grpc.MessagingServiceStub(channel)
-
-
 def test_send_receive_byte_identical_with_tags_keys_properties(broker):
-    topic = _topic(broker, "RoundTrip")
+    topic = create_topic(broker, "RoundTrip", 4)
     bodies = [bytes(range(256)), b"\x00" * 3, "héllo wörld".encode(), b"x" * 70_000]
     producer = _producer(broker, topic)
     sent = {}
@@ -87,10 +78,8 @@ def test_send_receive_byte_identical_with_tags_keys_properties(broker):
 
 
 def test_redelivery_after_invisible_time_increments_attempt(broker):
-    topic = _topic(broker, "Redeliver", 2)
-    producer = _producer(broker, topic)
-    msg_id = producer.send(message(topic, b"retry me")).message_id
-    producer.shutdown()
+    topic = create_topic(broker, "Redeliver", 2)
+    [msg_id] = send(broker, topic, [b"retry me"])
     consumer = _simple(broker, "RedeliverGroup", topic, await_s=5)
     try:
         first = receive_until(consumer, 1, invisible=1, ack=False)
@@ -105,10 +94,8 @@ def test_redelivery_after_invisible_time_increments_attempt(broker):
 
 
 def test_change_invisible_duration(broker):
-    topic = _topic(broker, "Invisible", 1)
-    producer = _producer(broker, topic)
-    msg_id = producer.send(message(topic, b"slow work")).message_id
-    producer.shutdown()
+    topic = create_topic(broker, "Invisible", 1)
+    [msg_id] = send(broker, topic, [b"slow work"])
     consumer = _simple(broker, "InvisibleGroup", topic, await_s=4)
     try:
         [m] = receive_until(consumer, 1, invisible=60, ack=False)
@@ -123,7 +110,7 @@ def test_change_invisible_duration(broker):
 
 
 def test_fifo_order_per_group_under_concurrent_producers(broker):
-    topic = _topic(broker, "Orders", 3, "FIFO")
+    topic = create_topic(broker, "Orders", 3, "FIFO")
     groups = [f"g{i}" for i in range(6)]
     per_group = 6
 
@@ -170,7 +157,7 @@ def test_fifo_order_per_group_under_concurrent_producers(broker):
 
 
 def test_dlq_after_max_attempts(broker):
-    topic = _topic(broker, "Poison", 1)
+    topic = create_topic(broker, "Poison", 1)
     r = broker.cli("group", "create", "--group", "PoisonGroup", "--retry-max-times", "1")
     assert r.returncode == 0, r.stderr
     producer = _producer(broker, topic)
@@ -182,8 +169,9 @@ def test_dlq_after_max_attempts(broker):
         attempts += [m.delivery_attempt for m in receive_until(consumer, 1, invisible=1,
                                                                ack=False)]
         assert attempts == [1, 2]
-        time.sleep(1.2)
-        assert not consumer.receive(32, 1)  # 2 attempts = 1 + retryMaxTimes: moved to the DLQ
+        # 2 attempts = 1 + retryMaxTimes: moved to the DLQ. The 3 s long poll outlasts the 1 s
+        # invisible time, so a third delivery would arrive within this receive.
+        assert not consumer.receive(32, 1)
     finally:
         consumer.shutdown()
     dlq = _simple(broker, "DlqReader", "%DLQ%PoisonGroup")
@@ -199,7 +187,7 @@ def test_dlq_after_max_attempts(broker):
 
 
 def test_push_consumer_consumes_and_retries_failures(broker):
-    topic = _topic(broker, "Pushed", 2)
+    topic = create_topic(broker, "Pushed", 2)
     producer = _producer(broker, topic)
     bodies = {f"push-{i}".encode() for i in range(5)}
     for body in sorted(bodies):
@@ -225,7 +213,14 @@ def test_push_consumer_consumes_and_retries_failures(broker):
     consumer.startup()
     try:
         assert done.wait(60), attempts
-        time.sleep(1.5)  # an ack that did not stick would show up as another delivery
+        # Every ack stuck: nothing of the group is in flight or owed any more.
+        deadline = time.monotonic() + 60
+        while True:
+            progress = json.loads(broker.cli("group", "progress", "--group", "PushGroup").stdout)
+            if progress["inflight"] == 0 and progress["lag"] == 0:
+                break
+            assert time.monotonic() < deadline, progress
+            time.sleep(0.2)
     finally:
         consumer.shutdown()
     assert attempts.pop(b"push-0") == [1, 2]
@@ -234,7 +229,7 @@ def test_push_consumer_consumes_and_retries_failures(broker):
 
 def test_sigkill_restart_loses_nothing_and_redelivers_no_acked(tmp_path):
     b = BrokerProcess(tmp_path / "store").start()
-    _topic(b, "Durable", 2)
+    create_topic(b, "Durable", 2)
     producer = _producer(b, "Durable")
     sent = {producer.send(message("Durable", f"d-{i}".encode())).message_id: f"d-{i}".encode()
             for i in range(10)}
@@ -258,11 +253,11 @@ def test_sigkill_restart_loses_nothing_and_redelivers_no_acked(tmp_path):
     assert (tmp_path / "store" / "abort").exists()
     b2 = BrokerProcess(tmp_path / "store").start()
     try:
-        consumer = _simple(b2, "DurableGroup", "Durable", await_s=2)
+        # The 4 s long poll of the last receive outlasts any 1 s invisible time still running.
+        consumer = _simple(b2, "DurableGroup", "Durable", await_s=4)
         try:
             rest = receive_until(consumer, len(sent) - len(acked_ids), deadline_s=40)
-            time.sleep(1.2)  # anything wrongly in flight would come back now
-            assert not consumer.receive(32, 1)
+            assert not consumer.receive(32, 1)  # nothing wrongly in flight comes back
         finally:
             consumer.shutdown()
     finally:
@@ -274,8 +269,8 @@ def test_sigkill_restart_loses_nothing_and_redelivers_no_acked(tmp_path):
 
 
 def test_malformed_requests_get_error_status_and_broker_keeps_serving(broker):
-    topic = _topic(broker, "Robust", 1)
-    channel, stub = _stub(broker)
+    topic = create_topic(broker, "Robust", 1)
+    channel, stub = raw_stub(broker)
     try:
         r = stub.SendMessage(svc.SendMessageRequest(messages=[pb.Message(body=b"x")]))
         assert r.status.code == pb.ILLEGAL_TOPIC
@@ -320,13 +315,13 @@ def test_malformed_requests_get_error_status_and_broker_keeps_serving(broker):
 
 
 def test_pull_and_query_offset_replay_a_queue(broker):
-    topic = _topic(broker, "Replay", 1)
+    topic = create_topic(broker, "Replay", 1)
     producer = _producer(broker, topic)
     bodies = [f"r-{i}".encode() for i in range(5)]
     for body in bodies:
         producer.send(message(topic, body, tag="T"))
     producer.shutdown()
-    channel, stub = _stub(broker)
+    channel, stub = raw_stub(broker)
     mq = pb.MessageQueue(topic=pb.Resource(name=topic), id=0)
     try:
         begin = stub.QueryOffset(svc.QueryOffsetRequest(message_queue=mq,
@@ -355,6 +350,16 @@ def test_pull_and_query_offset_replay_a_queue(broker):
         assert (status, msgs, nxt) == (pb.MESSAGE_NOT_FOUND, [], 5)
         status, _msgs, nxt = pull(99)
         assert (status, nxt) == (pb.ILLEGAL_OFFSET, 5)
+
+        # TIMESTAMP: the first offset stored at or after the time; the end if none was.
+        status, everything, _nxt = pull(0, 5)
+        assert status == pb.OK and len(everything) == 5
+        stamps = [m.system_properties.store_timestamp.ToMilliseconds() for m in everything]
+        for when in (stamps[0] - 1, stamps[2], stamps[-1] + 1):
+            req = svc.QueryOffsetRequest(message_queue=mq, query_offset_policy=pb.TIMESTAMP)
+            req.timestamp.FromMilliseconds(when)
+            want = next((i for i, t in enumerate(stamps) if t >= when), 5)
+            assert stub.QueryOffset(req).offset == want, (when, stamps)
     finally:
         channel.close()
 
@@ -399,7 +404,7 @@ def test_topic_and_group_cli(broker):
     assert broker.cli("topic", "delete", "--topic", "Cli").returncode == 0
     names = [json.loads(line)["topic"] for line in broker.cli("topic", "list").stdout.split()]
     assert "Cli" not in names
-    channel, stub = _stub(broker)
+    channel, stub = raw_stub(broker)
     try:
         route = stub.QueryRoute(svc.QueryRouteRequest(topic=pb.Resource(name="Cli")))
         assert route.status.code == pb.TOPIC_NOT_FOUND and "does not exist" in route.status.message
@@ -409,7 +414,7 @@ def test_topic_and_group_cli(broker):
 
 def test_topics_survive_restart_and_sigterm_is_clean(tmp_path):
     b = BrokerProcess(tmp_path / "store").start()
-    _topic(b, "Kept", 2, "FIFO")
+    create_topic(b, "Kept", 2, "FIFO")
     assert b.terminate() == 0
     assert not (tmp_path / "store" / "abort").exists()
     assert (tmp_path / "store" / "config" / "topics.json").exists()

@@ -1,7 +1,7 @@
 """Helpers for the broker tests (no tests here): a broker subprocess and the official client.
 
-The official client writes its log under ``$HOME/logs`` when it is imported, so HOME points at a
-private temp dir just for that import.
+The official client writes its log under ``$HOME/logs``; tests/conftest.py already points HOME
+at a private directory for the whole session and every subprocess it starts.
 """
 
 from __future__ import annotations
@@ -11,21 +11,12 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-_home = tempfile.mkdtemp(prefix="stratamq-client-home-")
-_saved_home = os.environ.get("HOME")
-os.environ["HOME"] = _home
-try:
-    import rocketmq  # noqa: F401  (log directory is chosen at import)
-    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message
-finally:
-    if _saved_home is None:
-        os.environ.pop("HOME", None)
-    else:
-        os.environ["HOME"] = _saved_home
+import grpc
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer
+from rocketmq.grpc_protocol import service_pb2_grpc
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +42,7 @@ class BrokerProcess:
         self.log = store.parent / f"{store.name}-broker.log"
 
     def start(self) -> BrokerProcess:
-        env = dict(os.environ, HOME=_home, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log, "ab") as log:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "stratamq.cli", "broker", "start", "--store",
@@ -80,6 +71,29 @@ class BrokerProcess:
         return subprocess.run([sys.executable, "-m", "stratamq.cli", *args, "--endpoint",
                                self.endpoint], cwd=PROJECT, capture_output=True, text=True,
                               timeout=60)
+
+
+def create_topic(b: BrokerProcess, name: str, queues: int, mtype: str = "NORMAL") -> str:
+    """Create ``name`` through the admin CLI (as a user would); return the name."""
+    r = b.cli("topic", "create", "--topic", name, "--queues", str(queues), "--type", mtype)
+    assert r.returncode == 0, r.stderr
+    return name
+
+
+def send(b: BrokerProcess, topic: str, bodies: list[bytes]) -> list[str]:
+    """Send each body with a fresh producer; the message ids, in order."""
+    p = Producer(config(b.endpoint), (topic,))
+    p.startup()
+    try:
+        return [p.send(message(topic, body)).message_id for body in bodies]
+    finally:
+        p.shutdown()
+
+
+def raw_stub(b: BrokerProcess) -> tuple[grpc.Channel, service_pb2_grpc.MessagingServiceStub]:
+    """A raw stub, for the status codes the official client hides; close the channel."""
+    channel = grpc.insecure_channel(b.endpoint)
+    return channel, service_pb2_grpc.MessagingServiceStub(channel)
 
 
 def config(endpoint: str) -> ClientConfiguration:
@@ -117,4 +131,5 @@ def receive_until(consumer, want: int, invisible: int = 15, deadline_s: float = 
     return got
 
 
-__all__ = ["BrokerProcess", "FilterExpression", "Message", "config", "message", "receive_until"]
+__all__ = ["BrokerProcess", "FilterExpression", "Message", "config", "create_topic", "message",
+           "raw_stub", "receive_until", "send"]

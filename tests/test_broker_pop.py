@@ -10,18 +10,19 @@ import json
 import threading
 import time
 
-import grpc
 import pytest
 from rocketmq import Producer, SimpleConsumer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
-from rocketmq.grpc_protocol import service_pb2_grpc
 from test_broker_harness import (
     FAST_CONF,
     BrokerProcess,
     FilterExpression,
     config,
+    create_topic,
     message,
+    raw_stub,
+    send,
 )
 
 from stratamq.broker.metadata import TopicConfig
@@ -38,26 +39,6 @@ def broker(tmp_path_factory):
     b = BrokerProcess(store, conf_text=FAST_CONF + "autoCreateTopicEnable=true\n").start()
     yield b
     assert b.terminate() == 0
-
-
-def _topic(b: BrokerProcess, name: str, queues: int = 2, mtype: str = "NORMAL") -> str:
-    r = b.cli("topic", "create", "--topic", name, "--queues", str(queues), "--type", mtype)
-    assert r.returncode == 0, r.stderr
-    return name
-
-
-def _send(b: BrokerProcess, topic: str, bodies: list[bytes]) -> list[str]:
-    p = Producer(config(b.endpoint), (topic,))
-    p.startup()
-    try:
-        return [p.send(message(topic, body)).message_id for body in bodies]
-    finally:
-        p.shutdown()
-
-
-def _stub(b: BrokerProcess):
-    channel = grpc.insecure_channel(b.endpoint)
-    return channel, service_pb2_grpc.MessagingServiceStub(channel)
 
 
 def _receive(stub, group: str, topic: str, batch: int, invisible_s: int, poll_s: float = 0):
@@ -81,8 +62,8 @@ def _ack(stub, group: str, topic: str, m: pb.Message) -> int:
 
 
 def test_concurrent_consumers_of_a_group_never_share_an_invisible_message(broker):
-    topic = _topic(broker, "Contended", 3)
-    sent = set(_send(broker, topic, [f"c-{i}".encode() for i in range(30)]))
+    topic = create_topic(broker, "Contended", 3)
+    sent = set(send(broker, topic, [f"c-{i}".encode() for i in range(30)]))
     lock = threading.Lock()
     deliveries: list[str] = []
     errors: list[BaseException] = []
@@ -117,9 +98,9 @@ def test_concurrent_consumers_of_a_group_never_share_an_invisible_message(broker
 
 
 def test_stale_receipt_after_redelivery_does_not_ack_the_new_delivery(broker):
-    topic = _topic(broker, "Stale", 1)
-    [msg_id] = _send(broker, topic, [b"stale"])
-    channel, stub = _stub(broker)
+    topic = create_topic(broker, "Stale", 1)
+    [msg_id] = send(broker, topic, [b"stale"])
+    channel, stub = raw_stub(broker)
     try:
         [first] = _receive(stub, "StaleGroup", topic, 1, 1, poll_s=10)
         again: list = []
@@ -141,8 +122,8 @@ def test_stale_receipt_after_redelivery_does_not_ack_the_new_delivery(broker):
 
 
 def test_long_poll_wakes_when_a_message_arrives(broker):
-    topic = _topic(broker, "Wake", 2)
-    channel, stub = _stub(broker)
+    topic = create_topic(broker, "Wake", 2)
+    channel, stub = raw_stub(broker)
     result: list = []
     polling = threading.Thread(
         target=lambda: result.extend(_receive(stub, "WakeGroup", topic, 8, 60, poll_s=120)))
@@ -150,7 +131,7 @@ def test_long_poll_wakes_when_a_message_arrives(broker):
         # Establish the group's cursor first, so the poll below waits at the end of the queue.
         assert _receive(stub, "WakeGroup", topic, 8, 60) == []
         polling.start()
-        [msg_id] = _send(broker, topic, [b"wake up"])
+        [msg_id] = send(broker, topic, [b"wake up"])
         # Answered with the message, not after the 120 s poll: the join would time out first.
         polling.join(100)
         assert not polling.is_alive()
@@ -160,7 +141,7 @@ def test_long_poll_wakes_when_a_message_arrives(broker):
 
 
 def test_fifo_blocked_expired_message_is_not_delivered_out_of_order(broker):
-    topic = _topic(broker, "FifoHeld", 1, "FIFO")
+    topic = create_topic(broker, "FifoHeld", 1, "FIFO")
     p = Producer(config(broker.endpoint), (topic,))
     p.startup()
     try:
@@ -168,7 +149,7 @@ def test_fifo_blocked_expired_message_is_not_delivered_out_of_order(broker):
             p.send(message(topic, f"f-{i}".encode(), group="g"))
     finally:
         p.shutdown()
-    channel, stub = _stub(broker)
+    channel, stub = raw_stub(broker)
     try:
         got = []
         deadline = time.monotonic() + 60
@@ -198,7 +179,7 @@ def test_system_topics_are_hidden(broker):
     assert not [n for n in names if n.startswith("rmq_sys_") or n == "SCHEDULE_TOPIC_XXXX"]
     bad = broker.cli("topic", "create", "--topic", "rmq_sys_mine", "--queues", "1")
     assert bad.returncode != 0 and "reserved" in bad.stderr
-    channel, stub = _stub(broker)
+    channel, stub = raw_stub(broker)
     try:
         # Present in the metadata, and auto-create is on: still not routed to clients.
         for name in ("rmq_sys_wheel_timer", "rmq_sys_other", "SCHEDULE_TOPIC_XXXX"):

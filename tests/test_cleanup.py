@@ -66,6 +66,18 @@ def fill(store: MessageStore, count: int, *, start: int = 0, queues: int = 2,
     return acked
 
 
+def put_until_refused(store: MessageStore, acked: list[Acked], *, start: int = 0):
+    """Put 2000-byte messages until one is refused (adding each accepted one to ``acked``);
+    return the refusal, or None if 20,000 puts were all accepted."""
+    for i in range(start, 20_000):
+        body = body_of(i, 2000)
+        r = store.put_message(Message("T", body, i % 2))
+        if not r.ok:
+            return r
+        acked.append(Acked(i, i % 2, r.queue_offset, r.physical_offset, body))
+    return None
+
+
 def at_hour(hour: int) -> int:
     """Today at ``hour``:30 local time, in ms."""
     lt = time.localtime()
@@ -388,14 +400,7 @@ def test_puts_are_refused_past_the_warning_ratio_on_a_full_disk_until_clean_up(
     acked: list[Acked] = []
     with MessageStore(cfg).open() as store:
         store.cleanup.put_check_interval_ms = 0  # look at the disk on every put
-        refused = None
-        for i in range(20_000):
-            body = body_of(i, 2000)
-            r = store.put_message(Message("T", body, i % 2))
-            if not r.ok:
-                refused = r
-                break
-            acked.append(Acked(i, i % 2, r.queue_offset, r.physical_offset, body))
+        refused = put_until_refused(store, acked)
         assert refused is not None, "the 8 MiB file system never filled"
         assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
         assert "disk full" in refused.error and not refused.messages
@@ -435,14 +440,7 @@ def test_enospc_during_a_put_reports_it_and_loses_nothing_acknowledged(small_con
                     f.flush()
             except OSError as exc:
                 assert exc.errno == 28  # ENOSPC
-        failed = None
-        for i in range(100, 20_000):
-            body = body_of(i, 2000)
-            r = store.put_message(Message("T", body, i % 2))
-            if not r.ok:
-                failed = r
-                break
-            acked.append(Acked(i, i % 2, r.queue_offset, r.physical_offset, body))
+        failed = put_until_refused(store, acked, start=100)
         assert failed is not None
         assert failed.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
         assert "No space left on device" in failed.error or "dispatch failed" in failed.error

@@ -254,15 +254,20 @@ def test_own_index_of_reference_messages_answers_like_rocketmq(reference_store, 
 # -- queries on StrataMQ's own index -----------------------------------------------------------
 
 
-def put_in_batches(s: MessageStore, batches: list[list[Message]], pause: float = 0.02):
-    """Put each batch, pausing between them so batches get distinct store times."""
+def put_in_batches(s: MessageStore, batches: list[list[Message]]):
+    """Put each batch, waiting between them until the clock has passed the batch's store time,
+    so that each batch is stored at a later millisecond than the one before."""
     results = []
     for batch in batches:
         result = s.put_messages(batch)
         assert result.ok, result
         results.append(result)
-        time.sleep(pause)
-    s.wait_dispatched()
+        stored = result.messages[-1].store_timestamp
+        deadline = time.monotonic() + 60  # a hang guard (a clock set back), not a measurement
+        while int(time.time() * 1000) <= stored:
+            assert time.monotonic() < deadline, "the wall clock did not move past a put"
+            time.sleep(0.001)
+    assert s.wait_dispatched()
     return results
 
 
@@ -270,7 +275,7 @@ def test_time_range_max_count_and_newest_first(tmp_path):
     with MessageStore(index_config(tmp_path)) as s:
         batches = [[keyed("Orders", b * 10 + j, f"order-{j % 2} batch-{b}") for j in range(10)]
                    for b in range(3)]
-        results = put_in_batches(s, batches, pause=0.05)
+        results = put_in_batches(s, batches)
         middle = results[1].messages
         begin, end = middle[0].store_timestamp, middle[-1].store_timestamp
         assert results[0].messages[-1].store_timestamp < begin
@@ -352,7 +357,7 @@ def test_offset_by_time_is_first_offset_stored_at_or_after(tmp_path):
     with MessageStore(index_config(tmp_path)) as s:
         batches = [[keyed("Timed", b * 3 + j, "t", queue_id=1) for j in range(3)]
                    for b in range(6)]
-        results = put_in_batches(s, batches, pause=0.01)
+        results = put_in_batches(s, batches)
         stamps = [(m.queue_offset, m.store_timestamp) for r in results for m in r.messages]
         assert len({t for _, t in stamps}) >= 2
         probes = {t + d for _, t in stamps for d in (-1, 0, 1)}

@@ -131,10 +131,10 @@ def test_missing_path_is_named(spark, tmp_path):
 def test_starting_timestamp_is_resolved_through_the_index(spark, tmp_path):
     config = small(tmp_path / "store")
     put(config, messages("Orders", 0, 30))
-    time.sleep(0.02)
-    cut = int(time.time() * 1000)  # after every store time of the first batch
-    time.sleep(0.02)
-    put(config, messages("Orders", 30, 17))
+    stored_by = int(time.time() * 1000)  # no store time of the first batch is later
+    while (cut := int(time.time() * 1000)) <= stored_by:
+        time.sleep(0.001)  # until the clock passes it: cut is after every first-batch time
+    put(config, messages("Orders", 30, 17))  # stored at or after cut (store times never fall)
     df = (spark.read.format("stratamq").option("startingTimestamp", str(cut))
           .load(config.store_path_root_dir))
     rows = df.select("body", "queue_offset", "store_timestamp").collect()

@@ -241,6 +241,8 @@ def test_broker_write_refuses_wrong_types_and_drops_null_properties(spark, broke
     ({"topics": "Empty", "startingOffsets": {"Empty": {"0": 10}}},
      r"option 'startingOffsets': Empty/0: offset 10 is after the end of the queue \(0"),
     ({"topics": "Orders|Empty"}, r"'\(Orders\|Empty\)'"),
+    ({"topics": "Orders", "startingOffsets": {"Empty": {"0": 0}}},
+     r"option 'startingOffsets': topic\(s\) Empty not read: option 'topics' leaves them out"),
 ])
 def test_broker_reads_refuse_offsets_that_cannot_be_honoured(spark, broker, options, named):
     values = {k: v if isinstance(v, str) else json.dumps(v) for k, v in options.items()}

@@ -33,16 +33,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from stratamq.broker.errors import BrokerError
 from stratamq.broker.metadata import GroupConfig, MetadataError, TopicConfig
+from stratamq.client.admin import SERVICE
 
 if TYPE_CHECKING:
     from stratamq.broker.server import Broker
 
 log = logging.getLogger(__name__)
 
-SERVICE = "stratamq.admin.v1.Admin"
 _KIND_CODES = {"invalid": grpc.StatusCode.INVALID_ARGUMENT,
                "not_found": grpc.StatusCode.NOT_FOUND,
                "exists": grpc.StatusCode.ALREADY_EXISTS}  # fmt: skip
@@ -171,8 +172,8 @@ def admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
             except MetadataError as exc:
                 context.abort(_KIND_CODES[exc.kind], str(exc))
             except BrokerError as exc:
-                code = (grpc.StatusCode.UNAUTHENTICATED if exc.code == 40100
-                        else grpc.StatusCode.PERMISSION_DENIED if exc.code == 40300
+                code = (grpc.StatusCode.UNAUTHENTICATED if exc.code == pb.Code.UNAUTHORIZED
+                        else grpc.StatusCode.PERMISSION_DENIED if exc.code == pb.Code.FORBIDDEN
                         else grpc.StatusCode.INVALID_ARGUMENT)
                 context.abort(code, exc.message)
             raise AssertionError("unreachable")  # context.abort raises

@@ -37,8 +37,6 @@ SYSTEM_PROPERTIES = frozenset({
 })  # fmt: skip
 DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
 DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
-MESSAGE_TYPE_NAMES = {pb.NORMAL: "NORMAL", pb.FIFO: "FIFO", pb.DELAY: "DELAY",
-                      pb.TRANSACTION: "TRANSACTION"}  # fmt: skip
 
 
 def _ms(ts: Timestamp) -> int:

@@ -271,7 +271,7 @@ class PopEngine:
 
     def _current(self, group: str, topic: str, handle: str) -> tuple[Receipt, InFlight | None]:
         r = Receipt.decode(handle)
-        e = self.state.entries(group, topic).get((r.queue_id, r.offset))
+        e = self.state.entry(group, topic, r.queue_id, r.offset)
         if e is not None and e.generation != r.generation:
             raise BrokerError(Code.INVALID_RECEIPT_HANDLE,
                               "receipt handle is stale: the message was delivered again or its "

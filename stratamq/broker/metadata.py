@@ -92,6 +92,19 @@ def check_topic_name(name: str) -> None:
     check_name("topic", name)
 
 
+def _check_queues(queues: int) -> None:
+    if not 1 <= queues <= MAX_QUEUES:
+        raise MetadataError("invalid", f"queues must be 1..{MAX_QUEUES}, not {queues}")
+
+
+def _checked_message_type(message_type: str) -> str:
+    """``message_type`` upper-cased, if it is one of MESSAGE_TYPES."""
+    if message_type.upper() not in MESSAGE_TYPES:
+        raise MetadataError("invalid", f"message type {message_type!r} is not one of "
+                            + "|".join(MESSAGE_TYPES))
+    return message_type.upper()
+
+
 _MISSING = object()
 
 
@@ -261,6 +274,19 @@ class _JsonTable:
         return MetadataError("invalid", f"{self.path}: {problem}. Correct the file and start "
                              f"the broker again (it left the file unchanged){hint}")
 
+    def existing(self, name: str, what: str) -> Any:
+        """The entry ``name``; MetadataError("not_found") naming ``what`` if there is none."""
+        entry = self.entries.get(name)
+        if entry is None:
+            raise MetadataError("not_found", f"{what} {name!r} does not exist")
+        return entry
+
+    def remove(self, name: str, what: str) -> None:
+        with self.lock:
+            self.existing(name, what)
+            del self.entries[name]
+            self.save()
+
     def save(self) -> None:
         with self.lock:
             self.counter += 1
@@ -313,12 +339,8 @@ class MetadataStore:
         if is_system_topic(name):
             raise MetadataError("invalid", f"topic name {name!r} is reserved for the broker's "
                                 f"system topics ({SYSTEM_TOPIC_PREFIX}*)")
-        message_type = message_type.upper()
-        if message_type not in MESSAGE_TYPES:
-            raise MetadataError("invalid", f"message type {message_type!r} is not one of "
-                                + "|".join(MESSAGE_TYPES))
-        if not 1 <= queues <= MAX_QUEUES:
-            raise MetadataError("invalid", f"queues must be 1..{MAX_QUEUES}, not {queues}")
+        message_type = _checked_message_type(message_type)
+        _check_queues(queues)
         with self._topics.lock:
             existing = self._topics.entries.get(name)
             if existing is not None:
@@ -333,20 +355,12 @@ class MetadataStore:
     def update_topic(self, name: str, queues: int | None = None,
                      message_type: str | None = None, perm: int | None = None) -> TopicConfig:
         with self._topics.lock:
-            cfg = self._topics.entries.get(name)
-            if cfg is None:
-                raise MetadataError("not_found", f"topic {name!r} does not exist")
-            new = TopicConfig(**vars(cfg))
+            new = TopicConfig(**vars(self._topics.existing(name, "topic")))
             if queues is not None:
-                if not 1 <= queues <= MAX_QUEUES:
-                    raise MetadataError("invalid",
-                                        f"queues must be 1..{MAX_QUEUES}, not {queues}")
+                _check_queues(queues)
                 new.read_queue_nums = new.write_queue_nums = queues
             if message_type is not None:
-                if message_type.upper() not in MESSAGE_TYPES:
-                    raise MetadataError("invalid", f"message type {message_type!r} is not one "
-                                        "of " + "|".join(MESSAGE_TYPES))
-                new.message_type = message_type.upper()
+                new.message_type = _checked_message_type(message_type)
             if perm is not None:
                 if not 0 <= perm <= PERM_ALL:
                     raise MetadataError("invalid", f"perm must be 0..{PERM_ALL}, not {perm}")
@@ -356,10 +370,7 @@ class MetadataStore:
             return new
 
     def delete_topic(self, name: str) -> None:
-        with self._topics.lock:
-            if self._topics.entries.pop(name, None) is None:
-                raise MetadataError("not_found", f"topic {name!r} does not exist")
-            self._topics.save()
+        self._topics.remove(name, "topic")
 
     # -- groups ---------------------------------------------------------------------------------
 
@@ -391,9 +402,7 @@ class MetadataStore:
 
     def update_group(self, name: str, **changes: Any) -> GroupConfig:
         with self._groups.lock:
-            cfg = self._groups.entries.get(name)
-            if cfg is None:
-                raise MetadataError("not_found", f"group {name!r} does not exist")
+            cfg = self._groups.existing(name, "group")
             new = GroupConfig(**{**vars(cfg), **{k: v for k, v in changes.items()
                                                  if v is not None}})
             self._check_group(new)
@@ -402,10 +411,7 @@ class MetadataStore:
             return new
 
     def delete_group(self, name: str) -> None:
-        with self._groups.lock:
-            if self._groups.entries.pop(name, None) is None:
-                raise MetadataError("not_found", f"group {name!r} does not exist")
-            self._groups.save()
+        self._groups.remove(name, "group")
 
     @staticmethod
     def _check_group(cfg: GroupConfig) -> None:

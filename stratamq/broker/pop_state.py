@@ -102,6 +102,11 @@ class PopState:
         with self._mutex:
             return dict(self.inflight.get((group, topic), {}))
 
+    def entry(self, group: str, topic: str, queue_id: int, offset: int) -> InFlight | None:
+        """One in-flight entry, without copying the pair's table (an ack looks up one)."""
+        with self._mutex:
+            return self.inflight.get((group, topic), {}).get((queue_id, offset))
+
     def offset(self, group: str, topic: str, queue_id: int) -> int | None:
         """The offset a pull consumer committed with UpdateOffset, if any."""
         return self.offsets.get((group, topic, queue_id))

@@ -277,6 +277,20 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             accept_message_types=[pb.MessageType.Value(topic.message_type)])
 
     @staticmethod
+    def _check_batch_size(batch_size: int) -> None:
+        if not 1 <= batch_size <= 1024:
+            raise BrokerError(Code.BAD_REQUEST, f"batch_size must be 1..1024, not {batch_size}")
+
+    def _poll_ms(self, wanted_ms: int, context: grpc.ServicerContext) -> int:
+        """How long a receive or pull may wait: capped by the broker, and short enough to
+        answer before the client gives up on the call."""
+        poll = min(wanted_ms, self.b.config.max_long_polling_time_mills)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            poll = max(0, min(poll, int((remaining - 1.0) * 1000)))
+        return poll
+
+    @staticmethod
     def _filter(expr: pb.FilterExpression) -> TagFilter:
         if expr.type == pb.SQL:
             raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION,
@@ -426,18 +440,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     @_streaming(svc.ReceiveMessageResponse)
     def ReceiveMessage(self, request, context):
-        group_name = request.group.name
-        topic_name = request.message_queue.topic.name
-        self.b._authorize(context, f"Group:{group_name}", "Sub")
-        self.b._authorize(context, f"Topic:{topic_name}", "Sub")
-        group = self._group(group_name)
-        topic = self._topic(topic_name)
+        group, topic = self._subscription(context, request.group.name,
+                                          request.message_queue.topic.name)
         if not topic.perm & 4:
             raise BrokerError(Code.FORBIDDEN, f"topic {topic.name!r} is not readable")
         cfg = self.b.config
-        if not 1 <= request.batch_size <= 1024:
-            raise BrokerError(Code.BAD_REQUEST, f"batch_size must be 1..1024, "
-                              f"not {request.batch_size}")
+        self._check_batch_size(request.batch_size)
         filt = self._filter(request.filter_expression)
         if request.HasField("invisible_duration"):
             invisible = request.invisible_duration.ToMilliseconds()
@@ -453,10 +461,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 if request.HasField("long_polling_timeout") else 0)
         if poll < 0:
             raise BrokerError(Code.ILLEGAL_POLLING_TIME, f"long polling timeout {poll} ms < 0")
-        poll = min(poll, cfg.max_long_polling_time_mills)
-        remaining = context.time_remaining()
-        if remaining is not None:  # answer before the client gives up on the call
-            poll = max(0, min(poll, int((remaining - 1.0) * 1000)))
+        poll = self._poll_ms(poll, context)
         qid = request.message_queue.id
         start = qid if 0 <= qid < topic.read_queue_nums else random.randrange(
             topic.read_queue_nums)
@@ -549,46 +554,22 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         elif policy == pb.TIMESTAMP:
             if not request.HasField("timestamp"):
                 raise BrokerError(Code.BAD_REQUEST, "TIMESTAMP policy needs a timestamp")
-            offset = self._offset_by_time(topic.name, qid, request.timestamp.ToMilliseconds())
+            offset = store.get_offset_in_queue_by_time(topic.name, qid,
+                                                       request.timestamp.ToMilliseconds())
         else:
             raise BrokerError(Code.BAD_REQUEST, f"unknown query_offset_policy {policy}")
         return svc.QueryOffsetResponse(status=_status(), offset=offset)
-
-    def _offset_by_time(self, topic: str, qid: int, ts: int) -> int:
-        """First offset whose store time is >= ts (binary search; store times rise per queue)."""
-        store = self.b.store
-        lo, hi = store.get_min_offset_in_queue(topic, qid), store.get_max_offset_in_queue(topic,
-                                                                                         qid)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            with store.get_messages("stratamq-broker", topic, qid, mid, max_count=1) as got:
-                found = [(m.queue_offset, m.store_timestamp) for m in got.messages()]
-            if not found:
-                lo = mid + 1
-                continue
-            off, stored = found[0]
-            if stored < ts:
-                lo = off + 1
-            else:
-                hi = mid
-        return lo
 
     @_streaming(svc.PullMessageResponse)
     def PullMessage(self, request, context):
         self.b._authorize(context, f"Group:{request.group.name}", "Sub")
         self.b._authorize(context, f"Topic:{request.message_queue.topic.name}", "Sub")
         topic, qid = self._named_queue(request.message_queue)
-        if not 1 <= request.batch_size <= 1024:
-            raise BrokerError(Code.BAD_REQUEST, f"batch_size must be 1..1024, "
-                              f"not {request.batch_size}")
+        self._check_batch_size(request.batch_size)
         if request.offset < 0:
             raise BrokerError(Code.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
         filt = self._filter(request.filter_expression)
-        poll = min(request.long_polling_timeout.ToMilliseconds(),
-                   self.b.config.max_long_polling_time_mills)
-        remaining = context.time_remaining()
-        if remaining is not None:
-            poll = max(0, min(poll, int((remaining - 1.0) * 1000)))
+        poll = self._poll_ms(request.long_polling_timeout.ToMilliseconds(), context)
         deadline = time.monotonic() + poll / 1000
         group = request.group.name or "stratamq-pull"
         store = self.b.store

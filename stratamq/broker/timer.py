@@ -250,38 +250,28 @@ class TimerMessageStore:
         ``IllegalDeliveryTime`` beyond ``timerMaxDelaySec``.
         """
         now = _now_ms()
+        self._check_delay(deliver_ms, now)
+        if deliver_ms <= now:
+            props = {**msg.properties, Prop.TIMER_DELIVER_MS: str(deliver_ms)}
+            return self.store.put_message(dataclasses.replace(msg, properties=props))
+        return self.store.put_message(_held(msg, deliver_ms))
+
+    def submit_batch(self, items: list[tuple[Message, int]]) -> PutMessageResult:
+        """``submit`` for many messages in one CommitLog append (one SendMessage request).
+
+        Every message goes through the timer topic, even one already due: the delivery thread
+        releases it at once."""
+        now = _now_ms()
+        for _msg, deliver_ms in items:  # all checked before anything is written
+            self._check_delay(deliver_ms, now)
+        return self.store.put_messages([_held(msg, deliver_ms) for msg, deliver_ms in items])
+
+    def _check_delay(self, deliver_ms: int, now: int) -> None:
         if deliver_ms - now > self.max_delay_ms:
             raise IllegalDeliveryTime(
                 f"delivery time {deliver_ms} is {deliver_ms - now} ms ahead, more than "
                 f"timerMaxDelaySec ({self.max_delay_ms // 1000} s)"
             )
-        props = dict(msg.properties)
-        props[Prop.TIMER_DELIVER_MS] = str(deliver_ms)
-        if deliver_ms <= now:
-            return self.store.put_message(dataclasses.replace(msg, properties=props))
-        props[TIMER_OUT_MS] = str(deliver_ms)
-        props[Prop.REAL_TOPIC] = msg.topic
-        props[Prop.REAL_QUEUE_ID] = str(msg.queue_id)
-        held = dataclasses.replace(msg, topic=TIMER_TOPIC, queue_id=TIMER_QUEUE_ID,
-                                   properties=props)
-        return self.store.put_message(held)
-
-    def submit_batch(self, items: list[tuple[Message, int]]) -> PutMessageResult:
-        """``submit`` for many messages in one CommitLog append (one SendMessage request)."""
-        now = _now_ms()
-        held = []
-        for msg, deliver_ms in items:
-            if deliver_ms - now > self.max_delay_ms:
-                raise IllegalDeliveryTime(
-                    f"delivery time {deliver_ms} is more than timerMaxDelaySec ahead")
-            props = dict(msg.properties)
-            props[Prop.TIMER_DELIVER_MS] = str(deliver_ms)
-            props[TIMER_OUT_MS] = str(deliver_ms)
-            props[Prop.REAL_TOPIC] = msg.topic
-            props[Prop.REAL_QUEUE_ID] = str(msg.queue_id)
-            held.append(dataclasses.replace(msg, topic=TIMER_TOPIC, queue_id=TIMER_QUEUE_ID,
-                                            properties=props))
-        return self.store.put_messages(held)
 
     def _on_dispatch(self, info: codec.DispatchInfo) -> None:
         if info.topic == TIMER_TOPIC:
@@ -510,6 +500,17 @@ class TimerMessageStore:
         """Timer records in the ConsumeQueue not yet indexed."""
         return max(0, self.store.get_max_offset_in_queue(TIMER_TOPIC, TIMER_QUEUE_ID)
                    - self._enqueue_offset)
+
+
+def _held(msg: Message, deliver_ms: int) -> Message:
+    """``msg`` as written to the timer topic: its real topic and queue kept in properties."""
+    props = dict(msg.properties)
+    props[Prop.TIMER_DELIVER_MS] = str(deliver_ms)
+    props[TIMER_OUT_MS] = str(deliver_ms)
+    props[Prop.REAL_TOPIC] = msg.topic
+    props[Prop.REAL_QUEUE_ID] = str(msg.queue_id)
+    return dataclasses.replace(msg, topic=TIMER_TOPIC, queue_id=TIMER_QUEUE_ID,
+                               properties=props)
 
 
 def _released(held: codec.StoredMessage) -> Message:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -79,10 +79,7 @@ class StrataMQDataSource(DataSource):
             catalog = Catalog.load(root)
             existing = catalog.topics
         with _topic_hints(options, root, catalog):
-            planning.check_read_options(options, sorted(existing))
-            for name, default in (("startingOffsets", "earliest"), ("endingOffsets", "latest")):
-                _check_named_queues(planning.parse_offsets(options, name, default), name,
-                                    existing)
+            planning.check_read_options(options, existing)
         return spark_schema()
 
     def reader(self, schema) -> DataSourceReader:
@@ -110,33 +107,7 @@ def _broker_queues(broker: BrokerCatalog) -> dict[str, list[int]]:
     return {t: list(range(n)) for t, n in broker.queue_counts().items()}
 
 
-# -- checks of topics and queues the options name -----------------------------------------------
-
-
-def _check_named_queues(spec: object, name: str, existing: Mapping[str, Collection[int]]) -> None:
-    """OptionError naming a topic or queue that an offsets option gives but the store (or
-    broker) does not have; it would otherwise be skipped without a word."""
-    if not isinstance(spec, dict):
-        return
-    unknown = [t for t in spec if t not in existing]
-    if unknown:
-        # Named only by the offsets (no ``topics``): nothing checked them yet.
-        raise planning.UnknownTopics(name, f"option '{name}': unknown topic(s) "
-                                     f"{', '.join(unknown)}; the topics are "
-                                     f"{', '.join(sorted(existing)) or 'none'}")
-    for topic, offsets in spec.items():
-        missing = sorted(set(offsets) - set(existing[topic]))
-        if missing:
-            raise OptionError(f"option '{name}': topic {topic} has no queue "
-                              f"{', '.join(map(str, missing))}; its queues are "
-                              f"{_queue_ids(existing[topic])}")
-
-
-def _queue_ids(ids: Collection[int]) -> str:
-    ordered = sorted(ids)
-    if ordered and ordered == list(range(len(ordered))) and len(ordered) > 2:
-        return f"0 to {len(ordered) - 1}"
-    return ", ".join(map(str, ordered)) or "none"
+# -- hints for unknown topics -------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -149,12 +120,11 @@ def _topic_hints(options: Mapping[str, str], root: str | None,
     except planning.UnknownTopics as exc:
         text = str(exc)
         hints = []
-        if exc.option == "topics" and planning.is_topic_list(options.get("topics", "")):
-            piped = [t.strip() for t in options.get("topics", "").split(",") if "|" in t]
-            if piped:
-                hints.append(f"{', '.join(piped)} is read as a topic name because '|' may be "
-                             "part of one; for a regex add another regex character, e.g. "
-                             f"'({piped[0]})' or '{piped[0]}$'")
+        piped = [t for t in exc.names if "|" in t] if exc.option == "topics" else []
+        if piped:
+            hints.append(f"{', '.join(piped)} is read as a topic name because '|' may be "
+                         "part of one; for a regex add another regex character, e.g. "
+                         f"'({piped[0]})' or '{piped[0]}$'")
         if catalog is not None and root is not None and not catalog.queues and _has_records(root):
             hints.append("the store has CommitLog records but no ConsumeQueues (consumequeue/ "
                          "missing or empty), so no topic is known: run `stratamq store verify "
@@ -228,10 +198,8 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
             return list(planning.log_splits(root, catalog, low, end, min_parts,
                                             fail_on_data_loss=fail))
         topics = topics if topics is not None else known
-        planning.check_offset_topics(starting, "startingOffsets", topics)
-        planning.check_offset_topics(ending, "endingOffsets", topics)
-        _check_named_queues(starting, "startingOffsets", existing)
-        _check_named_queues(ending, "endingOffsets", existing)
+        planning.check_offsets(starting, "startingOffsets", topics, existing)
+        planning.check_offsets(ending, "endingOffsets", topics, existing)
     if ending == "earliest" or (isinstance(ending, dict) and any(
             v == EARLIEST for q in ending.values() for v in q.values())):
         raise OptionError("option 'endingOffsets': earliest (-2) is not allowed as an end")
@@ -366,7 +334,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         existing: dict[str, list[int]] = {}
         for topic, qid in queues:
             existing.setdefault(topic, []).append(qid)
-        _check_named_queues(self.starting, "startingOffsets", existing)  # as at load()
+        # As at load(), against the queues this read selects.
+        planning.check_offsets(self.starting, "startingOffsets", existing, existing)
         return _encode({q: planning.resolve(self.starting, q, b, "startingOffsets", EARLIEST)
                         for q, b in queues.items()})
 

@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,11 +46,12 @@ class OptionError(ValueError):
 
 
 class UnknownTopics(OptionError):
-    """An option names topics the store (or broker) does not have; ``option`` is its name."""
+    """An option names topics the store (or broker) does not have; ``option`` is its name,
+    ``names`` the topics it named that are not there (empty for a regex matching none)."""
 
-    def __init__(self, option: str, message: str) -> None:
+    def __init__(self, option: str, names: list[str], message: str) -> None:
         super().__init__(message)
-        self.option = option
+        self.option, self.names = option, names
 
 
 Queue = tuple[str, int]
@@ -219,7 +220,7 @@ def select_topics(options: Mapping[str, str], known: list[str], *, must_match: b
         listed = [t.strip() for t in raw.split(",")]
         unknown = [t for t in listed if t not in known]
         if unknown:
-            raise UnknownTopics("topics", f"option 'topics': unknown topic(s) "
+            raise UnknownTopics("topics", unknown, f"option 'topics': unknown topic(s) "
                                 f"{', '.join(unknown)}; the store has "
                                 f"{', '.join(known) or 'no topics'}")
         return listed
@@ -230,25 +231,25 @@ def select_topics(options: Mapping[str, str], known: list[str], *, must_match: b
                           f"({exc})") from None
     matched = [t for t in known if pattern.fullmatch(t)]
     if must_match and not matched:
-        raise UnknownTopics("topics", f"option 'topics': pattern {raw!r} matches no topic; "
-                            f"the store has {', '.join(known) or 'no topics'}")
+        raise UnknownTopics("topics", [], f"option 'topics': pattern {raw!r} matches no "
+                            f"topic; the store has {', '.join(known) or 'no topics'}")
     return matched
 
 
-def check_read_options(options: Mapping[str, str], known: list[str] | None = None) -> None:
-    """Every read option, checked when the DataFrame is defined (lower-case keys). ``known``:
-    the topics that exist (a broker's); None reads them from the store at ``path``."""
-    if known is None:
-        known = sorted(Catalog.load(store_root(options)).topics)
+def check_read_options(options: Mapping[str, str],
+                       existing: Mapping[str, Collection[int]]) -> None:
+    """Every read option, checked when the DataFrame is defined (lower-case keys). ``existing``:
+    topic -> queue ids of the store (or broker)."""
     for name in ("minPartitions", "maxOffsetsPerTrigger"):
         int_option(options, name, None)
     int_option(options, "startingTimestamp", None, minimum=0)
     bool_option(options, "failOnDataLoss", True)
     offsets = [parse_offsets(options, "startingOffsets", "earliest"),
                parse_offsets(options, "endingOffsets", "latest")]
+    known = sorted(existing)
     topics = select_topics(options, known, must_match=False, offsets=offsets)
     for spec, name in zip(offsets, ("startingOffsets", "endingOffsets")):
-        check_offset_topics(spec, name, topics if topics is not None else known)
+        check_offsets(spec, name, topics if topics is not None else known, existing)
 
 
 def resolve(spec: str | dict[str, dict[int, int]], queue: Queue, bounds: tuple[int, int],
@@ -267,12 +268,36 @@ def resolve(spec: str | dict[str, dict[int, int]], queue: Queue, bounds: tuple[i
     return value
 
 
-def check_offset_topics(spec: object, name: str, topics: list[str]) -> None:
-    if isinstance(spec, dict):
-        unknown = [t for t in spec if t not in topics]
-        if unknown:
-            raise OptionError(f"option '{name}': unknown or unselected topic(s) "
-                              f"{', '.join(unknown)}")
+def check_offsets(spec: object, name: str, topics: Collection[str],
+                  existing: Mapping[str, Collection[int]]) -> None:
+    """OptionError naming what an offsets option gives that the read would skip without a word:
+    a topic the store (or broker) does not have (``UnknownTopics``: with no ``topics`` option
+    the offsets alone name the topics, and nothing else checked them), one ``topics`` leaves
+    out, or a queue id the topic does not have."""
+    if not isinstance(spec, dict):
+        return
+    unknown = [t for t in spec if t not in existing]
+    if unknown:
+        raise UnknownTopics(name, unknown, f"option '{name}': unknown topic(s) "
+                            f"{', '.join(unknown)}; the topics are "
+                            f"{', '.join(sorted(existing)) or 'none'}")
+    unselected = [t for t in spec if t not in topics]
+    if unselected:
+        raise OptionError(f"option '{name}': topic(s) {', '.join(unselected)} not read: "
+                          "option 'topics' leaves them out")
+    for topic, offsets in spec.items():
+        missing = sorted(set(offsets) - set(existing[topic]))
+        if missing:
+            raise OptionError(f"option '{name}': topic {topic} has no queue "
+                              f"{', '.join(map(str, missing))}; its queues are "
+                              f"{_queue_ids(existing[topic])}")
+
+
+def _queue_ids(ids: Collection[int]) -> str:
+    ordered = sorted(ids)
+    if ordered and ordered == list(range(len(ordered))) and len(ordered) > 2:
+        return f"0 to {len(ordered) - 1}"
+    return ", ".join(map(str, ordered)) or "none"
 
 
 # -- splits -------------------------------------------------------------------------------------

@@ -68,12 +68,16 @@ class CommitLog:
 
     def encode(self, msg: Message) -> codec.EncodedRecord:
         record = codec.encode(msg, self.store_host, max_message_size=self.max_message_size)
-        if len(record.data) + END_FILE_MIN_BLANK_LENGTH > self.files.mapped_file_size:
+        self._check_fits(len(record.data))
+        return record
+
+    def _check_fits(self, size: int) -> None:
+        """Refuse a record that could not fit in a segment even with nothing else in it."""
+        if size + END_FILE_MIN_BLANK_LENGTH > self.files.mapped_file_size:
             raise codec.MessageIllegal(
-                f"record of {len(record.data)} bytes cannot fit in a "
+                f"record of {size} bytes cannot fit in a "
                 f"{self.files.mapped_file_size}-byte segment"
             )
-        return record
 
     def append(self, messages: Sequence[Message]) -> PutMessageResult:
         """Append messages in order (a batch of one is a single put).
@@ -85,19 +89,14 @@ class CommitLog:
         max_size = self.max_message_size
         try:
             records = [encode(m, host, max_size) for m in messages]
+            if records:  # the largest record decides for the batch: one check, not one each
+                self._check_fits(max([r[1] for r in records]))
         except codec.PropertiesTooLarge as exc:
             return PutMessageResult(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, error=str(exc))
         except codec.MessageIllegal as exc:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, error=str(exc))
         if not records:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, error="empty batch")
-        segment = self.files.mapped_file_size
-        for _, size, _ in records:
-            if size + END_FILE_MIN_BLANK_LENGTH > segment:
-                return PutMessageResult(
-                    PutMessageStatus.MESSAGE_ILLEGAL,
-                    error=f"record of {size} bytes cannot fit in a {segment}-byte segment",
-                )
         if self.files.read_only:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, error="read-only")
         appended: list[AppendedMessage] = []

@@ -31,7 +31,7 @@ from itertools import accumulate, repeat
 from operator import mul
 from pathlib import Path
 
-from stratamq.config import OS_PAGE_SIZE
+from stratamq.config import INT_MAX, OS_PAGE_SIZE
 from stratamq.store.mapped_file import RefCountedMap
 
 HEADER = struct.Struct(">qqqqii")
@@ -53,7 +53,6 @@ _MAX_UNCOUNTED = 32768
 INVALID_INDEX = 0  # slot / prev_entry value meaning "none"
 KEY_SEPARATOR = "#"  # between topic and key (IndexService.buildKey)
 NAME_DIGITS = 17  # yyyyMMddHHmmssSSS, local time (UtilAll.timeMillisToHumanString)
-_INT_MAX = 2**31 - 1
 # Reserve disk for entries this far past the write position before writing through the map:
 # a write into a hole of a full disk raises SIGBUS (see MappedFile._ensure_allocated).
 ENTRY_ALLOCATE_AHEAD = 1024 * 1024
@@ -104,7 +103,7 @@ def java_string_hash(text: str) -> int:
 def key_hash(key: str) -> int:
     """RocketMQ's ``indexKeyHashMethod``: ``abs(hashCode)``, and 0 for Integer.MIN_VALUE."""
     h = abs(java_string_hash(key))
-    return 0 if h > _INT_MAX else h
+    return 0 if h > INT_MAX else h
 
 
 _PREFIX_HASHES: dict[str, int] = {}  # topic -> hashCode of "topic#": few topics, hashed once
@@ -121,7 +120,7 @@ def topic_key_hash(topic: str, key: str) -> int:
     h, n = _hash_u32(key)
     h = _to_signed((prefix * pow(31, n, 1 << 32) + h) & 0xFFFFFFFF)
     h = abs(h)
-    return 0 if h > _INT_MAX else h
+    return 0 if h > INT_MAX else h
 
 
 # Below this many keys the numpy set-up costs more than it saves.
@@ -150,7 +149,7 @@ def key_hashes(keys: Sequence[str]) -> list[int]:
     sums = np.add.reduceat(data * _POW31_NP[exponents], ends - lens)
     signed = (sums & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32).astype(np.int64)
     hashes = np.abs(signed)
-    hashes[hashes > _INT_MAX] = 0  # abs(Integer.MIN_VALUE) is negative in Java
+    hashes[hashes > INT_MAX] = 0  # abs(Integer.MIN_VALUE) is negative in Java
     return hashes.tolist()
 
 
@@ -355,7 +354,7 @@ class IndexFile(RefCountedMap):
             h.begin_phy_offset = phy_offset
             h.begin_timestamp = store_timestamp
         diff = (store_timestamp - h.begin_timestamp) // 1000 if h.begin_timestamp > 0 else 0
-        diff = min(max(diff, 0), _INT_MAX)
+        diff = min(max(diff, 0), INT_MAX)
         slot_count = h.hash_slot_count
         added = 0
         for hash_ in hashes:
