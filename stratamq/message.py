@@ -1,7 +1,7 @@
 """The CommitLog record codec: the one module that knows a record's byte layout.
 
 Spec: ``docs/formats/commitlog-record.md`` (taken from seed 004 and checked byte for byte against
-the store Apache RocketMQ 5.3 wrote in ``shared/reference``).
+the store Apache RocketMQ 5.3 wrote in ``tests/data``).
 
 A record is big-endian::
 
