@@ -489,6 +489,21 @@ def encode(
     return EncodedRecord(data, store_timestamp_pos)
 
 
+_FIELD_RANGES = (("flag", -(1 << 31), (1 << 31) - 1), ("sys_flag", -(1 << 31), (1 << 31) - 1),
+                 ("born_timestamp", -(1 << 63), (1 << 63) - 1),
+                 ("reconsume_times", -(1 << 31), (1 << 31) - 1),
+                 ("prepared_transaction_offset", -(1 << 63), (1 << 63) - 1))
+
+
+def _field_out_of_range(msg: Message) -> str:
+    for name, low, high in _FIELD_RANGES:
+        value = getattr(msg, name)
+        if not isinstance(value, int) or not low <= value <= high:
+            return f"{name} {value!r} does not fit the record (must be {low}..{high})"
+    port = msg.born_host.port
+    return f"born host port {port!r} is out of range"
+
+
 def encode_record(
     msg: Message, store_host: Host, max_message_size: int, auto_v2_for_long_topic: bool = True,
 ) -> tuple[bytes, int, int]:
@@ -534,11 +549,17 @@ def encode_record(
         _host_part(msg.born_host, store_host)
     )
     total = header_size + body_len + len(topic_part) + 2 + props_len
-    head = header.pack(
-        total, magic, _crc32(body) & 0x7FFFFFFF, queue_id, msg.flag, 0, 0,
-        (msg.sys_flag & ~_HOST_FLAGS) | host_flags, msg.born_timestamp, born_ip, born_port,
-        0, store_ip, store_port, msg.reconsume_times, msg.prepared_transaction_offset, body_len,
-    )  # fmt: skip
+    try:
+        head = header.pack(
+            total, magic, _crc32(body) & 0x7FFFFFFF, queue_id, msg.flag, 0, 0,
+            (msg.sys_flag & ~_HOST_FLAGS) | host_flags, msg.born_timestamp, born_ip, born_port,
+            0, store_ip, store_port, msg.reconsume_times, msg.prepared_transaction_offset,
+            body_len,
+        )  # fmt: skip
+    except struct.error:
+        # Only a caller's field can be out of its width here (the sizes were checked above):
+        # name it rather than fail the put with a bare struct.error.
+        raise MessageIllegal(_field_out_of_range(msg)) from None
     tail = _PROPS_TAIL if props_len > len(props) else b""
     return (b"".join((head, body, topic_part, _SHORT.pack(props_len), props, tail)), total,
             ts_pos)

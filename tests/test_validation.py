@@ -362,3 +362,20 @@ def test_every_numeric_setting_declares_its_range():
             if type(f.default) is int:
                 assert f.metadata["minimum"] is not None, f.metadata["key"]
                 assert f.metadata["minimum"] <= f.default <= f.metadata["maximum"]
+
+
+@pytest.mark.parametrize("name", ["NL\n", "NL\r\n", "\nNL", "N L"])
+def test_names_must_match_whole_not_up_to_a_trailing_newline(tmp_path, name):
+    """``^...$`` with re.match accepts "NL\\n"; such a name once made a second topic beside
+    "NL" and a directory whose name ends in a newline."""
+    with pytest.raises(MetadataError):
+        check_topic_name(name)
+    with pytest.raises(MetadataError):
+        check_name("group", name)
+    assert topic_name_problem(name) is not None
+    with MessageStore(StoreConfig(store_path_root_dir=str(tmp_path / "s"))).open() as store:
+        result = store.put_message(Message(name, b"x"))
+        assert result.status == PutMessageStatus.MESSAGE_ILLEGAL
+        assert "contains" in result.error
+    assert not (tmp_path / "s" / "consumequeue").exists() or not any(
+        (tmp_path / "s" / "consumequeue").iterdir())

@@ -11,13 +11,22 @@ RocketMQ consumer reading the same store sees the same message.
 from __future__ import annotations
 
 import contextlib
-import gzip
+import hmac
+import re
+import time
 import zlib
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from stratamq.broker.errors import BrokerError
+from stratamq.broker.validate import (
+    MAX_MESSAGE_GROUP_SIZE,
+    MAX_USER_PROPERTY_SIZE,
+    USER_PROPERTY_MAX_NUM,
+    body_digest,
+    has_control_character,
+)
 from stratamq.message import Host, Message, Prop, StoredMessage
 
 Code = pb.Code
@@ -57,59 +66,149 @@ def _born_host(text: str, peer: Host) -> Host:
 def to_store_message(m: pb.Message, peer: Host, max_body: int) -> tuple[Message, int | None]:
     """The store message for a SendMessage entry, and its delivery time (ms) if it has one.
 
-    Raises BrokerError with the status RocketMQ's proxy answers for each bad field.
+    Raises BrokerError with the status RocketMQ's proxy answers for each bad field, checked in
+    the proxy's order (SendMessageActivity.buildMessage / buildMessageProperty). Nothing here
+    writes: the servicer converts every entry of a request before it stores any.
     """
     sp = m.system_properties
     if not m.topic.name:
         raise BrokerError(Code.ILLEGAL_TOPIC, "message has no topic")
     if not m.body:
-        raise BrokerError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
+        raise BrokerError(Code.MESSAGE_BODY_EMPTY, "message body cannot be empty")
     if len(m.body) > max_body:
         raise BrokerError(Code.MESSAGE_BODY_TOO_LARGE,
-                          f"message body is {len(m.body)} bytes, more than maxMessageSize "
-                          f"{max_body}")
-    if not sp.message_id:
-        raise BrokerError(Code.ILLEGAL_MESSAGE_ID, "message has no message_id")
+                          f"message body cannot exceed the max {max_body}")
+    props = _user_properties(m)
+    if sp.tag:  # an empty tag is no tag, as the proxy has it
+        props[Prop.TAGS] = sp.tag
+    if sp.keys:
+        # Stored space-separated in KEYS (RocketMQ's MessageConst.KEY_SEPARATOR), so a space
+        # inside a key would split it in two.
+        if any(" " in k for k in sp.keys):
+            raise BrokerError(Code.ILLEGAL_MESSAGE_KEY, "key cannot contain a space")
+        props[Prop.KEYS] = " ".join(k for k in sp.keys if k)
+    if not sp.message_id.strip():
+        raise BrokerError(Code.ILLEGAL_MESSAGE_ID, "message id cannot be empty")
+    props[Prop.UNIQ_KEY] = sp.message_id
+    deliver_at = None
+    if sp.HasField("delivery_timestamp"):
+        deliver_at = valid_timestamp_ms(sp.delivery_timestamp)
+        if deliver_at is None:
+            raise BrokerError(Code.ILLEGAL_DELIVERY_TIME,
+                              f"delivery timestamp {sp.delivery_timestamp.seconds}s is not a "
+                              "valid time")
+        props[Prop.TIMER_DELIVER_MS] = str(deliver_at)
+    if sp.message_group:
+        _check_message_group(sp.message_group)
+        props[Prop.MESSAGE_GROUP] = sp.message_group
+    # The proxy ignores a born timestamp outside protobuf's valid range (Timestamps.isValid);
+    # the store time then stands in for it, as it does for a message sent with none.
+    born = valid_timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else None
+    body = bytes(m.body)
+    if sp.body_encoding == pb.GZIP:
+        # Stored inflated: consumers get IDENTITY bodies, whatever encoding the producer chose.
+        body = inflate_gzip(body, max_body)
+    elif sp.body_encoding not in (pb.IDENTITY, pb.ENCODING_UNSPECIFIED):
+        raise BrokerError(Code.BAD_REQUEST, f"unknown body encoding {sp.body_encoding}")
+    msg = Message(m.topic.name, body, properties=props,
+                  born_timestamp=born if born is not None else int(time.time() * 1000),
+                  born_host=_born_host(sp.born_host, peer))
+    return msg, deliver_at
+
+
+def _user_properties(m: pb.Message) -> dict[str, str]:
+    """User properties, tag and keys checked as buildMessageProperty does, in its order."""
+    sp = m.system_properties
+    if len(m.user_properties) > USER_PROPERTY_MAX_NUM:
+        raise BrokerError(Code.MESSAGE_PROPERTIES_TOO_LARGE,
+                          f"too many user properties, max is {USER_PROPERTY_MAX_NUM}")
+    size = 0
     props: dict[str, str] = {}
     for key, value in m.user_properties.items():
         if key in SYSTEM_PROPERTIES:
             raise BrokerError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
-                              f"user property {key!r} is reserved by the system")
-        if not key or "\x01" in key or "\x02" in key or "\x01" in value or "\x02" in value:
+                              f"property is used by system: {key}")
+        if not key:
+            # The store's property encoding cannot hold an empty name.
+            raise BrokerError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, "the key of property is empty")
+        if has_control_character(key):
             raise BrokerError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
-                              f"user property {key!r} has an empty name or a control character")
+                              "the key of property cannot contain control character")
+        if has_control_character(value):
+            raise BrokerError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
+                              "the value of property cannot contain control character")
+        size += len(key.encode()) + len(value.encode())
         props[key] = value
-    if sp.HasField("tag"):
-        if not sp.tag.strip() or "|" in sp.tag:
-            raise BrokerError(Code.ILLEGAL_MESSAGE_TAG, f"illegal tag {sp.tag!r}")
-        props[Prop.TAGS] = sp.tag
-    if sp.keys:
-        if any(not k.strip() or " " in k for k in sp.keys):
-            raise BrokerError(Code.ILLEGAL_MESSAGE_KEY, "a key is empty or contains a space")
-        props[Prop.KEYS] = " ".join(sp.keys)
-    props[Prop.UNIQ_KEY] = sp.message_id
-    if sp.HasField("message_group"):
-        if not sp.message_group.strip():
-            raise BrokerError(Code.ILLEGAL_MESSAGE_GROUP, "message group is blank")
-        props[Prop.MESSAGE_GROUP] = sp.message_group
-    deliver_at = None
-    if sp.HasField("delivery_timestamp"):
-        deliver_at = _ms(sp.delivery_timestamp)
-        props[Prop.TIMER_DELIVER_MS] = str(deliver_at)
-    born = _ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0
-    body = bytes(m.body)
-    if sp.body_encoding == pb.GZIP:
-        # Stored inflated: consumers get IDENTITY bodies, whatever encoding the producer chose.
-        try:
-            body = gzip.decompress(body)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise BrokerError(Code.MESSAGE_CORRUPTED,
-                              f"GZIP body does not inflate: {exc}") from None
-        if len(body) > max_body:
-            raise BrokerError(Code.MESSAGE_BODY_TOO_LARGE, "inflated body exceeds maxMessageSize")
-    msg = Message(m.topic.name, body, properties=props, born_timestamp=born,
-                  born_host=_born_host(sp.born_host, peer))
-    return msg, deliver_at
+    tag = sp.tag
+    if tag:
+        if not tag.strip():
+            raise BrokerError(Code.ILLEGAL_MESSAGE_TAG,
+                              "tag cannot be the char sequence of whitespace")
+        if "|" in tag:
+            raise BrokerError(Code.ILLEGAL_MESSAGE_TAG, "tag cannot contain '|'")
+        if has_control_character(tag):
+            raise BrokerError(Code.ILLEGAL_MESSAGE_TAG, "tag cannot contain control character")
+    size += len(tag.encode())
+    for key in sp.keys:
+        if key and not key.strip():
+            raise BrokerError(Code.ILLEGAL_MESSAGE_KEY,
+                              "key cannot be the char sequence of whitespace")
+        if has_control_character(key):
+            raise BrokerError(Code.ILLEGAL_MESSAGE_KEY, "key cannot contain control character")
+        size += len(key.encode())
+    if size > MAX_USER_PROPERTY_SIZE:
+        raise BrokerError(Code.MESSAGE_PROPERTIES_TOO_LARGE,
+                          f"the total size of user property is too large, max is "
+                          f"{MAX_USER_PROPERTY_SIZE}")
+    return props
+
+
+def _check_message_group(group: str) -> None:
+    if not group.strip():
+        raise BrokerError(Code.ILLEGAL_MESSAGE_GROUP,
+                          "message group cannot be the char sequence of whitespace")
+    if len(group.encode()) >= MAX_MESSAGE_GROUP_SIZE:
+        raise BrokerError(Code.ILLEGAL_MESSAGE_GROUP,
+                          f"message group exceed the max size {MAX_MESSAGE_GROUP_SIZE}")
+    if has_control_character(group):
+        raise BrokerError(Code.ILLEGAL_MESSAGE_GROUP,
+                          "message group cannot contain control character")
+
+
+# protobuf's Timestamp range (Timestamps.isValid): 0001-01-01 to 9999-12-31.
+_MIN_SECONDS, _MAX_SECONDS = -62_135_596_800, 253_402_300_799
+
+
+def valid_timestamp_ms(ts: Timestamp) -> int | None:
+    """Milliseconds since the epoch, or None for a Timestamp outside protobuf's range."""
+    if not (_MIN_SECONDS <= ts.seconds <= _MAX_SECONDS and 0 <= ts.nanos <= 999_999_999):
+        return None
+    return _ms(ts)
+
+
+def inflate_gzip(data: bytes, limit: int) -> bytes:
+    """Inflate a gzip body (one member or several, as ``gzip.decompress`` accepts), stopping
+    as soon as the output passes ``limit``: a small bomb must not cost the broker gigabytes
+    before it is refused."""
+    out: list[bytes] = []
+    total = 0
+    rest = data
+    try:
+        while rest:
+            inflater = zlib.decompressobj(wbits=31)  # gzip framing, CRC and size checked
+            chunk = inflater.decompress(rest, limit + 1 - total)
+            total += len(chunk)
+            out.append(chunk)
+            if total > limit or inflater.unconsumed_tail:
+                raise BrokerError(Code.MESSAGE_BODY_TOO_LARGE,
+                                  f"message body inflates to more than maxMessageSize {limit}")
+            if not inflater.eof:
+                raise BrokerError(Code.MESSAGE_CORRUPTED, "GZIP body does not inflate: "
+                                  "truncated stream")
+            rest = inflater.unused_data.lstrip(b"\0")  # gzip allows zero padding after members
+    except zlib.error as exc:
+        raise BrokerError(Code.MESSAGE_CORRUPTED, f"GZIP body does not inflate: {exc}") from None
+    return b"".join(out)
 
 
 def message_id_of(msg: StoredMessage) -> str:
@@ -133,8 +232,7 @@ def to_pb_message(msg: StoredMessage, *, message_type: str, topic: str | None = 
         sp.tag = props[Prop.TAGS]
     sp.keys.extend(msg.keys)
     sp.message_id = message_id_of(msg)
-    sp.body_digest.type = pb.CRC32
-    sp.body_digest.checksum = f"{zlib.crc32(body) & 0xFFFFFFFF:08X}"
+    sp.body_digest.CopyFrom(body_digest(body))
     sp.body_encoding = pb.IDENTITY
     sp.message_type = pb.MessageType.Value(message_type) if message_type in (
         "NORMAL", "FIFO", "DELAY", "TRANSACTION") else pb.NORMAL
@@ -162,11 +260,14 @@ def to_pb_message(msg: StoredMessage, *, message_type: str, topic: str | None = 
 
 
 class Receipt:
-    """A receipt handle: ``<queue_id>_<queue_offset>_<generation>_<visible_at_ms>``.
+    """A receipt handle: ``<queue_id>_<queue_offset>_<generation>_<visible_at_ms>_<mac>``.
 
     The group and topic come with every request that carries a handle, so they are not repeated
     here. ``generation`` identifies one delivery (or one invisible-time change); a handle whose
-    generation is no longer current belongs to a delivery that was superseded.
+    generation is no longer current belongs to a delivery that was superseded. ``mac`` is a
+    truncated HMAC-SHA256 of the rest, the group and the topic under the broker's persistent
+    receipt key: a handle the broker did not issue, for this group and topic, is refused as
+    INVALID_RECEIPT_HANDLE instead of being acked as "already acked".
     """
 
     __slots__ = ("queue_id", "offset", "generation", "visible_at")
@@ -177,19 +278,36 @@ class Receipt:
         self.generation = generation
         self.visible_at = visible_at
 
-    def encode(self) -> str:
+    def _fields(self) -> str:
         return f"{self.queue_id}_{self.offset}_{self.generation}_{self.visible_at}"
 
+    def encode(self, key: bytes, group: str, topic: str) -> str:
+        fields = self._fields()
+        return f"{fields}_{_mac(key, group, topic, fields)}"
+
     @classmethod
-    def decode(cls, text: str) -> Receipt:
-        parts = text.split("_")
-        try:
-            if len(parts) != 4:
-                raise ValueError
-            qid, off, gen, vis = (int(p) for p in parts)
-            if qid < 0 or off < 0:
-                raise ValueError
-        except ValueError:
+    def decode(cls, text: str, key: bytes, group: str, topic: str) -> Receipt:
+        match = _HANDLE.fullmatch(text)
+        if match is None:
             raise BrokerError(Code.INVALID_RECEIPT_HANDLE,
-                              f"malformed receipt handle {text[:80]!r}") from None
+                              f"malformed receipt handle {text[:80]!r}")
+        qid, off, gen, vis = (int(match.group(i)) for i in range(1, 5))
+        fields = text[:match.start(5) - 1]
+        if (qid > _MAX_I32 or max(off, gen, vis) > _MAX_I64
+                or not hmac.compare_digest(match.group(5), _mac(key, group, topic, fields))):
+            raise BrokerError(Code.INVALID_RECEIPT_HANDLE,
+                              f"receipt handle {text[:80]!r} was not issued by this broker for "
+                              f"group {group!r} and topic {topic!r}")
         return cls(qid, off, gen, vis)
+
+
+# ASCII digits only (``int`` would take full-width digits, signs, spaces and underscores), no
+# leading zeros, and a 16-hex-digit MAC.
+_NUMBER = "(0|[1-9][0-9]{0,18})"
+_HANDLE = re.compile("_".join([_NUMBER] * 4) + "_([0-9a-f]{16})", re.ASCII)
+_MAX_I32, _MAX_I64 = (1 << 31) - 1, (1 << 63) - 1
+
+
+def _mac(key: bytes, group: str, topic: str, fields: str) -> str:
+    data = f"{group}\0{topic}\0{fields}".encode()
+    return hmac.new(key, data, "sha256").hexdigest()[:16]

@@ -269,14 +269,23 @@ class PopEngine:
 
     # -- ack and friends ------------------------------------------------------------------------
 
+    def handle(self, group: str, topic: str, receipt: Receipt) -> str:
+        """The receipt handle a client gets for ``receipt`` (signed for the group and topic)."""
+        return receipt.encode(self.state.receipt_key, group, topic)
+
     def _current(self, group: str, topic: str, handle: str) -> tuple[Receipt, InFlight | None]:
-        r = Receipt.decode(handle)
+        r = Receipt.decode(handle, self.state.receipt_key, group, topic)
         e = self.state.entry(group, topic, r.queue_id, r.offset)
         if e is not None and e.generation != r.generation:
             raise BrokerError(Code.INVALID_RECEIPT_HANDLE,
                               "receipt handle is stale: the message was delivered again or its "
                               "invisible time was changed since")
         return r, e
+
+    def check_handle(self, group: str, topic: str, handle: str) -> None:
+        """Raise INVALID_RECEIPT_HANDLE unless ``handle`` is one this broker issued for the
+        group and topic and is still current (not superseded by a later delivery)."""
+        self._current(group, topic, handle)
 
     def ack(self, group: str, topic: str, handle: str) -> None:
         """Ack one delivery. Acking a message no longer in flight (acked already) is a no-op."""
@@ -296,7 +305,8 @@ class PopEngine:
             ne = InFlight(now + invisible_ms, e.attempt, max(now, e.generation + 1))
             self.state.apply(group, topic, put={(r.queue_id, r.offset): ne})
         self.notifier.notify(topic)
-        return Receipt(r.queue_id, r.offset, ne.generation, ne.visible_at).encode()
+        return self.handle(group, topic, Receipt(r.queue_id, r.offset, ne.generation,
+                                                 ne.visible_at))
 
     def forward_to_dlq(self, group: str, topic: str, handle: str) -> None:
         with self._lock(group, topic):

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stratamq.store.message_store import TOPIC_NAME_CHARS
+from stratamq.names import NAME_CHARS, TOPIC_MAX_LENGTH, is_valid_name
 
 __all__ = ["GroupConfig", "MetadataError", "MetadataStore", "TopicConfig", "MESSAGE_TYPES",
            "DEFAULT_RETRY_BACKOFF_MS", "dlq_topic", "retry_topic"]
@@ -38,8 +37,7 @@ MAX_QUEUES = 1024  # queues of one topic
 MAX_RETRY_TIMES = 1000
 # RocketMQ's topic and group name rule: TopicValidator's characters (the same ones the store
 # accepts, so every topic the broker accepts can be stored) and its 127-character topic limit.
-NAME_MAX_LENGTH = 127
-NAME_RE = re.compile(f"^[{TOPIC_NAME_CHARS}]{{1,{NAME_MAX_LENGTH}}}$")
+NAME_MAX_LENGTH = TOPIC_MAX_LENGTH
 RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"
 # RocketMQ's delay levels from level 3 on: the push consumer's default retry backoff.
 DEFAULT_RETRY_BACKOFF_MS = [1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000,
@@ -77,8 +75,9 @@ class MetadataError(ValueError):
 
 
 def check_name(what: str, name: str) -> None:
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise MetadataError("invalid", f"{what} name {name!r} must match {NAME_RE.pattern}")
+    if not is_valid_name(name, NAME_MAX_LENGTH):
+        raise MetadataError("invalid", f"{what} name {name!r} must match "
+                            f"[{NAME_CHARS}]{{1,{NAME_MAX_LENGTH}}} (the whole name)")
 
 
 def check_topic_name(name: str) -> None:
@@ -87,7 +86,7 @@ def check_topic_name(name: str) -> None:
     store's 255-byte limit)."""
     if isinstance(name, str):
         for prefix in (RETRY_PREFIX, DLQ_PREFIX):
-            if name.startswith(prefix) and NAME_RE.match(name[len(prefix):]):
+            if name.startswith(prefix) and is_valid_name(name[len(prefix):], NAME_MAX_LENGTH):
                 return
     check_name("topic", name)
 

@@ -20,6 +20,8 @@ topic's keys are contiguous:
   every delivery and every invisible-time change, so a receipt handle from before either is
   recognised as stale.
 * ``O``: ``queue_id u32`` -> ``offset u64``: the offset a pull consumer committed (UpdateOffset).
+* ``S`` (empty group and topic) ``receipt-key`` -> 32 random bytes: the key receipt handles are
+  signed with, made on first open and kept, so handles stay valid across restarts.
 
 The whole state is also held in memory (loaded at open); the in-memory copy is the read path.
 Thread-safety: callers serialise writers per (group, topic) (see ``PopEngine``) so a
@@ -31,6 +33,7 @@ another thread inserts a key raises "dictionary changed size during iteration".
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 from collections.abc import Iterable
@@ -45,6 +48,7 @@ _QID = struct.Struct(">I")
 _QID_OFF = struct.Struct(">IQ")
 _OFFSET = struct.Struct(">Q")
 _ENTRY = struct.Struct(">qIq")
+_RECEIPT_KEY = b"S\0\0\0receipt-key"
 
 
 @dataclass
@@ -77,8 +81,13 @@ class PopState:
         self.inflight: dict[tuple[str, str], dict[tuple[int, int], InFlight]] = {}
         self.offsets: dict[tuple[str, str, int], int] = {}
         self._mutex = threading.Lock()
+        self.receipt_key: bytes = b""
         for key, value in self.db.items():
             kind, group, topic, rest = _split(key)
+            if kind == b"S":
+                if key == _RECEIPT_KEY:
+                    self.receipt_key = bytes(value)
+                continue
             if kind == b"C":
                 self.cursors[(group, topic, _QID.unpack(rest)[0])] = _OFFSET.unpack(value)[0]
             elif kind == b"O":
@@ -87,6 +96,12 @@ class PopState:
                 qid, off = _QID_OFF.unpack(rest)
                 self.inflight.setdefault((group, topic), {})[(qid, off)] = InFlight(
                     *_ENTRY.unpack(value))
+
+        if len(self.receipt_key) != 32:
+            self.receipt_key = os.urandom(32)
+            sync = WriteOptions()
+            sync.sync = True
+            self.db.put(_RECEIPT_KEY, self.receipt_key, sync)
 
     def close(self) -> None:
         self.db.flush_wal(True)
@@ -164,8 +179,8 @@ class PopState:
         """Forget every group's state for a deleted topic."""
         batch = WriteBatch(raw_mode=True)
         for key in list(self.db.keys()):
-            _kind, _group, t, _rest = _split(key)
-            if t == topic:
+            kind, _group, t, _rest = _split(key)
+            if t == topic and kind != b"S":
                 batch.delete(key)
         self.db.write(batch, self.write_opts)
         with self._mutex:

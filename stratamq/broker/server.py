@@ -86,7 +86,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from stratamq.broker.convert import to_pb_message, to_store_message
+from stratamq.broker.convert import to_pb_message, to_store_message, valid_timestamp_ms
 from stratamq.broker.engine import Notifier, PopEngine, now_ms
 from stratamq.broker.errors import BrokerError
 from stratamq.broker.metadata import (
@@ -94,9 +94,16 @@ from stratamq.broker.metadata import (
     MetadataError,
     MetadataStore,
     TopicConfig,
-    is_system_topic,
 )
 from stratamq.broker.pop_state import PopState
+from stratamq.broker.validate import (
+    RECEIVE_BATCH_MAX,
+    check_group,
+    check_invisible_time,
+    check_topic,
+    client_type_name,
+    put_status,
+)
 from stratamq.config import BrokerConfig, StoreConfig
 from stratamq.message import Host, Prop, tags_hash_code
 from stratamq.store.filter import TagFilter
@@ -106,16 +113,8 @@ from stratamq.store.results import GetMessageStatus, PutMessageStatus
 log = logging.getLogger(__name__)
 Code = pb.Code
 
-__all__ = ["Broker", "NullMetrics"]
+__all__ = ["Broker", "BrokerStopError", "NullMetrics"]
 
-_PUT_CODES = {
-    PutMessageStatus.PUT_OK: Code.OK,
-    PutMessageStatus.FLUSH_DISK_TIMEOUT: Code.MASTER_PERSISTENCE_TIMEOUT,
-    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: Code.SLAVE_PERSISTENCE_TIMEOUT,
-    PutMessageStatus.SLAVE_NOT_AVAILABLE: Code.HA_NOT_AVAILABLE,
-    PutMessageStatus.MESSAGE_ILLEGAL: Code.BAD_REQUEST,
-    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: Code.MESSAGE_PROPERTIES_TOO_LARGE,
-}
 
 
 class NullMetrics:
@@ -209,13 +208,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # -- helpers --------------------------------------------------------------------------------
 
     def _topic(self, name: str, *, create: bool = False) -> TopicConfig:
-        if not name:
-            raise BrokerError(Code.ILLEGAL_TOPIC, "topic name is empty")
-        if is_system_topic(name):
-            # Internal (e.g. the timer's rmq_sys_wheel_timer holds not-yet-due DELAY
-            # messages): neither routed, written, read nor auto-created for clients.
-            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {name!r} does not exist "
-                              "(a system topic, internal to the broker)")
+        # System topics (e.g. the timer's rmq_sys_wheel_timer, holding not-yet-due DELAY
+        # messages) are internal: neither routed, written, read nor auto-created for clients.
+        check_topic(name)
         cfg = self.b.meta.topic(name)
         if cfg is None and create and self.b.config.auto_create_topic_enable:
             cfg = self.b.meta.create_topic(name, self.b.config.default_topic_queue_nums,
@@ -232,8 +227,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return self._group(group_name), self._topic(topic_name)
 
     def _group(self, name: str) -> GroupConfig:
-        if not name:
-            raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, "consumer group name is empty")
+        check_group(name)
         cfg = self.b.meta.group(name)
         if cfg is None and self.b.config.auto_create_subscription_group:
             try:
@@ -277,9 +271,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             accept_message_types=[pb.MessageType.Value(topic.message_type)])
 
     @staticmethod
-    def _check_batch_size(batch_size: int) -> None:
-        if not 1 <= batch_size <= 1024:
-            raise BrokerError(Code.BAD_REQUEST, f"batch_size must be 1..1024, not {batch_size}")
+    def _check_batch_size(batch_size: int, most: int = 1024) -> None:
+        if not 1 <= batch_size <= most:
+            raise BrokerError(Code.BAD_REQUEST, f"batch_size must be 1..{most}, not {batch_size}")
 
     def _poll_ms(self, wanted_ms: int, context: grpc.ServicerContext) -> int:
         """How long a receive or pull may wait: capped by the broker, and short enough to
@@ -316,7 +310,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         group = request.group.name if request.HasField("group") else ""
         if group and request.client_type != pb.PRODUCER:
             self._group(group)
-        self.b.note_client(context, group, pb.ClientType.Name(request.client_type))
+        self.b.note_client(context, group, client_type_name(request.client_type))
         return svc.HeartbeatResponse(status=_status())
 
     @_unary(svc.NotifyClientTerminationResponse)
@@ -367,7 +361,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             backoff.max_attempts = group.max_delivery_attempts
             for ms in group.retry_backoff_ms:
                 backoff.customized_backoff.next.add().FromMilliseconds(ms)
-            self.b.note_client(context, group.name, pb.ClientType.Name(s.client_type))
+            self.b.note_client(context, group.name, client_type_name(s.client_type))
         out.metric.on = False
         return svc.TelemetryCommand(status=_status(), settings=out)
 
@@ -375,48 +369,73 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     @_unary(svc.SendMessageResponse)
     def SendMessage(self, request, context):
+        # SendMessageActivity: one topic per request, every entry converted and checked before
+        # anything is stored, so a bad entry never leaves its neighbours stored but unacked
+        # (the client's retry would store them twice).
         if not request.messages:
-            raise BrokerError(Code.BAD_REQUEST, "SendMessageRequest has no messages")
+            raise BrokerError(Code.MESSAGE_CORRUPTED, "no message to send")
+        topic_name = request.messages[0].topic.name
+        check_topic(topic_name)
+        if any(m.topic.name != topic_name for m in request.messages):
+            raise BrokerError(Code.MESSAGE_CORRUPTED, "topic in message is not same")
+        self.b._authorize(context, f"Topic:{topic_name}", "Pub")
+        topic = self._topic(topic_name, create=True)
+        if not topic.perm & 2:
+            raise BrokerError(Code.FORBIDDEN, f"topic {topic.name!r} is not writable")
         peer = _peer_host(context)
-        entries = []
-        started = time.perf_counter()
-        nbytes = 0
+        prepared: list[tuple[Any, int | None] | BrokerError] = []
         for m in request.messages:
             try:
-                entries.append(self._send_one(m, peer, context))
+                prepared.append(self._prepare(m, topic, peer))
+            except BrokerError as exc:
+                prepared.append(exc)
+        failures = [(i, p) for i, p in enumerate(prepared) if isinstance(p, BrokerError)]
+        if failures:
+            first_index, first = failures[0]
+            entries = [svc.SendResultEntry(status=_status(p.code, p.message))
+                       if isinstance(p, BrokerError) else svc.SendResultEntry(status=_status(
+                           first.code, f"not stored: message {first_index} of this request "
+                           f"is invalid ({first.message})")) for p in prepared]
+            return svc.SendMessageResponse(status=_status(first.code, first.message),
+                                           entries=entries)
+        started = time.perf_counter()
+        entries, nbytes = [], 0
+        for m, p in zip(request.messages, prepared, strict=True):
+            assert not isinstance(p, BrokerError)
+            try:
+                entries.append(self._store(m, *p))
                 nbytes += len(m.body)
             except BrokerError as exc:
                 entries.append(svc.SendResultEntry(status=_status(exc.code, exc.message)))
-        codes = {e.status.code for e in entries}
         ok_count = sum(1 for e in entries if e.status.code == Code.OK)
         if ok_count:
-            self.b.metrics.on_send(request.messages[0].topic.name, ok_count, nbytes,
-                                   time.perf_counter() - started)
+            self.b.metrics.on_send(topic_name, ok_count, nbytes, time.perf_counter() - started)
+        codes = {e.status.code for e in entries}
         status = entries[0].status if len(codes) == 1 else _status(Code.MULTIPLE_RESULTS,
-                                                                    "mixed results")
+                                                                    "MULTIPLE_RESULTS")
         return svc.SendMessageResponse(status=status, entries=entries)
 
-    def _send_one(self, m: pb.Message, peer: Host, context) -> svc.SendResultEntry:
-        self.b._authorize(context, f"Topic:{m.topic.name}", "Pub")
-        topic = self._topic(m.topic.name, create=True)
-        if not topic.perm & 2:
-            raise BrokerError(Code.FORBIDDEN, f"topic {topic.name!r} is not writable")
+    def _prepare(self, m: pb.Message, topic: TopicConfig, peer: Host
+                 ) -> tuple[Any, int | None]:
+        """The store message for one entry and its delivery time, checked; stores nothing."""
         msg, deliver_at = to_store_message(m, peer, self.b.store_config.max_message_size)
         sp = m.system_properties
         declared = sp.message_type
         if declared == pb.MESSAGE_TYPE_UNSPECIFIED:
-            declared = (pb.FIFO if sp.HasField("message_group") else
+            declared = (pb.FIFO if sp.message_group else
                         pb.DELAY if deliver_at is not None else pb.NORMAL)
+        if declared not in pb.MessageType.values():
+            raise BrokerError(Code.BAD_REQUEST, f"unknown message type {declared}")
         if pb.MessageType.Name(declared) != topic.message_type:
             raise BrokerError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                               f"topic {topic.name!r} accepts {topic.message_type} messages, "
                               f"not {pb.MessageType.Name(declared)}")
-        if topic.message_type == "FIFO" and not sp.HasField("message_group"):
+        if topic.message_type == "FIFO" and not sp.message_group:
             raise BrokerError(Code.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message group")
         if topic.message_type == "DELAY" and deliver_at is None:
             raise BrokerError(Code.ILLEGAL_DELIVERY_TIME, "a DELAY message needs a delivery time")
         writable = topic.write_queue_nums
-        if sp.HasField("message_group"):
+        if sp.message_group:
             # Java String.hashCode, as RocketMQ's selectors use: a group always lands on one
             # queue while the queue count stays the same.
             msg.queue_id = abs(tags_hash_code(sp.message_group)) % writable
@@ -427,13 +446,21 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 raise BrokerError(Code.UNSUPPORTED,
                                   "DELAY messages need the timer service, which is not running "
                                   "on this broker (timerWheelEnable)")
+            self.b.timer.check_delay(deliver_at)
+        else:
+            deliver_at = None
+        return msg, deliver_at
+
+    def _store(self, m: pb.Message, msg: Any, deliver_at: int | None) -> svc.SendResultEntry:
+        if deliver_at is not None:
             result = self.b.timer.submit(msg, deliver_at)
         else:
             result = self.b.store.put_message(msg)
-        code = _PUT_CODES.get(result.status, Code.INTERNAL_SERVER_ERROR)
-        if code != Code.OK:
-            raise BrokerError(code, f"store refused the message: {result.status} {result.error}")
-        return svc.SendResultEntry(status=_status(), message_id=sp.message_id,
+        if result.status is not PutMessageStatus.PUT_OK:
+            code, text = put_status(result.status)
+            raise BrokerError(code, f"{text} ({result.error})" if result.error else text)
+        return svc.SendResultEntry(status=_status(Code.OK, "OK"),
+                                   message_id=m.system_properties.message_id,
                                    offset=result.queue_offset if result.messages else 0)
 
     # -- pop consumption ------------------------------------------------------------------------
@@ -445,16 +472,13 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if not topic.perm & 4:
             raise BrokerError(Code.FORBIDDEN, f"topic {topic.name!r} is not readable")
         cfg = self.b.config
-        self._check_batch_size(request.batch_size)
+        # RocketMQ's broker pops at most 32 messages a request (PopMessageProcessor).
+        self._check_batch_size(request.batch_size, RECEIVE_BATCH_MAX)
         filt = self._filter(request.filter_expression)
         if request.HasField("invisible_duration"):
             invisible = request.invisible_duration.ToMilliseconds()
-            if not (cfg.min_invisible_time_mills_for_recv <= invisible
-                    <= cfg.max_invisible_time_mills):
-                raise BrokerError(Code.ILLEGAL_INVISIBLE_TIME,
-                                  f"invisible duration {invisible} ms is outside "
-                                  f"[{cfg.min_invisible_time_mills_for_recv}, "
-                                  f"{cfg.max_invisible_time_mills}] ms")
+            check_invisible_time(invisible, cfg.min_invisible_time_mills_for_recv,
+                                 cfg.max_invisible_time_mills)
         else:
             invisible = cfg.default_invisible_time_mills
         poll = (request.long_polling_timeout.ToMilliseconds()
@@ -477,7 +501,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             nbytes += len(p.message.body)
             yield svc.ReceiveMessageResponse(message=to_pb_message(
                 p.message, message_type=self._type_of(p.message, topic),
-                receipt=p.receipt.encode(), attempt=p.attempt, invisible_ms=p.invisible_ms))
+                receipt=self.b.engine.handle(group.name, topic.name, p.receipt),
+                attempt=p.attempt, invisible_ms=p.invisible_ms))
         self.b.metrics.on_receive(group.name, topic.name, len(popped), nbytes)
         ts = svc.ReceiveMessageResponse()
         ts.delivery_timestamp.GetCurrentTime()
@@ -516,11 +541,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     @_unary(svc.ChangeInvisibleDurationResponse)
     def ChangeInvisibleDuration(self, request, context):
         group, topic = self._subscription(context, request.group.name, request.topic.name)
+        # The handle first: a client whose duration we refused would otherwise retry a handle
+        # it can never get an answer about. 0 ms is a nack (deliver again now), as the proxy
+        # accepts it; clients send it when a listener fails.
+        self.b.engine.check_handle(group.name, topic.name, request.receipt_handle)
         ms = request.invisible_duration.ToMilliseconds()
-        if not 0 < ms <= self.b.config.max_invisible_time_mills:
-            raise BrokerError(Code.ILLEGAL_INVISIBLE_TIME,
-                              f"invisible duration {ms} ms must be in (0, "
-                              f"{self.b.config.max_invisible_time_mills}] ms")
+        check_invisible_time(ms, 0, self.b.config.max_invisible_time_mills)
         handle = self.b.engine.change_invisible(group.name, topic.name, request.receipt_handle,
                                                 ms)
         return svc.ChangeInvisibleDurationResponse(status=_status(), receipt_handle=handle)
@@ -554,8 +580,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         elif policy == pb.TIMESTAMP:
             if not request.HasField("timestamp"):
                 raise BrokerError(Code.BAD_REQUEST, "TIMESTAMP policy needs a timestamp")
-            offset = store.get_offset_in_queue_by_time(topic.name, qid,
-                                                       request.timestamp.ToMilliseconds())
+            ms = valid_timestamp_ms(request.timestamp)
+            if ms is None:
+                raise BrokerError(Code.BAD_REQUEST, f"timestamp {request.timestamp.seconds}s "
+                                  "is not a valid time (years 1 to 9999)")
+            offset = store.get_offset_in_queue_by_time(topic.name, qid, ms)
         else:
             raise BrokerError(Code.BAD_REQUEST, f"unknown query_offset_policy {policy}")
         return svc.QueryOffsetResponse(status=_status(), offset=offset)
@@ -652,6 +681,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     @_unary(svc.SyncLiteSubscriptionResponse)
     def SyncLiteSubscription(self, request, context):
         raise BrokerError(Code.NOT_IMPLEMENTED, "lite topics are not supported")
+
+
+_SERVER_STOP_MARGIN_S = 5.0  # past the grace period, how long gRPC's own shutdown may take
+
+
+class BrokerStopError(RuntimeError):
+    """One or more shutdown steps failed (all of them ran); ``errors`` names each."""
+
+    def __init__(self, errors: list[tuple[str, BaseException]]) -> None:
+        super().__init__("; ".join(f"{name}: {type(exc).__name__}: {exc}"
+                                   for name, exc in errors))
+        self.errors = errors
 
 
 class Broker:
@@ -793,17 +834,48 @@ class Broker:
         log.info("broker %s serving on %s", cfg.broker_name, self.endpoint)
         return self.endpoint
 
-    def stop(self, grace: float | None = None) -> None:
+    def stop(self, grace: float | None = None) -> bool:
+        """Stop serving, then close the timer, metrics, pop state and store, each step run
+        whatever the others did: a failing step must not leave the store unflushed with its
+        ``abort`` marker behind.
+
+        gRPC gets ``grace`` seconds to finish in-flight calls, then they are cancelled; if its
+        shutdown still has not completed a few seconds later (a handler wedged in grpcio), the
+        broker closes everything anyway. Returns False in that case: the caller should then
+        end the process without waiting for gRPC's threads. Raises ``BrokerStopError`` naming
+        every step that failed, after all of them ran."""
         if self.server is None:
-            return
+            return True
         grace = self.config.shutdown_grace_seconds if grace is None else grace
-        self.engine.closing = True
-        self.notifier.wake_all()  # long polls answer now instead of holding the shutdown
-        self.server.stop(grace).wait()
+        errors: list[tuple[str, BaseException]] = []
+        stopped = True
+
+        def step(name: str, action: Callable[[], object]) -> None:
+            try:
+                action()
+            except BaseException as exc:  # every step runs; all failures are reported
+                log.error("broker stop: %s failed: %s", name, exc)
+                errors.append((name, exc))
+
+        def stop_server() -> None:
+            nonlocal stopped
+            self.engine.closing = True
+            self.notifier.wake_all()  # long polls answer now instead of holding the shutdown
+            assert self.server is not None
+            done = self.server.stop(grace)
+            stopped = done.wait(grace + _SERVER_STOP_MARGIN_S)
+            if not stopped:
+                log.warning("gRPC did not stop within %.0f s; closing the store anyway",
+                            grace + _SERVER_STOP_MARGIN_S)
+
+        step("stopping the gRPC server", stop_server)
         self.server = None
-        self._close_extensions()
-        self.state.close()
-        self.store.close()
+        step("closing the timer and metrics", self._close_extensions)
+        step("closing the pop state", self.state.close)
+        step("closing the store", self.store.close)
+        if errors:
+            raise BrokerStopError(errors)
+        return stopped
 
     # -- clients --------------------------------------------------------------------------------
 

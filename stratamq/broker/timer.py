@@ -266,6 +266,10 @@ class TimerMessageStore:
             self._check_delay(deliver_ms, now)
         return self.store.put_messages([_held(msg, deliver_ms) for msg, deliver_ms in items])
 
+    def check_delay(self, deliver_ms: int) -> None:
+        """Raise ``IllegalDeliveryTime`` if ``submit`` would refuse ``deliver_ms``."""
+        self._check_delay(deliver_ms, _now_ms())
+
     def _check_delay(self, deliver_ms: int, now: int) -> None:
         if deliver_ms - now > self.max_delay_ms:
             raise IllegalDeliveryTime(

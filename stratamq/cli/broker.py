@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
@@ -66,7 +67,7 @@ def broker() -> None:
 def broker_start(config_file: str | None, store_dir: str | None, listen: str | None) -> None:
     """Serve until SIGINT/SIGTERM, then stop accepting, finish in-flight requests, flush,
     write the checkpoint and remove ``abort``. Prints the endpoint once serving."""
-    from stratamq.broker.server import Broker
+    from stratamq.broker.server import Broker, BrokerStopError
     from stratamq.config import load_broker_conf
     from stratamq.store.message_store import StoreLocked
 
@@ -116,5 +117,14 @@ def broker_start(config_file: str | None, store_dir: str | None, listen: str | N
         click.echo("stopping: finishing in-flight requests, flushing, writing the checkpoint")
     finally:
         # Even when stdout is gone (a closed pipe): the store must still close cleanly.
-        b.stop()
+        try:
+            stopped = b.stop()
+        except BrokerStopError as exc:
+            raise click.ClickException(f"stopping failed: {exc}") from None
+    if not stopped:
+        # gRPC's worker threads are wedged: the interpreter would wait for them forever at
+        # exit. The store is closed and flushed, so leaving now loses nothing.
+        click.echo("stopped (gRPC calls still running were abandoned)")
+        sys.stdout.flush()
+        os._exit(0)
     click.echo("stopped cleanly")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import struct
 import time
 import uuid
@@ -43,6 +42,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from stratamq.message import PHYSICAL_OFFSET_POS, Message, Prop
+from stratamq.names import GROUP_MAX_LENGTH, is_valid_name
 from stratamq.signature import auth_metadata
 from stratamq.spark.planning import OptionError, Queue, QueueSplit, bool_option, int_option
 
@@ -214,14 +214,12 @@ class BrokerSplit(InputPartition):
                    split.fail_on_data_loss, group)
 
 
-_GROUP_NAME = re.compile(r"^[%|a-zA-Z0-9_-]{1,255}$")  # RocketMQ's group name rule
-
 
 def pull_group(options: Mapping[str, str]) -> str:
     """The consumer group PullMessage names (option ``group``, lower-case keys). Pulls commit
     no offset, so the group only matters to the ACL: the account needs SUB on it."""
     group = options.get("group", PULL_GROUP)
-    if not _GROUP_NAME.match(group):
+    if not is_valid_name(group, GROUP_MAX_LENGTH):
         raise OptionError(f"option 'group': {group!r} is not a consumer group name (1 to 255 "
                           "of a-z A-Z 0-9 _ - % |)")
     return group

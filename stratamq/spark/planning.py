@@ -201,7 +201,7 @@ def commitlog_bounds(root: str) -> tuple[int, int]:
 
 def is_topic_list(raw: str) -> bool:
     """Is this ``topics`` value a comma list of names (else it is a regex)?"""
-    return bool(_TOPIC_LIST.match(raw.strip()))
+    return bool(_TOPIC_LIST.fullmatch(raw.strip()))
 
 
 def select_topics(options: Mapping[str, str], known: list[str], *, must_match: bool,

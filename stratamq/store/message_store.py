@@ -13,13 +13,13 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import re
 import struct
 from collections.abc import Sequence
 from typing import Any
 
 from stratamq.config import FlushDiskType, StoreConfig
 from stratamq.message import Message, Prop, StoredMessage, parse_offset_msg_id, record_tags
+from stratamq.names import invalid_characters, is_valid_name
 from stratamq.store.checkpoint import StoreCheckpoint
 from stratamq.store.cleanup import CleanupService
 from stratamq.store.commitlog import CommitLog
@@ -52,8 +52,6 @@ log = logging.getLogger(__name__)
 # Characters of a topic name: RocketMQ's TopicValidator rule (its brokers and clients refuse any
 # other), which also keeps a name a single, harmless path component: a topic is the directory
 # name ``consumequeue/<topic>/`` (no "/", ".", "..", blanks).
-TOPIC_NAME_CHARS = "%|a-zA-Z0-9_-"
-TOPIC_NAME_RE = re.compile(f"^[{TOPIC_NAME_CHARS}]+$")
 # Longest topic the store writes: a directory name is at most NAME_MAX (255) bytes. Topics over
 # 127 bytes are written as RocketMQ's message version 2 (two-byte topic length).
 MAX_TOPIC_NAME_BYTES = 255
@@ -65,8 +63,8 @@ def topic_name_problem(topic: object, max_bytes: int = MAX_TOPIC_NAME_BYTES) -> 
         return f"topic must be a string, not {type(topic).__name__}"
     if not topic:
         return "topic is empty"
-    if not TOPIC_NAME_RE.match(topic):
-        bad = ", ".join(map(repr, sorted({c for c in topic if not TOPIC_NAME_RE.match(c)})[:8]))
+    if not is_valid_name(topic):
+        bad = invalid_characters(topic)
         return (f"topic {topic[:80]!r} contains {bad}: a topic name may only hold letters, "
                 "digits and % | _ - (RocketMQ's topic rule; a topic is also a directory name)")
     if len(topic) > max_bytes:  # ASCII only by now: characters are bytes
@@ -578,5 +576,5 @@ class MessageStore:
         return self.reput.behind_bytes()
 
 
-__all__ = ["MAX_TOPIC_NAME_BYTES", "MessageStore", "StoreLocked", "TOPIC_NAME_RE",
+__all__ = ["MAX_TOPIC_NAME_BYTES", "MessageStore", "StoreLocked",
            "topic_name_problem"]

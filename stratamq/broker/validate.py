@@ -1,0 +1,149 @@
+"""Request checks as Apache RocketMQ 5's gRPC proxy makes them, free of I/O.
+
+Each function raises ``BrokerError`` with the ``Code`` and the wording the proxy uses
+(``GrpcValidator``, ``Validators``, the ``*Activity`` classes), so the six official clients,
+which each react to different codes, see what they see in front of a RocketMQ proxy. Limits
+that are settings in RocketMQ's ``ProxyConfig`` are the defaults named here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from stratamq.broker.errors import BrokerError
+from stratamq.broker.metadata import is_system_topic
+from stratamq.names import GROUP_MAX_LENGTH, NAME_CHARS, TOPIC_MAX_LENGTH, is_valid_name
+from stratamq.store.results import PutMessageStatus
+
+Code = pb.Code
+
+__all__ = ["check_topic", "check_group", "check_invisible_time", "has_control_character",
+           "body_digest", "client_type_name", "put_status", "long_polling_ms", "RECEIVE_BATCH_MAX",
+           "MAX_USER_PROPERTY_SIZE", "USER_PROPERTY_MAX_NUM", "MAX_MESSAGE_GROUP_SIZE",
+           "MIN_LONG_POLLING_MS", "MAX_LONG_POLLING_MS"]
+
+# ProxyConfig defaults.
+MAX_USER_PROPERTY_SIZE = 16 * 1024  # bytes of user property names + values + tag + keys
+USER_PROPERTY_MAX_NUM = 128
+MAX_MESSAGE_GROUP_SIZE = 64  # bytes; a group of this size or more is refused
+MIN_LONG_POLLING_MS = 5_000  # grpcClientConsumerMinLongPollingTimeoutMillis
+MAX_LONG_POLLING_MS = 20_000  # grpcClientConsumerMaxLongPollingTimeoutMillis
+# PopMessageProcessor: "pop message's num is greater than 32".
+RECEIVE_BATCH_MAX = 32
+# MixAll.isSysConsumerGroup.
+_SYSTEM_GROUP_PREFIX = "CID_RMQ_SYS_"
+# Java's Character.isISOControl (Guava's CharMatcher.javaIsoControl), the proxy's test.
+_ISO_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def has_control_character(text: str) -> bool:
+    return _ISO_CONTROL.search(text) is not None
+
+
+def _name_problem(what: str, name: str, max_length: int) -> str | None:
+    """Validators.checkTopic / checkGroup, in their order and words."""
+    if not name.strip():
+        return f"The specified {what} is blank."
+    if len(name) > max_length:
+        return f"The specified {what} is longer than {what} max length {max_length}."
+    if not is_valid_name(name):
+        return (f"The specified {what}[{name[:300]}] contains illegal characters, allowing "
+                f"only ^[{NAME_CHARS}]+$")
+    return None
+
+
+def check_topic(name: str) -> None:
+    """GrpcValidator.validateTopic: ILLEGAL_TOPIC for a bad or a system topic name."""
+    problem = _name_problem("topic", name, TOPIC_MAX_LENGTH)
+    if problem is not None:
+        raise BrokerError(Code.ILLEGAL_TOPIC, problem)
+    if is_system_topic(name):
+        raise BrokerError(Code.ILLEGAL_TOPIC, "cannot access system topic")
+
+
+def check_group(name: str) -> None:
+    """GrpcValidator.validateConsumerGroup: ILLEGAL_CONSUMER_GROUP for a bad or system name."""
+    problem = _name_problem("group", name, GROUP_MAX_LENGTH)
+    if problem is not None:
+        raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, problem)
+    if name.startswith(_SYSTEM_GROUP_PREFIX):
+        raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, "cannot use system consumer group")
+
+
+def check_invisible_time(ms: int, min_ms: int, max_ms: int) -> None:
+    """GrpcValidator.validateInvisibleTime: ``min_ms`` is 0 except for a receive."""
+    if ms < min_ms:
+        raise BrokerError(Code.ILLEGAL_INVISIBLE_TIME,
+                          f"the invisibleTime is too small. min is {min_ms}")
+    if max_ms > 0 and ms > max_ms:
+        raise BrokerError(Code.ILLEGAL_INVISIBLE_TIME,
+                          f"the invisibleTime is too large. max is {max_ms}")
+
+
+def long_polling_ms(requested_ms: int | None, remaining_ms: int | None, max_ms: int) -> int:
+    """ReceiveMessageActivity's long-polling time: the request's (else what the deadline
+    leaves), clamped to [5 s, ``max_ms``], and never past the call's deadline; a deadline that
+    leaves less than the minimum is ILLEGAL_POLLING_TIME."""
+    minimum = min(MIN_LONG_POLLING_MS, max_ms)
+    polling = requested_ms if requested_ms is not None else (remaining_ms or minimum)
+    polling = max(minimum, min(polling, max_ms))
+    if remaining_ms is not None and polling > remaining_ms:
+        if remaining_ms < minimum:
+            raise BrokerError(Code.ILLEGAL_POLLING_TIME,
+                              "The deadline time remaining is not enough for polling, please "
+                              "check network condition")
+        polling = remaining_ms
+    return polling
+
+
+def body_digest(body: bytes) -> pb.Digest:
+    """The digest the proxy sends with every message: MD5, upper-case hex (GrpcConverter).
+
+    The clients all check MD5 the same way, while each formats CRC32 differently; a digest a
+    client cannot match makes it treat every message as corrupted."""
+    return pb.Digest(type=pb.MD5, checksum=hashlib.md5(body).hexdigest().upper())
+
+
+def client_type_name(client_type: int) -> str:
+    """The ClientType's name, or UNRECOGNIZED_CLIENT_TYPE as the proxy answers."""
+    if client_type == pb.CLIENT_TYPE_UNSPECIFIED or client_type not in pb.ClientType.values():
+        raise BrokerError(Code.UNRECOGNIZED_CLIENT_TYPE,
+                          f"unrecognized client type {client_type}")
+    return pb.ClientType.Name(client_type)
+
+
+# What a client gets for each store status: the code RocketMQ's proxy answers for the response
+# code its broker's SendMessageProcessor sets (the proxy's ResponseBuilder turns SYSTEM_BUSY
+# into TOO_MANY_REQUESTS, and broker errors it has no mapping for into INTERNAL_SERVER_ERROR),
+# with the broker's explanation, so "disk full" says so instead of a bare internal error.
+_PUT_STATUS: dict[PutMessageStatus, tuple[int, str]] = {
+    PutMessageStatus.PUT_OK: (Code.OK, "OK"),
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: (
+        Code.MASTER_PERSISTENCE_TIMEOUT, "send message failed, sendStatus=FLUSH_DISK_TIMEOUT"),
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: (
+        Code.SLAVE_PERSISTENCE_TIMEOUT, "send message failed, sendStatus=FLUSH_SLAVE_TIMEOUT"),
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: (
+        Code.HA_NOT_AVAILABLE, "send message failed, sendStatus=SLAVE_NOT_AVAILABLE"),
+    PutMessageStatus.SERVICE_NOT_AVAILABLE: (
+        Code.INTERNAL_SERVER_ERROR, "service not available now. It may be caused by one of the "
+        "following reasons: the broker's disk is full, messages are put to the slave, message "
+        "store has been shut down"),
+    PutMessageStatus.CREATE_MAPPED_FILE_FAILED: (
+        Code.INTERNAL_SERVER_ERROR, "create mapped file failed, server is busy or broken."),
+    PutMessageStatus.MESSAGE_ILLEGAL: (
+        Code.BAD_REQUEST, "the message is illegal, maybe msg body or properties length not "
+        "matched."),
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: (
+        Code.MESSAGE_PROPERTIES_TOO_LARGE, "the message properties are too long."),
+    PutMessageStatus.OS_PAGE_CACHE_BUSY: (
+        Code.TOO_MANY_REQUESTS, "[PC_SYNCHRONIZED]broker busy, start flow control for a while"),
+    PutMessageStatus.UNKNOWN_ERROR: (Code.INTERNAL_SERVER_ERROR, "UNKNOWN_ERROR"),
+}
+
+
+def put_status(status: PutMessageStatus) -> tuple[int, str]:
+    """The (code, message) a client gets for a put that ended in ``status``."""
+    return _PUT_STATUS[status]

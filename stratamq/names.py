@@ -1,0 +1,34 @@
+"""RocketMQ's rule for topic and group names, written once for the store, the broker and Spark.
+
+A name is RocketMQ's ``TopicValidator`` character set (letters, digits, ``%|_-``). The store
+adds a byte limit (a topic is the directory name ``consumequeue/<topic>/``); the broker adds
+RocketMQ's length limits (127 for topics, 255 for groups, as ``Validators.checkTopic`` /
+``checkGroup``). Every check is a *full* match: a ``^...$`` pattern with ``re.match`` accepts a
+trailing newline, which once let ``NL`` and ``NL\\n`` coexist as two topics.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["NAME_CHARS", "TOPIC_MAX_LENGTH", "GROUP_MAX_LENGTH", "is_valid_name",
+           "invalid_characters"]
+
+NAME_CHARS = "%|a-zA-Z0-9_-"
+TOPIC_MAX_LENGTH = 127  # RocketMQ's Validators.TOPIC_MAX_LENGTH
+GROUP_MAX_LENGTH = 255  # RocketMQ's Validators.CHARACTER_MAX_LENGTH
+_NAME = re.compile(f"[{NAME_CHARS}]+")
+_NAME_CHAR = re.compile(f"[{NAME_CHARS}]")
+
+
+def is_valid_name(name: object, max_length: int | None = None) -> bool:
+    """True if ``name`` is a non-empty string of name characters, at most ``max_length`` long."""
+    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+        return False
+    return max_length is None or len(name) <= max_length
+
+
+def invalid_characters(name: str, limit: int = 8) -> str:
+    """The characters of ``name`` that no name may hold, quoted, for an error message."""
+    bad = sorted({c for c in name if _NAME_CHAR.fullmatch(c) is None})
+    return ", ".join(map(repr, bad[:limit]))
