@@ -1,4 +1,4 @@
-"""Ground truth: the store Apache RocketMQ 5.3 wrote (tests/data, copied from the reference data) read and re-written."""
+"""Ground truth: the store Apache RocketMQ 5.3 wrote (tests/data) read and re-written."""
 
 from __future__ import annotations
 
