@@ -30,6 +30,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 
 from stratamq.broker.acl import Account, AclChecker, Perm, sign
 from stratamq.broker.errors import BrokerError
+from stratamq.broker.metadata import MetadataStore
 
 Code = pb.Code
 
@@ -63,9 +64,9 @@ def test_signature_matches_what_the_official_client_sends(checker):
 @pytest.mark.parametrize("headers, reason", [
     ([], "no authorization header"),
     (_headers("", ""), "no access key"),
-    (_headers("mallory", "x"), "unknown access key"),
-    (_headers("alice", "wrong"), "signature mismatch"),
-    (_headers("alice", "alicesecret", signature="00" * 20), "signature mismatch"),
+    (_headers("mallory", "x"), "do not match an account"),
+    (_headers("alice", "wrong"), "do not match an account"),
+    (_headers("alice", "alicesecret", signature="00" * 20), "do not match an account"),
     ([("authorization", "Basic abc")], "unsupported signature algorithm"),
     ([("authorization", "MQv2-HMAC-SHA1 garbage"), ("x-mq-date-time", "x")], "no access key"),
     ([("x-mq-date-time", "yesterday"),
@@ -76,6 +77,23 @@ def test_bad_credentials_are_unauthorized(checker, headers, reason):
     with pytest.raises(BrokerError, match=reason) as err:
         checker.authenticate(headers)
     assert err.value.code == Code.UNAUTHORIZED
+
+
+def test_an_unknown_key_and_a_wrong_secret_get_the_same_answer(checker):
+    """Otherwise a caller could find out which access keys exist."""
+    answers = []
+    for ak in ("mallory", "alice"):
+        with pytest.raises(BrokerError) as err:
+            checker.authenticate(_headers(ak, "not-the-secret"))
+        answers.append((err.value.code, err.value.message.replace(repr(ak), "<ak>")))
+    assert answers[0] == answers[1]
+    old = datetime.fromtimestamp(time.time() - 3 * 3600, UTC)
+    stale = []
+    for ak in ("mallory", "alice"):
+        with pytest.raises(BrokerError) as err:
+            checker.authenticate(_headers(ak, "alicesecret", when=old))
+        stale.append(err.value.message)
+    assert stale[0] == stale[1]  # the clock check comes before the key is looked up
 
 
 def test_stale_timestamp_is_refused(checker):
@@ -128,6 +146,8 @@ def acl_broker(tmp_path):
         {"accessKey": "reader", "secretKey": "readersecret", "defaultTopicPerm": "SUB",
          "defaultGroupPerm": "SUB"},
     ]}))
+    (tmp_path / "store").mkdir()
+    MetadataStore(tmp_path / "store").create_group("ReaderGroup")  # as an admin would
     broker = start_broker(tmp_path, {"aclEnable": "true", "aclFile": str(acl),
                                      "aclAccessKey": "root", "aclSecretKey": "rootsecret"},
                           topics=[("Secured", 2, "NORMAL")])
@@ -213,7 +233,7 @@ def test_admin_cli_signs_its_requests(acl_broker):
     unsigned = _admin_cli(ep, "topic", "list")
     assert unsigned.returncode != 0 and "UNAUTHENTICATED" in unsigned.stderr
     wrong = _admin_cli(ep, "topic", "list", keys=("root", "not-the-secret"))
-    assert wrong.returncode != 0 and "signature mismatch" in wrong.stderr
+    assert wrong.returncode != 0 and "do not match an account" in wrong.stderr
     half = _admin_cli(ep, "topic", "list", env={"STRATAMQ_ACCESS_KEY": "root"})
     assert half.returncode != 0 and "together" in half.stderr
 
@@ -233,3 +253,52 @@ def test_admin_cli_signs_its_requests(acl_broker):
                         keys=("reader", "readersecret"))
     assert reader.returncode != 0 and "PERMISSION_DENIED" in reader.stderr
     assert _admin_cli(ep, "topic", "list", env=env).stdout.count("ByCli") == 1
+
+
+def test_only_an_admin_may_create_groups_by_using_them(acl_broker):
+    """With autoCreateSubscriptionGroup on, a consumer's heartbeat creates its group; under
+    ACL only for an account that may create groups, not for any signed-in client."""
+    def heartbeat(ak: str, sk: str, group: str) -> pb.Status:
+        with grpc.insecure_channel(acl_broker.endpoint) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            return stub.Heartbeat(svc.HeartbeatRequest(
+                group=pb.Resource(name=group), client_type=pb.SIMPLE_CONSUMER),
+                metadata=_headers(ak, sk), timeout=10).status
+
+    status = heartbeat("reader", "readersecret", "SquatterGroup")
+    assert status.code == Code.FORBIDDEN and "only an admin" in status.message
+    env = {"STRATAMQ_ACCESS_KEY": "root", "STRATAMQ_SECRET_KEY": "rootsecret"}
+    groups = _admin_cli(acl_broker.endpoint, "group", "list", env=env)
+    assert "SquatterGroup" not in groups.stdout
+    assert heartbeat("reader", "readersecret", "ReaderGroup").code == Code.OK  # it exists
+    assert heartbeat("root", "rootsecret", "AdminMadeGroup").code == Code.OK
+    assert "AdminMadeGroup" in _admin_cli(acl_broker.endpoint, "group", "list", env=env).stdout
+
+
+def test_offsets_need_the_topic_permission_too(tmp_path):
+    acl = tmp_path / "acl.json"
+    acl.write_text(json.dumps({"accounts": [
+        {"accessKey": "mallory", "secretKey": "mallorysecret", "groupPerms": ["Mine=SUB"]},
+    ]}))
+    (tmp_path / "store").mkdir()
+    MetadataStore(tmp_path / "store").create_group("Mine")
+    broker = start_broker(tmp_path, {"aclEnable": "true", "aclFile": str(acl)},
+                          topics=[("Theirs", 1, "NORMAL")])
+    try:
+        answers = []
+        with grpc.insecure_channel(broker.endpoint) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            for topic in ("Theirs", "NoSuchTopic"):
+                mq = pb.MessageQueue(topic=pb.Resource(name=topic), id=0)
+                update = stub.UpdateOffset(svc.UpdateOffsetRequest(
+                    group=pb.Resource(name="Mine"), message_queue=mq, offset=5),
+                    metadata=_headers("mallory", "mallorysecret"), timeout=10).status
+                get = stub.GetOffset(svc.GetOffsetRequest(
+                    group=pb.Resource(name="Mine"), message_queue=mq),
+                    metadata=_headers("mallory", "mallorysecret"), timeout=10).status
+                answers.append((update.code, get.code, update.message.replace(topic, "T"),
+                                get.message.replace(topic, "T")))
+        assert answers[0][:2] == (Code.FORBIDDEN, Code.FORBIDDEN)
+        assert answers[0] == answers[1]  # whether the topic exists does not show
+    finally:
+        assert broker.stop() == 0

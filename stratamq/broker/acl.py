@@ -52,6 +52,7 @@ from stratamq.signature import DATE_FORMAT as _DATE_FORMAT
 __all__ = ["AclChecker", "Account", "Action", "Perm", "Resource", "ResourceKind", "sign"]
 
 UNAUTHORIZED = definition_pb2.Code.UNAUTHORIZED
+_NO_SECRET = "\0 no account has this secret \0"  # signs for unknown keys; matches nothing
 FORBIDDEN = definition_pb2.Code.FORBIDDEN
 
 
@@ -211,17 +212,20 @@ class AclChecker:
         ak = ak.split("/", 1)[0]
         if not ak:
             raise BrokerError(UNAUTHORIZED, "no access key in the authorization header")
-        account = self.accounts.get(ak)
-        if account is None:
-            raise BrokerError(UNAUTHORIZED, f"unknown access key {ak!r}")
         signed = [h.strip().lower() for h in fields.get("signedheaders", "").split(";")]
         if DATE_TIME_HEADER not in signed:
             raise BrokerError(UNAUTHORIZED, f"the signature must cover {DATE_TIME_HEADER}")
         date_time = headers.get(DATE_TIME_HEADER, "")
+        # Everything a caller can learn without a valid key is checked before the key is
+        # looked up, and an unknown key fails exactly as a wrong secret does (same code, same
+        # words, an HMAC computed either way): the answer must not tell which keys exist.
         self._check_fresh(date_time, time.time() if now is None else now)
-        given = fields.get("signature", "").lower()
-        if not hmac.compare_digest(given, sign(account.secret_key, date_time)):
-            raise BrokerError(UNAUTHORIZED, f"signature mismatch for access key {ak!r}")
+        account = self.accounts.get(ak)
+        expected = sign(account.secret_key if account else _NO_SECRET, date_time)
+        signature_ok = hmac.compare_digest(fields.get("signature", "").lower(), expected)
+        if account is None or not signature_ok:
+            raise BrokerError(UNAUTHORIZED, f"access key {ak[:64]!r} and signature do not "
+                              "match an account")
         return account
 
     def _check_fresh(self, date_time: str, now: float) -> None:

@@ -224,12 +224,23 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         """Check that the caller may consume ``topic_name`` as ``group_name``; both configs."""
         self.b._authorize(context, f"Group:{group_name}", "Sub")
         self.b._authorize(context, f"Topic:{topic_name}", "Sub")
-        return self._group(group_name), self._topic(topic_name)
+        return self._group(group_name, context), self._topic(topic_name)
 
-    def _group(self, name: str) -> GroupConfig:
+    def _group(self, name: str, context: grpc.ServicerContext) -> GroupConfig:
+        """The group's config; an unknown group is created when autoCreateSubscriptionGroup
+        is on, and with ACL only for an account that may create groups (the admin): any
+        signed-in client could otherwise fill the broker with groups."""
         check_group(name)
         cfg = self.b.meta.group(name)
         if cfg is None and self.b.config.auto_create_subscription_group:
+            try:
+                self.b._authorize(context, f"Group:{name}", "Create")
+            except BrokerError as exc:
+                if exc.code != Code.FORBIDDEN:
+                    raise
+                raise BrokerError(Code.FORBIDDEN, f"group {name!r} does not exist, and only "
+                                  "an admin account may create it (stratamq group create)"
+                                  ) from None
             try:
                 cfg = self.b.meta.create_group(name, exist_ok=True)
             except MetadataError as exc:
@@ -309,7 +320,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.b._authorize(context, "Cluster", "Get")
         group = request.group.name if request.HasField("group") else ""
         if group and request.client_type != pb.PRODUCER:
-            self._group(group)
+            self.b._authorize(context, f"Group:{group}", "Sub")
+            self._group(group, context)
         self.b.note_client(context, group, client_type_name(request.client_type))
         return svc.HeartbeatResponse(status=_status())
 
@@ -345,7 +357,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             backoff.exponential_backoff.max.FromMilliseconds(1000)
             backoff.exponential_backoff.multiplier = 2.0
         elif s.HasField("subscription"):
-            group = self._group(s.subscription.group.name)
+            self.b._authorize(context, f"Group:{s.subscription.group.name}", "Sub")
+            group = self._group(s.subscription.group.name, context)
             sub = out.subscription
             orderly = group.consume_message_orderly or any(
                 (t := self.b.meta.topic(e.topic.name)) is not None and t.message_type == "FIFO"
@@ -647,8 +660,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     @_unary(svc.UpdateOffsetResponse)
     def UpdateOffset(self, request, context):
+        # Both the group and the topic, before either is looked up: a caller without the
+        # right gets the same answer whether the topic exists or not.
         self.b._authorize(context, f"Group:{request.group.name}", "Sub")
-        group = self._group(request.group.name)
+        self.b._authorize(context, f"Topic:{request.message_queue.topic.name}", "Sub")
+        group = self._group(request.group.name, context)
         topic, qid = self._named_queue(request.message_queue)
         if request.offset < 0:
             raise BrokerError(Code.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
@@ -658,7 +674,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     @_unary(svc.GetOffsetResponse)
     def GetOffset(self, request, context):
         self.b._authorize(context, f"Group:{request.group.name}", "Get")
-        group = self._group(request.group.name)
+        self.b._authorize(context, f"Topic:{request.message_queue.topic.name}", "Get")
+        group = self._group(request.group.name, context)
         topic, qid = self._named_queue(request.message_queue)
         offset = self.b.state.offset(group.name, topic.name, qid)
         if offset is None:
