@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -71,3 +72,20 @@ def small_config(tmp_path) -> StoreConfig:
 @pytest.fixture
 def python_exe() -> str:
     return sys.executable
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """An 8 MiB tmpfs, mounted for the test and unmounted after: a real, small, full disk."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here (needs root or CAP_SYS_ADMIN): "
+                    f"{done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -18,8 +18,6 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-import pytest
-
 from stratamq.config import StoreConfig
 from stratamq.message import Message
 from stratamq.store.cleanup import is_time_to_delete, statvfs_used_ratio
@@ -375,23 +373,6 @@ def test_sigkill_in_the_middle_of_a_pass_leaves_a_store_that_reopens(small_confi
 
 
 # -- a real, small, full file system ------------------------------------------------------------
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """An 8 MiB tmpfs, mounted for the test and unmounted after."""
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here (needs root or CAP_SYS_ADMIN): "
-                    f"{done.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_puts_are_refused_past_the_warning_ratio_on_a_full_disk_until_clean_up(

@@ -3,6 +3,7 @@ roll-over, restart, crash (a real SIGKILL) and damaged files, and the CLI lookup
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -31,6 +32,8 @@ from stratamq.store.index_file import (
     key_hashes,
     topic_key_hash,
 )
+from stratamq.store.index_geometry import infer_geometry
+from stratamq.store.index_service import UNCONFIRMED_SUFFIX
 from stratamq.store.layout import StoreLayout
 from stratamq.store.message_store import MessageStore
 
@@ -576,3 +579,81 @@ def test_cli_errors_are_clear(reference_store, tmp_path):
         assert proc.returncode != 0, args
         assert message in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+
+
+# -- files of another geometry ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("written, configured", [
+    ((997, 3_001), (SLOTS, ENTRIES)),  # a broker with other settings wrote them
+    ((SLOTS, ENTRIES), (211, 503)),  # the reader is configured smaller
+])
+def test_index_files_of_another_geometry_are_served_never_deleted(tmp_path, written, configured):
+    cfg = index_config(tmp_path, max_hash_slot_num=written[0], max_index_num=written[1])
+    n = 600
+    with MessageStore(cfg) as s:
+        assert s.put_messages([keyed("Geo", q, f"k-{q} all", q % 2) for q in range(n)]).ok
+        s.wait_dispatched()
+    before = {p.name: p.stat().st_size for p in index_files(cfg.root)}
+    assert before and all(size == file_size(*written) for size in before.values())
+    other = dataclasses.replace(cfg, max_hash_slot_num=configured[0],
+                                max_index_num=configured[1])
+    for read_only in (True, False):
+        with MessageStore(other, read_only=read_only) as s:
+            assert s.index.dropped == []
+            for q in (0, 1, n // 2, n - 1):
+                [m] = s.query_messages("Geo", f"k-{q}")
+                assert m.body == b"body-%d" % q
+                assert s.look_message_by_msg_id(uniq_id(q)).body == b"body-%d" % q
+        assert {p.name: p.stat().st_size for p in index_files(cfg.root)} == before
+    # Writing on: the newest file (of the old geometry) fills, later files get the new one,
+    # and after a restart every generation answers.
+    with MessageStore(other) as s:
+        assert s.put_messages([keyed("Geo", q, f"k-{q}", q % 2) for q in range(n, 2 * n)]).ok
+        s.wait_dispatched()
+    with MessageStore(other, read_only=True) as s:
+        assert s.index.dropped == []
+        for q in (0, n - 1, n, 2 * n - 1):
+            assert [m.body for m in s.query_messages("Geo", f"k-{q}")] == [b"body-%d" % q]
+    sizes = {p.stat().st_size for p in index_files(cfg.root)}
+    assert file_size(*written) in sizes
+    assert sizes <= {file_size(*written), file_size(*configured)}
+
+
+def test_geometry_is_read_from_the_file(tmp_path):
+    for slots, entries in ((7, 50), (1009, 4099), (5, 5000)):
+        path = tmp_path / f"{slots}-{entries}"
+        f = IndexFile(path, slots, entries, create=True)
+        for i in range(min(entries - 1, 300)):
+            f.put_keys([key_hash(f"t#k{i}")], 1000 + i * 10, 1_700_000_000_000 + i)
+        f.flush()
+        f.close()
+        assert infer_geometry(path) == (slots, entries)
+    # An empty file of a size no preferred geometry has: nothing says which one it is.
+    empty = tmp_path / "empty"
+    IndexFile(empty, 31, 77, create=True).close()
+    assert infer_geometry(empty) is None
+    assert infer_geometry(empty, [(31, 77)]) == (31, 77)
+
+
+def test_a_file_whose_geometry_cannot_be_confirmed_is_set_aside_not_deleted(tmp_path):
+    cfg = index_config(tmp_path)
+    with MessageStore(cfg) as s:
+        assert s.put_messages([keyed("Odd", q, f"k-{q}") for q in range(50)]).ok
+        s.wait_dispatched()
+    [path] = index_files(cfg.root)
+    with path.open("ab") as fh:
+        fh.write(b"\xff" * 7)  # a size no geometry has
+    with MessageStore(cfg) as s:
+        assert [m.body for m in s.query_messages("Odd", "k-7")] == [b"body-7"]  # re-indexed
+    assert (path.parent / (path.name + UNCONFIRMED_SUFFIX)).exists()
+
+
+def test_rocketmq_default_index_read_with_other_settings(reference_store):
+    cfg = StoreConfig(store_path_root_dir=str(reference_store), max_hash_slot_num=1000,
+                      max_index_num=4000)
+    with MessageStore(cfg, read_only=True) as s:
+        assert s.index.dropped == []
+        for i in SAMPLE:
+            [got] = s.query_messages(f"BenchTopic{i % 4}", f"key-{i}")
+            check_reference_message(got, i)

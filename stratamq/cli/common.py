@@ -7,13 +7,14 @@ import base64
 import json
 import struct
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import click
 
 from stratamq import message as codec
-from stratamq.config import StoreConfig
+from stratamq.config import StoreConfig, load_broker_conf
 from stratamq.message import RecordCorrupt, StoredMessage
 from stratamq.store.consume_queue_store import (
     ROCKSDB_CQ_DIR,
@@ -38,24 +39,62 @@ def warn(text: str) -> None:
 
 
 _STORE_TYPE_KEY = "stratamq.store_type"
+_CONFIG_KEY = "stratamq.config"
 
 
-def _remember_store_type(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
-    if value is not None:
-        ctx.meta[_STORE_TYPE_KEY] = value
+def _remember(key: str) -> Callable[[click.Context, click.Parameter, str | None], None]:
+    def callback(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+        if value is not None:
+            ctx.meta[key] = value
+
+    return callback
 
 
-def store_type_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``--store-type default|defaultRocksDB`` for a ``stratamq store ...`` command.
-
-    One line per command: the value goes to the click context and ``open_store`` picks it up,
-    so the command's own signature does not change. Without it a store opens with the type
-    recorded in its directory."""
+def config_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--config broker.conf`` for an offline command: the store is opened with the settings
+    the broker runs with (segment and index sizes, store type, ...), not the defaults, which
+    could make a repair treat files of the configured size as damaged."""
     return click.option(
+        "--config", "config_file", type=click.Path(dir_okay=False), default=None,
+        expose_value=False, callback=_remember(_CONFIG_KEY), is_eager=True,
+        help="broker.conf the broker runs with (its store settings are used).",
+    )(command)
+
+
+def store_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--store-type default|defaultRocksDB`` and ``--config broker.conf`` for a ``stratamq
+    store ...`` command.
+
+    One line per command: the values go to the click context and ``open_store`` picks them up,
+    so the command's own signature does not change. Without --store-type a store opens with the
+    type recorded in its directory."""
+    command = click.option(
         "--store-type", type=click.Choice(list(STORE_TYPES)), default=None, expose_value=False,
-        callback=_remember_store_type, is_eager=True,
+        callback=_remember(_STORE_TYPE_KEY), is_eager=True,
         help="ConsumeQueue store to use (default: the type recorded in the store directory).",
     )(command)
+    return config_option(command)
+
+
+def store_config(store_dir: str | Path, store_type: str | None = None) -> StoreConfig:
+    """The StoreConfig an offline command opens ``store_dir`` with: ``--config``'s store
+    settings (else the defaults), rooted at ``store_dir``."""
+    ctx = click.get_current_context(silent=True)
+    path = ctx.meta.get(_CONFIG_KEY) if ctx is not None else None
+    config = StoreConfig()
+    if path is not None:
+        try:
+            config, _broker, unknown = load_broker_conf(path)
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(f"cannot read config {path}: {exc}") from None
+        if unknown:
+            raise click.ClickException(
+                f"unknown settings in {path}: {', '.join(unknown)} (stratamq config show "
+                "lists every key)")
+    config = replace(config, store_path_root_dir=str(store_dir))
+    if store_type is not None:
+        config = replace(config, store_type=store_type)
+    return config
 
 
 def open_store(store_dir: str, *, read_only: bool, store_type: str | None = None) -> MessageStore:
@@ -67,8 +106,7 @@ def open_store(store_dir: str, *, read_only: bool, store_type: str | None = None
         store_type = ctx.meta.get(_STORE_TYPE_KEY) if ctx is not None else None
     if read_only:
         _refuse_missing_rocksdb(root, store_type)
-    config = StoreConfig(store_path_root_dir=str(root),
-                         store_type=store_type or STORE_TYPE_FILES)
+    config = store_config(root, store_type)
     try:
         return MessageStore(config, read_only=read_only,
                             force_store_type=store_type is not None).open()

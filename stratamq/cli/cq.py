@@ -17,7 +17,7 @@ import click
 
 from stratamq.cli.app import main
 from stratamq.cli.bench import bench
-from stratamq.cli.common import emit, open_store
+from stratamq.cli.common import config_option, emit, open_store
 from stratamq.cli.store import store
 from stratamq.store.consume_queue_store import (
     ROCKSDB_CQ_DIR,
@@ -39,6 +39,7 @@ TARGETS = {"rocksdb": STORE_TYPE_ROCKSDB, "files": STORE_TYPE_FILES}
               help="The ConsumeQueue store to build: rocksdb (defaultRocksDB) or files.")
 @click.option("--store-type", type=click.Choice(list(STORE_TYPES)), default=None,
               help="The store type to migrate from (default: the recorded one).")
+@config_option
 def migrate_cq(store_dir: str, to: str, store_type: str | None) -> None:
     """Build the other ConsumeQueue store from the CommitLog, verify, record the new type."""
     from rich.console import Console

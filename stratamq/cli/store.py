@@ -20,7 +20,7 @@ from stratamq.cli.common import (
     message_json,
     open_store,
     read_only_warnings,
-    store_type_option,
+    store_options,
     warn,
 )
 from stratamq.store.consume_queue_store import ROCKSDB_CQ_DIR, STORE_TYPE_ROCKSDB, STORE_TYPES
@@ -37,7 +37,7 @@ def store() -> None:
 
 @store.command("dump")
 @click.option("--store", "store_dir", required=True, help="Store root directory.")
-@store_type_option
+@store_options
 @click.option("--topic", default=None, help="Only this topic.")
 @click.option("--queue-id", type=int, default=None, help="Only this queue id.")
 def store_dump(store_dir: str, topic: str | None, queue_id: int | None) -> None:
@@ -94,7 +94,7 @@ def _has_queues(root: Path, store_type: str) -> bool:
 
 @store.command("verify")
 @click.option("--store", "store_dir", required=True, help="Store root directory.")
-@store_type_option
+@store_options
 def store_verify(store_dir: str) -> None:
     """Recover if needed, repair what the CommitLog can rebuild (ConsumeQueue units, index
     entries), check every record and ConsumeQueue unit; exit 1 on a problem or lost data."""
@@ -124,7 +124,7 @@ def store_verify(store_dir: str) -> None:
 @click.option("--store", "store_dir", required=True, help="Store root directory.")
 @click.option("--full", is_flag=True, default=False,
               help="Check the whole CommitLog, not just what an open would replay.")
-@store_type_option
+@store_options
 def store_stat(store_dir: str, full: bool) -> None:
     """Print topics, queues, min/max offsets and bytes as JSON. Read-only.
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import click
 
-from stratamq.cli.common import emit, open_store, store_type_option
+from stratamq.cli.common import emit, open_store, store_options
 from stratamq.cli.store import store
 
 
 @store.command("clean")
 @click.option("--store", "store_dir", required=True, help="Store root directory.")
-@store_type_option
+@store_options
 @click.option("--force", is_flag=True,
               help="Also delete the oldest CommitLog files that have not expired "
                    "(at most deleteFileBatchMax; never the newest).")

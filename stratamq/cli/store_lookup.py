@@ -12,7 +12,7 @@ import struct
 
 import click
 
-from stratamq.cli.common import emit, message_json, open_store, store_type_option, warn
+from stratamq.cli.common import emit, message_json, open_store, store_options, warn
 from stratamq.cli.store import store
 from stratamq.message import parse_offset_msg_id
 from stratamq.store.message_store import MessageStore
@@ -78,7 +78,7 @@ def _corrupt_hits(s: MessageStore, topics: list[str], key: str, begin: int, end:
 
 @store.command("query")
 @click.option("--store", "store_dir", required=True, help="Store root directory.")
-@store_type_option
+@store_options
 @click.option("--topic", default=None, help="Topic the key belongs to (needed with --key).")
 @click.option("--key", default=None, help="A message key (a word of KEYS) or unique id.")
 @click.option("--msg-id", default=None, help="A unique client id or an offset message id.")
@@ -139,7 +139,7 @@ def store_query(store_dir: str, topic: str | None, key: str | None, msg_id: str 
 
 @store.command("offset-by-time")
 @click.option("--store", "store_dir", required=True, help="Store root directory.")
-@store_type_option
+@store_options
 @click.option("--topic", required=True, help="Topic.")
 @click.option("--queue-id", type=int, required=True, help="Queue id.")
 @click.option("--timestamp", type=int, required=True, help="Store time, ms since the epoch.")

@@ -31,12 +31,17 @@ from stratamq.store.index_file import (
     IndexFile,
     IndexFileError,
     file_name_for,
+    file_size,
     is_index_file_name,
     key_hashes,
     topic_key_hash,
 )
+from stratamq.store.index_geometry import infer_geometry
 
 log = logging.getLogger(__name__)
+
+# Appended to an index file whose geometry could not be confirmed: kept, no longer loaded.
+UNCONFIRMED_SUFFIX = ".unconfirmed-geometry"
 
 # Records queued before their keys are hashed and written regardless of the round's end: big
 # enough that numpy hashing pays off, small enough to bound memory during a long replay.
@@ -74,6 +79,7 @@ class IndexService:
         # Where re-indexing from the CommitLog must start after load (None: nothing to redo).
         self.replay_from: int | None = None
         self.dropped: list[tuple[str, str]] = []  # (file name, why) untrusted on load
+        self.set_aside: list[str] = []  # files of an unconfirmed geometry, renamed (kept)
         self.failed_keys = 0  # keys not indexed because writing failed (disk full...)
         self.error: BaseException | None = None
         # Records dispatched but not yet written (topic, UNIQ_KEY, KEYS, offset, store time).
@@ -97,12 +103,23 @@ class IndexService:
                        if p.is_file() and is_index_file_name(p.name))
         kept: list[IndexFile] = []
         untrusted_from: int | None = None
+        configured = (self.hash_slot_num, self.index_num)
         for i, path in enumerate(paths):
+            unconfirmed = False
             try:
-                f = IndexFile(path, self.hash_slot_num, self.index_num, read_only=self.read_only)
+                geometry = configured
+                if path.stat().st_size != file_size(*configured):
+                    # Written with other settings (or by a stock RocketMQ): as valid as any.
+                    found = infer_geometry(path, (configured,))
+                    if found is None:
+                        raise IndexFileError(f"{path}: its size fits no geometry its entries "
+                                             "confirm")
+                    geometry = found
+                f: IndexFile | None = IndexFile(path, *geometry, read_only=self.read_only)
             except (OSError, ValueError) as exc:
                 why = str(exc)
                 f = None
+                unconfirmed = isinstance(exc, IndexFileError) and "geometry" in why
             else:
                 why = f.damage()
                 # A read-only reader (e.g. `store query` beside a running broker, whose `abort`
@@ -112,7 +129,7 @@ class IndexService:
                         and f.end_timestamp > checkpoint_index_timestamp):
                     why = (f"ends at {f.end_timestamp}, after the checkpoint's index time "
                            f"{checkpoint_index_timestamp}")
-            if why is None:
+            if why is None and f is not None:
                 kept.append(f)
                 continue
             self.dropped.append((path.name, why))
@@ -129,6 +146,11 @@ class IndexService:
                     self.replay_from = f.begin_phy_offset
             if f is not None:
                 f.destroy()
+            elif unconfirmed:
+                # Never delete a file only because its geometry is unknown: set it aside
+                # (no longer an index file name) and re-index what it covered.
+                path.rename(path.with_name(path.name + UNCONFIRMED_SUFFIX))
+                self.set_aside.append(path.name + UNCONFIRMED_SUFFIX)
             else:
                 path.unlink(missing_ok=True)
         if untrusted_from is not None:

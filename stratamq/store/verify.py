@@ -19,6 +19,7 @@ under ``repaired``. The read-only helpers (``scan_undispatched``, ``index_gaps``
 
 from __future__ import annotations
 
+import shutil
 import struct
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from stratamq import message as codec
 from stratamq.message import DispatchInfo, RecordCorrupt, SysFlag, tags_hash_code
 from stratamq.store.consume_queue_format import is_blank_unit
 from stratamq.store.consume_queue_store import ConsumeQueueStore
+from stratamq.store.index_file import file_size
 from stratamq.store.index_service import IndexService, record_keys
 from stratamq.store.mapped_file import MappedFile
 from stratamq.store.mapped_file_queue import MappedFileQueue
@@ -285,6 +287,13 @@ def index_gaps(store: MessageStore, index_files: list | None = None, *,
     return gaps
 
 
+REBUILD_MARGIN = 4 * 1024 * 1024  # beside the index file: the checkpoint, a ConsumeQueue page
+
+
+class NotEnoughSpace(OSError):
+    """A repair would need more disk than is free; nothing was changed."""
+
+
 def _rebuild_index(store: MessageStore, gaps: list[IndexGap]) -> tuple[IndexService, dict]:
     """Index every record from the first gap on, into files that end before it.
 
@@ -293,13 +302,23 @@ def _rebuild_index(store: MessageStore, gaps: list[IndexGap]) -> tuple[IndexServ
     index service lets go of its files first; the store's dispatcher must be stopped."""
     assert store.index is not None
     first = gaps[0].first
+    cfg = store.config
+    directory = store.index.directory
+    # Check before anything is removed: a rebuild that runs out of disk half way would leave
+    # less index than before and a full disk the broker cannot start on.
+    need = file_size(cfg.max_hash_slot_num, cfg.max_index_num) + REBUILD_MARGIN
+    free = shutil.disk_usage(store.layout.root).free  # index/ itself may be gone
+    if free < need:
+        raise NotEnoughSpace(
+            f"not enough free space to rebuild the index in {directory}: a new index file may "
+            f"take up to {need:,} bytes (maxHashSlotNum={cfg.max_hash_slot_num}, maxIndexNum="
+            f"{cfg.max_index_num}) and {free:,} bytes are free; free some space, or pass the "
+            f"broker's own settings with --config broker.conf")
     old = store.index.files()
     removed = [f.name for f in old if not (f.entries and f.end_phy_offset < first)]
-    directory = store.index.directory
     store.index.close()
     for name in removed:
         (directory / name).unlink(missing_ok=True)
-    cfg = store.config
     fresh = IndexService(directory, cfg.max_hash_slot_num, cfg.max_index_num)
     fresh.load()
     count = 0
@@ -531,7 +550,12 @@ def verify_store(store: MessageStore) -> dict[str, Any]:
             gaps = [] if store.read_only else index_gaps(store)
             if gaps:
                 missing_keys = sum(g.records for g in gaps)
-                fresh_index, rebuilt = _rebuild_index(store, gaps)
+                try:
+                    fresh_index, rebuilt = _rebuild_index(store, gaps)
+                except NotEnoughSpace as exc:
+                    problem(f"index not repaired: {exc}")
+                    gaps = []
+            if gaps:
                 index_summary["rebuilt"] = rebuilt
                 repaired.append(
                     f"{missing_keys} records with keys were in no index file (the first at "
