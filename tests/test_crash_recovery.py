@@ -410,3 +410,32 @@ def test_sigkill_with_consume_queue_behind_commitlog(tmp_path, damage):
         assert check_store(store, acks, extra) == n
     # The rebuilt units are on disk, in RocketMQ's format, matching what the writer had.
     assert units_on_disk(queue_dir)[: len(before)] == before
+
+
+def test_store_type_is_written_durably_and_a_leftover_tmp_is_never_read(tmp_path):
+    """``config/storeType`` decides how every open reads the store: it is fsynced before the
+    rename and the directory after it, and a ``.tmp`` a crash left (even an empty one) is
+    neither read nor in the way of the next write."""
+    import subprocess as sp
+
+    from stratamq.store.consume_queue_store import read_store_type, write_store_type
+
+    root = tmp_path / "store"
+    write_store_type(root, "default")
+    (root / "config" / "storeType.tmp").write_bytes(b"")  # what a crash once left behind
+    assert read_store_type(root) == "default"
+    # strace shows the syscalls: the data and the directory are both synced.
+    code = ("import sys; from pathlib import Path; "
+            "from stratamq.store.consume_queue_store import write_store_type; "
+            "write_store_type(Path(sys.argv[1]), 'defaultRocksDB')")
+    traced = sp.run(["strace", "-f", "-e", "trace=fsync,fdatasync,rename,renameat,renameat2",
+                     sys.executable, "-c", code, str(root)], capture_output=True, text=True)
+    if traced.returncode != 0 and "strace" in traced.stderr and "not found" in traced.stderr:
+        pytest.skip("strace is not installed")
+    calls = [line for line in traced.stderr.splitlines()
+             if line.split("(")[0].split()[-1] in ("fsync", "fdatasync", "rename", "renameat",
+                                                   "renameat2")]
+    kinds = [line.split("(")[0].split()[-1] for line in calls]
+    rename = next(i for i, k in enumerate(kinds) if k.startswith("rename"))
+    assert "fsync" in kinds[:rename] and "fsync" in kinds[rename + 1:], calls
+    assert read_store_type(root) == "defaultRocksDB"

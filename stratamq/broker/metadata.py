@@ -18,13 +18,13 @@ Thread-safety: every method may be called from any thread (one lock per table).
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stratamq.fileutil import atomic_write
 from stratamq.names import NAME_CHARS, TOPIC_MAX_LENGTH, is_valid_name
 
 __all__ = ["GroupConfig", "MetadataError", "MetadataStore", "TopicConfig", "MESSAGE_TYPES",
@@ -294,20 +294,7 @@ class _JsonTable:
                    self.table_key: {n: self._dump_entry(e) for n, e in
                                     sorted(self.entries.items())}}  # fmt: skip
             data = json.dumps(doc, indent=2, sort_keys=True).encode("utf-8")
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            if self.path.exists():
-                os.replace(self.path, self.path.with_name(self.path.name + ".bak"))
-            os.replace(tmp, self.path)
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            atomic_write(self.path, data, backup=True)
 
 
 class MetadataStore:

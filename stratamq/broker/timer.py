@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import shutil
 import struct
 import threading
@@ -49,6 +48,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from stratamq import message as codec
 from stratamq.broker.errors import BrokerError
+from stratamq.fileutil import atomic_write
 from stratamq.message import Message, Prop
 from stratamq.store.message_store import MessageStore
 from stratamq.store.results import GetMessageStatus, PutMessageResult
@@ -101,14 +101,7 @@ class TimerCheck(NamedTuple):
     def write(self, path: Path) -> None:
         head = _CHECK.pack(_CHECK_VERSION, self.delivered_before_ms, self.below_queue_offset, 0)
         data = head[:-4] + struct.pack(">I", zlib.crc32(head[:-4]))
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        atomic_write(path, data)
 
 
 def _now_ms() -> int:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from stratamq.fileutil import atomic_write
 from stratamq.message import DispatchInfo
 
 STORE_TYPE_FILES = "default"  # RocketMQ's storeType names
@@ -109,14 +110,11 @@ def read_store_type(root: Path) -> str | None:
 
 
 def write_store_type(root: Path, store_type: str) -> None:
-    """Record ``store_type`` atomically (write a temp file, then rename)."""
+    """Record ``store_type`` durably: after a crash the file holds the old type or the new,
+    never nothing (it decides how every later open reads the store)."""
     if store_type not in STORE_TYPES:
         raise ValueError(f"unknown store type {store_type!r}")
-    path = root / STORE_TYPE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(store_type + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(root / STORE_TYPE_FILE, (store_type + "\n").encode("utf-8"))
 
 
 def allocated_bytes(path: Path) -> int:
