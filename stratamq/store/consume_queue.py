@@ -36,8 +36,9 @@ class ConsumeQueue:
         self.topic = topic
         self.queue_id = queue_id
         # Reserve disk in small steps: a store may hold a great many queues.
+        # Evictable: a store may hold more queues than the process may open files.
         self.files = MappedFileQueue(directory, file_size, read_only=read_only,
-                                     allocate_ahead=CQ_ALLOCATE_AHEAD)
+                                     allocate_ahead=CQ_ALLOCATE_AHEAD, evictable=True)
         self.file_size = file_size
         # End (offset + size) of the newest unit's record: re-dispatching a record at or below
         # it is a no-op, which makes recovery's replay idempotent.
@@ -114,7 +115,12 @@ class ConsumeQueue:
         start = max(0, len(files) - 3)
         end = files[start].file_from_offset
         for mf in files[start:]:
-            pos = written_units(mf.buffer, mf.file_size) * UNIT_SIZE
+            if not mf.hold():
+                break
+            try:
+                pos = written_units(mf.buffer, mf.file_size) * UNIT_SIZE
+            finally:
+                mf.release()
             end = mf.file_from_offset + pos
             if pos + UNIT_SIZE <= mf.file_size:
                 break

@@ -16,10 +16,12 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from stratamq.config import OS_PAGE_SIZE
 from stratamq.store.layout import parse_segment_name
+from stratamq.store.map_budget import budget
 
 _ZERO_CHUNK = bytes(1024 * 1024)
 ALLOCATE_AHEAD = 4 * 1024 * 1024  # bytes of disk reserved past the write position
@@ -40,16 +42,29 @@ class RefCountedMap:
     """
 
     path: Path
-    _fd: int
-    _map: mmap.mmap
+    _fd: int  # -1 for an evictable file (see map_budget)
+    _map: mmap.mmap | None  # None while an evictable file is unmapped
     _error: type[OSError] = OSError  # what a failed reservation raises
+
+    @contextlib.contextmanager
+    def _descriptor(self, flags: int = os.O_RDWR) -> Iterator[int]:
+        """The file's descriptor; an evictable file keeps none, and opens one for the call."""
+        if self._fd >= 0:
+            yield self._fd
+            return
+        fd = os.open(self.path, flags)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     def _reserve(self, start: int, end: int) -> None:
         """Give ``[start, end)`` real disk blocks before writing into the map there: writing
         into a hole of a map on a full disk raises SIGBUS and kills the process, while
         ``fallocate`` turns "disk full" into an ordinary OSError (ENOSPC) a caller can report."""
         try:
-            os.posix_fallocate(self._fd, start, end - start)
+            with self._descriptor() as fd:
+                os.posix_fallocate(fd, start, end - start)
         except OSError as exc:
             raise self._error(
                 exc.errno, f"cannot reserve disk space in {self.path}: {exc.strerror}"
@@ -123,9 +138,12 @@ class RefCountedMap:
 
     def _unmap(self) -> None:
         # A view exported without a reference may still be alive; the map is freed with it.
-        with contextlib.suppress(BufferError):
-            self._map.close()
-        os.close(self._fd)
+        if self._map is not None:
+            with contextlib.suppress(BufferError):
+                self._map.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class MappedFile(RefCountedMap):
@@ -139,7 +157,7 @@ class MappedFile(RefCountedMap):
     _error = MappedFileError
 
     def __init__(self, path: Path, file_size: int, *, read_only: bool = False,
-                 allocate_ahead: int = ALLOCATE_AHEAD) -> None:
+                 allocate_ahead: int = ALLOCATE_AHEAD, evictable: bool = False) -> None:
         start = parse_segment_name(path.name)
         if start is None:
             raise MappedFileError(f"{path}: not a 20-digit segment file name")
@@ -174,6 +192,47 @@ class MappedFile(RefCountedMap):
             os.close(self._fd)
             raise
         self.buffer = memoryview(self._map)
+        self.evictable = evictable
+        if evictable:
+            # The map keeps a descriptor of its own; ours would double the cost of each file.
+            os.close(self._fd)
+            self._fd = -1
+            budget.mapped(self)
+
+    # -- eviction (see map_budget) ----------------------------------------------------------------
+
+    def hold(self) -> bool:
+        if not self.evictable:
+            return super().hold()
+        with self._lock:
+            if not self._available:
+                return False
+            if self._map is None:
+                self._remap()
+            self._refs += 1
+        budget.mapped(self)
+        return True
+
+    def _remap(self) -> None:
+        """Map an evicted file again (under ``_lock``)."""
+        fd = os.open(self.path, os.O_RDONLY if self.read_only else os.O_RDWR)
+        try:
+            access = mmap.ACCESS_READ if self.read_only else mmap.ACCESS_WRITE
+            self._map = mmap.mmap(fd, self.file_size, access=access)
+        finally:
+            os.close(fd)
+        self.buffer = memoryview(self._map)
+
+    def try_evict(self) -> bool:
+        """Unmap if nothing but the owner holds the file (no reader, no write under way)."""
+        with self._lock:
+            if self._refs != 1 or self._map is None or self._closed or not self._available:
+                return False
+            self.buffer.release()
+            with contextlib.suppress(BufferError):
+                self._map.close()
+            self._map = None
+            return True
 
     def _ensure_allocated(self, end: int) -> None:
         """Reserve disk blocks up to ``end`` (and a chunk beyond) before writing into the map;
@@ -204,7 +263,15 @@ class MappedFile(RefCountedMap):
         end = position + len(data)
         if end > self._allocated_until:
             self._ensure_allocated(end)
-        self._map[position:end] = data
+        if self.evictable:
+            if not self.hold():
+                raise MappedFileError(errno.EBADF, f"{self.path} was deleted or closed")
+            try:
+                self._map[position:end] = data  # type: ignore[index]
+            finally:
+                self.release()
+        else:
+            self._map[position:end] = data  # type: ignore[index]
         self.wrote_position = self.committed_position = end
 
     def zero_from(self, position: int) -> int:
@@ -214,6 +281,16 @@ class MappedFile(RefCountedMap):
         for live ones by a later recovery. Pages that are already zero are only read, so a
         sparse tail stays sparse.
         """
+        if not self.hold():
+            return 0
+        try:
+            return self._zero_from(position)
+        finally:
+            self.release()
+
+    def _zero_from(self, position: int) -> int:
+        m = self._map
+        assert m is not None
         changed = 0
         chunk = len(_ZERO_CHUNK)
         # Only the file's data extents can hold stale bytes: holes and fallocated-but-unwritten
@@ -223,8 +300,8 @@ class MappedFile(RefCountedMap):
             pos = start
             while pos < end:
                 n = min(chunk, end - pos)
-                if self._map[pos : pos + n] != _ZERO_CHUNK[:n]:
-                    self._map[pos : pos + n] = _ZERO_CHUNK[:n]
+                if m[pos : pos + n] != _ZERO_CHUNK[:n]:
+                    m[pos : pos + n] = _ZERO_CHUNK[:n]
                     changed += 1
                 pos += n
         return changed
@@ -234,18 +311,19 @@ class MappedFile(RefCountedMap):
         extents = []
         pos = position
         try:
-            while pos < self.file_size:
-                try:
-                    start = os.lseek(self._fd, pos, os.SEEK_DATA)
-                except OSError as exc:
-                    if exc.errno == errno.ENXIO:  # no data after pos
+            with self._descriptor(os.O_RDONLY) as fd:
+                while pos < self.file_size:
+                    try:
+                        start = os.lseek(fd, pos, os.SEEK_DATA)
+                    except OSError as exc:
+                        if exc.errno == errno.ENXIO:  # no data after pos
+                            break
+                        raise
+                    if start >= self.file_size:
                         break
-                    raise
-                if start >= self.file_size:
-                    break
-                end = min(os.lseek(self._fd, start, os.SEEK_HOLE), self.file_size)
-                extents.append((start, end))
-                pos = end
+                    end = min(os.lseek(fd, start, os.SEEK_HOLE), self.file_size)
+                    extents.append((start, end))
+                    pos = end
         except OSError:  # a file system without SEEK_DATA: treat everything as data
             return [(position, self.file_size)]
         return extents
@@ -266,6 +344,17 @@ class MappedFile(RefCountedMap):
         on Linux it writes back pages dirtied through the map the same as ``msync`` does."""
         if self.read_only or not self.is_able_to_flush(least_pages):
             return self.flushed_position
+        if self.evictable:
+            # No need to map it again: syncing the file by path writes back the pages the map
+            # (current or evicted) dirtied.
+            target = self.wrote_position
+            try:
+                with self._descriptor(os.O_RDONLY) as fd:
+                    os.fdatasync(fd)
+            except FileNotFoundError:
+                return self.flushed_position  # deleted under us: nothing left to keep
+            self.flushed_position = max(self.flushed_position, target)
+            return self.flushed_position
         if not self.hold():
             return self.flushed_position
         try:
@@ -283,7 +372,10 @@ class MappedFile(RefCountedMap):
         return self.buffer[position : position + size]
 
     def _unmap(self) -> None:
-        self.buffer.release()
+        if self._map is not None:
+            self.buffer.release()
+        if self.evictable:
+            budget.unmapped(self)
         super()._unmap()
 
     def __repr__(self) -> str:

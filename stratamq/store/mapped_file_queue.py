@@ -101,9 +101,11 @@ class MappedFileQueue:
         allocator: AllocateMappedFileService | None = None,
         read_only: bool = False,
         allocate_ahead: int = ALLOCATE_AHEAD,
+        evictable: bool = False,
     ) -> None:
         self.directory = directory
         self.allocate_ahead = allocate_ahead
+        self.evictable = evictable  # files may be unmapped while idle (see map_budget)
         self.mapped_file_size = mapped_file_size
         self.allocator = allocator
         self.read_only = read_only
@@ -150,7 +152,7 @@ class MappedFileQueue:
                 if start % self.mapped_file_size:
                     raise MappedFileError(f"{path}: start offset not a multiple of the file size")
                 mf = MappedFile(path, self.mapped_file_size, read_only=self.read_only,
-                                allocate_ahead=self.allocate_ahead)
+                                allocate_ahead=self.allocate_ahead, evictable=self.evictable)
                 mf.set_positions(self.mapped_file_size)  # recovery sets the real end
                 files.append(mf)
         except BaseException:
@@ -212,7 +214,8 @@ class MappedFileQueue:
             mf = self.allocator.request(path, next_path, self.mapped_file_size)
         else:
             self.directory.mkdir(parents=True, exist_ok=True)
-            mf = MappedFile(path, self.mapped_file_size, allocate_ahead=self.allocate_ahead)
+            mf = MappedFile(path, self.mapped_file_size, allocate_ahead=self.allocate_ahead,
+                            evictable=self.evictable)
         with self._files_lock:
             self._files = [*self._files, mf]
         return mf
