@@ -391,7 +391,8 @@ class BrokerConfig:
         check=_name,
     )  # fmt: skip
     listen_host: str = _setting(
-        "listenHost", "0.0.0.0", "host", "address the gRPC server binds (StrataMQ's own key)",
+        "listenHost", "127.0.0.1", "host",
+        "address the gRPC server binds (StrataMQ's own key); 0.0.0.0 for every interface",
         check=_name,
     )  # fmt: skip
     auto_create_topic_enable: bool = _setting(
@@ -450,8 +451,19 @@ class BrokerConfig:
     )
     acl_enable: bool = _setting("aclEnable", False, "bool", "verify clients' signatures")
     tls_enable: bool = _setting("tlsEnable", False, "bool", "serve gRPC over TLS only")
+    metrics_exporter_type: str = _setting(
+        "metricsExporterType", "DISABLE", "DISABLE|PROM",
+        "PROM serves Prometheus /metrics on metricsPromExporterHost:metricsPromExporterPort",
+        check=_one_of("DISABLE", "PROM"),
+    )  # fmt: skip
+    metrics_host: str = _setting(
+        "metricsPromExporterHost", "127.0.0.1", "host",
+        "address /metrics binds (loopback unless set; 0.0.0.0 for every interface)",
+        check=_name,
+    )  # fmt: skip
     metrics_port: int = _setting(
-        "metricsPrometheusPort", 0, "port", "Prometheus /metrics port; 0: no metrics server",
+        "metricsPromExporterPort", 5557, "port",
+        "Prometheus /metrics port (0: any free port); alias metricsPrometheusPort",
         minimum=0, maximum=65535,
     )  # fmt: skip
     # -- DELAY messages, ACL, TLS, metrics (issue 5, second half) --------------------------------
@@ -467,8 +479,9 @@ class BrokerConfig:
     )  # fmt: skip
     acl_file: str = _setting(
         "aclFile", "", "path",
-        "JSON accounts file (plain_acl.yml's fields: accessKey, secretKey, admin, "
-        "defaultTopicPerm, defaultGroupPerm, topicPerms, groupPerms); see stratamq/broker/acl.py",
+        "accounts file: RocketMQ's plain_acl.yml (.yml/.yaml) or the same fields as JSON "
+        "(accessKey, secretKey, admin, defaultTopicPerm, defaultGroupPerm, topicPerms, "
+        "groupPerms); see stratamq/broker/acl.py",
     )  # fmt: skip
     acl_access_key: str = _setting(
         "aclAccessKey", "", "text", "an admin account's access key, besides those in aclFile"
@@ -513,38 +526,10 @@ def _from_props(cls: type, props: dict[str, str], **overrides: Any) -> Any:
     return cls(**{**values, **overrides})
 
 
-def load_broker_conf(
-    path: str | Path | None = None, text: str | None = None
-) -> tuple[StoreConfig, BrokerConfig, list[str]]:
-    """Read a ``broker.conf`` (Java properties ``key=value``; ``#``/``!`` comments) and split its
-    keys between StoreConfig and BrokerConfig; returns the unknown keys instead of dropping them
-    (the caller reports them). Bad values raise ValueError (InvalidSetting for a value out of its
-    range) naming the key, the value and what is allowed."""
-    if text is None:
-        text = Path(path).read_text(encoding="utf-8") if path is not None else ""
-    store_keys = {f.metadata["key"] for f in dataclasses.fields(StoreConfig)}
-    broker_keys = {f.metadata["key"] for f in dataclasses.fields(BrokerConfig)}
-    store_props: dict[str, str] = {}
-    broker_props: dict[str, str] = {}
-    unknown: list[str] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line[0] in "#!":
-            continue
-        sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-        if sep <= 0:
-            raise ValueError(f"line {lineno}: expected key=value, got {raw!r}")
-        key, value = line[:sep].strip(), line[sep + 1 :].strip()
-        if key in store_keys:
-            store_props[key] = value
-        elif key in broker_keys:
-            broker_props[key] = value
-        else:
-            unknown.append(key)
-    return (StoreConfig.from_properties(store_props), _from_props(BrokerConfig, broker_props),
-            unknown)
-
-
 def broker_settings_table() -> list[dict[str, str]]:
     """BrokerConfig's keys with default, unit and range (StoreConfig's are in settings_table)."""
     return _settings_table(BrokerConfig)
+
+
+# The broker.conf reader lives in its own module (it needs the classes above).
+from stratamq.config_file import load_broker_conf  # noqa: E402

@@ -108,4 +108,5 @@ def test_demo_continues_where_the_last_run_stopped(tmp_path):
     second = cli("demo", "--messages", "40", cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert "queues now hold 80 in total" in second.stdout
-    assert (tmp_path / "data" / "commitlog" / ("0" * 20)).exists()
+    assert (tmp_path / "demo-data" / "commitlog" / ("0" * 20)).exists()
+    assert not (tmp_path / "data").exists()  # the broker's default store is left alone

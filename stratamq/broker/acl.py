@@ -16,9 +16,9 @@ captured header cannot be replayed for long. The Python client formats *local* t
 ``Z`` suffix (``datetime.now()``), the Java client UTC; a stamp is accepted if it is within the
 window read either way.
 
-Permissions follow RocketMQ 4's ``plain_acl.yml`` model (written as JSON here: no YAML parser
-is a dependency): per account ``admin``, ``defaultTopicPerm``, ``defaultGroupPerm`` and lists
-``topicPerms`` / ``groupPerms`` of ``name=PERM`` with PERM one of DENY, PUB, SUB, PUB|SUB
+Permissions follow RocketMQ 4's ``plain_acl.yml`` model (``aclFile`` is that YAML file, or
+the same fields as JSON): per account ``admin``, ``defaultTopicPerm``, ``defaultGroupPerm``
+and lists ``topicPerms`` / ``groupPerms`` of ``name=PERM`` with PERM one of DENY, PUB, SUB, PUB|SUB
 (ANY). Publishing needs PUB on the topic; receiving needs SUB on the topic *and* on the
 group; admin operations (topic/group create, update, delete) need ``admin``. An admin account
 may do everything. Missing defaults are DENY.
@@ -31,11 +31,13 @@ from __future__ import annotations
 import calendar
 import hmac
 import json
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntFlag, StrEnum
 from pathlib import Path
+from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2
 
@@ -51,6 +53,7 @@ from stratamq.signature import DATE_FORMAT as _DATE_FORMAT
 
 __all__ = ["AclChecker", "Account", "Action", "Perm", "Resource", "ResourceKind", "sign"]
 
+log = logging.getLogger(__name__)
 UNAUTHORIZED = definition_pb2.Code.UNAUTHORIZED
 _NO_SECRET = "\0 no account has this secret \0"  # signs for unknown keys; matches nothing
 FORBIDDEN = definition_pb2.Code.FORBIDDEN
@@ -169,10 +172,7 @@ class AclChecker:
         accounts: list[Account] = []
         if acl_file:
             path = Path(acl_file)
-            try:
-                doc = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as exc:
-                raise ValueError(f"aclFile {path}: {exc}") from None
+            doc = _read_acl_file(path)
             raw_accounts = doc.get("accounts") if isinstance(doc, dict) else None
             if not isinstance(raw_accounts, list):
                 raise ValueError(f"aclFile {path}: expected {{\"accounts\": [...]}}")
@@ -290,6 +290,37 @@ class AclChecker:
         else:
             self.permit(account, res, Action.ADMIN)
         return account
+
+
+def _read_acl_file(path: Path) -> Any:
+    """``aclFile`` as a document: RocketMQ's ``plain_acl.yml`` (YAML) or the same fields as
+    JSON. RocketMQ's IP white lists (``globalWhiteRemoteAddresses``, ``whiteRemoteAddress``)
+    let matching addresses in without a signature; StrataMQ signs every request, so they are
+    ignored, which only ever refuses more."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"aclFile {path}: {exc}") from None
+    if path.suffix.lower() in (".yml", ".yaml"):
+        import yaml
+
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"aclFile {path}: not valid YAML: {exc}") from None
+    else:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"aclFile {path}: {exc}") from None
+    if isinstance(doc, dict):
+        listed = [k for k in ("globalWhiteRemoteAddresses",) if doc.get(k)] + [
+            "whiteRemoteAddress" for a in doc.get("accounts") or []
+            if isinstance(a, dict) and a.get("whiteRemoteAddress")][:1]
+        if listed:
+            log.warning("aclFile %s: %s ignored (every request must be signed)", path,
+                        " and ".join(listed))
+    return doc
 
 
 def _parse_authorization(value: str) -> dict[str, str]:

@@ -772,7 +772,7 @@ class Broker:
                                            max_delay_ms=cfg.timer_max_delay_sec * 1000,
                                            flush_interval_ms=cfg.timer_flush_interval_ms)
             self.timer.start()
-        if cfg.metrics_port and isinstance(self.metrics, NullMetrics):
+        if cfg.metrics_exporter_type == "PROM" and isinstance(self.metrics, NullMetrics):
             from stratamq.broker.metrics import BrokerMetrics
 
             def consumer_lag() -> Iterator[tuple[str, str, int]]:
@@ -781,8 +781,8 @@ class Broker:
                         yield group.name, row["topic"], row["lag"]
 
             self.metrics = BrokerMetrics(self.store, lag_provider=consumer_lag, timer=self.timer)
-            port = self.metrics.serve(self.listen_host, cfg.metrics_port)
-            log.info("Prometheus metrics on %s:%d/metrics", self.listen_host, port)
+            port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
+            log.info("Prometheus metrics on %s:%d/metrics", cfg.metrics_host, port)
 
     def _tls_credentials(self) -> grpc.ServerCredentials | None:
         """TLS from ``tls.server.*`` when ``tlsEnable``; TlsConfigError says what is wrong."""

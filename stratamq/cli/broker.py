@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
@@ -13,8 +14,16 @@ from pathlib import Path
 import click
 
 from stratamq.cli.app import main, os_error_text
+from stratamq.cli.common import read_conf, warn
 
 MAX_PORT = 65535
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _check_listen(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
@@ -62,24 +71,17 @@ def broker() -> None:
 @click.option("--store", "store_dir", default=None,
               help="Store root (overrides storePathRootDir; default ./data).")
 @click.option("--listen", default=None, callback=_check_listen,
-              help="HOST:PORT to serve gRPC on (default 0.0.0.0:<listenPort>, 10911; "
+              help="HOST:PORT to serve gRPC on (default 127.0.0.1:<listenPort>, 10911; "
+                   "0.0.0.0:PORT for every interface; "
                    "port 0 picks a free port).")
 def broker_start(config_file: str | None, store_dir: str | None, listen: str | None) -> None:
     """Serve until SIGINT/SIGTERM, then stop accepting, finish in-flight requests, flush,
     write the checkpoint and remove ``abort``. Prints the endpoint once serving."""
     from stratamq.broker.server import Broker, BrokerStopError
-    from stratamq.config import load_broker_conf
     from stratamq.store.message_store import StoreLocked
 
-    try:
-        store_cfg, broker_cfg, unknown = load_broker_conf(config_file)
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(f"cannot read config {config_file}: {exc}") from None
-    if unknown:
-        # Reported, never silently ignored: a typo must not leave a setting at its default.
-        raise click.ClickException(
-            f"unknown settings in {config_file}: {', '.join(unknown)} "
-            "(see stratamq/config.py for every key)")
+    conf = read_conf(config_file)
+    store_cfg, broker_cfg = conf.store, conf.broker
     if store_dir is not None:
         store_cfg = replace(store_cfg, store_path_root_dir=store_dir)
     root = Path(store_cfg.store_path_root_dir)
@@ -105,6 +107,9 @@ def broker_start(config_file: str | None, store_dir: str | None, listen: str | N
             f"cannot open store {root}: {os_error_text(exc, root)}") from None
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+    if not _is_loopback(b.listen_host) and not broker_cfg.acl_enable:
+        warn(f"listening on {b.listen_host}, reachable from other machines, with ACL off: "
+             "anyone who can reach it may read, write and delete topics (aclEnable=true)")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

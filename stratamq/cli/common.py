@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 import click
 
 from stratamq import message as codec
-from stratamq.config import StoreConfig, load_broker_conf
+from stratamq.config import StoreConfig
+from stratamq.config_file import BrokerConf, read_broker_conf
 from stratamq.message import RecordCorrupt, StoredMessage
 from stratamq.store.consume_queue_store import (
     ROCKSDB_CQ_DIR,
@@ -76,21 +77,32 @@ def store_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return config_option(command)
 
 
+def read_conf(path: str | None) -> BrokerConf:
+    """A ``broker.conf`` for a command: keys RocketMQ has and StrataMQ does not use are named
+    once on stderr, values with a ``#`` in them warned about, and any other unknown key stops
+    the command (a typo must not leave a setting at its default)."""
+    try:
+        conf = read_broker_conf(path)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot read config {path}: {exc}") from None
+    if conf.unknown:
+        raise click.ClickException(
+            f"unknown settings in {path}: {conf.unknown_text()} (stratamq config show lists "
+            "every key)")
+    if conf.ignored:
+        warn(f"{path}: RocketMQ settings StrataMQ does not use, ignored: "
+             f"{', '.join(conf.ignored)}")
+    for text in conf.warnings:
+        warn(f"{path}: {text}")
+    return conf
+
+
 def store_config(store_dir: str | Path, store_type: str | None = None) -> StoreConfig:
     """The StoreConfig an offline command opens ``store_dir`` with: ``--config``'s store
     settings (else the defaults), rooted at ``store_dir``."""
     ctx = click.get_current_context(silent=True)
     path = ctx.meta.get(_CONFIG_KEY) if ctx is not None else None
-    config = StoreConfig()
-    if path is not None:
-        try:
-            config, _broker, unknown = load_broker_conf(path)
-        except (OSError, ValueError) as exc:
-            raise click.ClickException(f"cannot read config {path}: {exc}") from None
-        if unknown:
-            raise click.ClickException(
-                f"unknown settings in {path}: {', '.join(unknown)} (stratamq config show "
-                "lists every key)")
+    config = read_conf(path).store if path is not None else StoreConfig()
     config = replace(config, store_path_root_dir=str(store_dir))
     if store_type is not None:
         config = replace(config, store_type=store_type)

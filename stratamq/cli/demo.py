@@ -14,8 +14,10 @@ from stratamq.store.message_store import MessageStore, StoreLocked
 
 
 @main.command()
-@click.option("--store", "store_dir", default="./data", show_default=True)
-@click.option("--messages", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--store", "store_dir", default="./demo-data", show_default=True,
+              help="Store directory for the demo (its own: not the broker's ./data).")
+@click.option("--messages", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="How many messages to write and read back.")
 def demo(store_dir: str, messages: int) -> None:
     """Write messages through an embedded store, read them back and say what happened."""
     prepare_store_dir(store_dir)

@@ -14,6 +14,7 @@ import fcntl
 import logging
 import os
 import struct
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -351,6 +352,10 @@ class MessageStore:
                 problem = self._topic_problem(m.topic)
                 if problem is not None:
                     return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, error=problem)
+        now = 0
+        for m in messages:
+            if not m.born_timestamp:  # none given: "now", not 1970 (RocketMQ's producer sets it)
+                m.born_timestamp = now or (now := int(time.time() * 1000))
         result = self.commitlog.append(messages)
         if result.messages and isinstance(self._flusher, GroupCommitService):
             wants_wait = any(
