@@ -9,9 +9,12 @@ port with JSON request and response bodies (UTF-8 objects). Errors are gRPC stat
 Methods (request -> response):
 
 * ``CreateTopic {"topic", "queues", "type"}`` -> ``{"topic": TOPIC}``
-* ``UpdateTopic {"topic", "queues"?, "type"?}`` -> ``{"topic": TOPIC}``
-* ``DeleteTopic {"topic"}`` -> ``{"deleted": name}`` (metadata and consumer state; the data
-  stays in the CommitLog until retention removes it)
+* ``UpdateTopic {"topic", "queues"?, "read_queues"?, "write_queues"?, "type"?, "force"?}``
+  -> ``{"topic": TOPIC}``; ``queues`` sets both counts. Fewer read queues than before is
+  refused (INVALID_ARGUMENT) while the queues dropped hold unconsumed messages, unless
+  ``force``
+* ``DeleteTopic {"topic"}`` -> ``{"deleted": name}``: metadata, consumer state and messages
+  (its ConsumeQueues go; its records, in the CommitLog until retention, are never served again)
 * ``ListTopics {}`` -> ``{"topics": [TOPIC]}``
 * ``CreateGroup {"group", "retry_max_times"?, "orderly"?, "retry_backoff_ms"?}`` /
   ``UpdateGroup`` (same fields) -> ``{"group": GROUP}``; ``DeleteGroup {"group"}``
@@ -100,12 +103,44 @@ class AdminService:
         return {"topic": self.topic_json(t)}
 
     def UpdateTopic(self, req: dict[str, Any]) -> dict[str, Any]:
-        t = self.b.meta.update_topic(_field(req, "topic", str), _field(req, "queues", int, False),
-                                     _field(req, "type", str, False))
+        force = bool(req.get("force", False))
+
+        def no_hidden_messages(old: TopicConfig, new: TopicConfig) -> None:
+            if force or new.read_queue_nums >= old.read_queue_nums:
+                return
+            hidden = self._unconsumed(old.name, range(new.read_queue_nums, old.read_queue_nums))
+            if hidden:
+                raise MetadataError(
+                    "invalid", f"reading {old.name!r} from {new.read_queue_nums} queues instead "
+                    f"of {old.read_queue_nums} would hide {hidden} unconsumed messages in "
+                    f"queues {new.read_queue_nums}..{old.read_queue_nums - 1}; shrink the "
+                    "write queues first and let consumers drain them, or force it")
+
+        t = self.b.meta.update_topic(
+            _field(req, "topic", str), _field(req, "queues", int, False),
+            _field(req, "type", str, False), read_queues=_field(req, "read_queues", int, False),
+            write_queues=_field(req, "write_queues", int, False), check=no_hidden_messages)
         return {"topic": self.topic_json(t)}
+
+    def _unconsumed(self, topic: str, queues: range) -> int:
+        """Messages in ``queues`` some consumer group has not consumed (every message, when no
+        group has consumed the topic yet)."""
+        store = self.b.store
+        groups = [g for (g, t) in self.b.state.groups_of() if t == topic]
+        total = 0
+        for q in queues:
+            high, low = store.get_max_offset_in_queue(topic, q), \
+                store.get_min_offset_in_queue(topic, q)
+            done = [c for g in groups if (c := self.b.state.committed(g, topic, q)) is not None]
+            total += max(0, high - (min(done) if done and len(done) == len(groups) else low))
+        return total
 
     def DeleteTopic(self, req: dict[str, Any]) -> dict[str, Any]:
         name = _field(req, "topic", str)
+        self.b.meta.existing_topic(name)
+        # The messages go with the topic (RocketMQ's deleteTopics): a topic created later
+        # under the name starts empty.
+        self.b.store.delete_topic(name)
         self.b.meta.delete_topic(name)
         self.b.state.drop_topic(name)
         return {"deleted": name}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,21 +340,40 @@ class MetadataStore:
             return cfg
 
     def update_topic(self, name: str, queues: int | None = None,
-                     message_type: str | None = None, perm: int | None = None) -> TopicConfig:
+                     message_type: str | None = None, perm: int | None = None, *,
+                     read_queues: int | None = None, write_queues: int | None = None,
+                     check: Callable[[TopicConfig, TopicConfig], None] | None = None
+                     ) -> TopicConfig:
+        """Change a topic; ``queues`` sets both queue counts (``mqadmin updateTopic -r/-w``
+        set them apart). ``check(old, new)`` may refuse the change (raise) before it is saved."""
         with self._topics.lock:
-            new = TopicConfig(**vars(self._topics.existing(name, "topic")))
+            old = self._topics.existing(name, "topic")
+            new = TopicConfig(**vars(old))
             if queues is not None:
-                _check_queues(queues)
-                new.read_queue_nums = new.write_queue_nums = queues
+                read_queues = queues if read_queues is None else read_queues
+                write_queues = queues if write_queues is None else write_queues
+            if read_queues is not None:
+                _check_queues(read_queues)
+                new.read_queue_nums = read_queues
+            if write_queues is not None:
+                _check_queues(write_queues)
+                new.write_queue_nums = write_queues
             if message_type is not None:
                 new.message_type = _checked_message_type(message_type)
             if perm is not None:
                 if not 0 <= perm <= PERM_ALL:
                     raise MetadataError("invalid", f"perm must be 0..{PERM_ALL}, not {perm}")
                 new.perm = perm
+            if check is not None:
+                check(old, new)
             self._topics.entries[name] = new
             self._topics.save()
             return new
+
+    def existing_topic(self, name: str) -> TopicConfig:
+        """The topic ``name``; MetadataError("not_found") if there is none."""
+        topic: TopicConfig = self._topics.existing(name, "topic")
+        return topic
 
     def delete_topic(self, name: str) -> None:
         self._topics.remove(name, "topic")

@@ -84,12 +84,21 @@ def topic_create(endpoint: Connection, name: str, queues: int, mtype: str) -> No
 
 @topic.command("update")
 @endpoint_option
-@click.option("--topic", "name", required=True)
-@click.option("--queues", type=int, default=None)
-@click.option("--type", "mtype", type=TYPES, default=None)
-def topic_update(endpoint: Connection, name: str, queues: int | None, mtype: str | None) -> None:
-    """Change a topic's queue count or message type."""
-    emit(_call(endpoint, "UpdateTopic", topic=name, queues=queues,
+@click.option("--topic", "name", required=True, help="The topic to change.")
+@click.option("--queues", type=int, default=None, help="Read and write queue count.")
+@click.option("-r", "--read-queues", type=int, default=None,
+              help="Queues consumers read (mqadmin updateTopic -r).")
+@click.option("-w", "--write-queues", type=int, default=None,
+              help="Queues producers write (mqadmin updateTopic -w).")
+@click.option("--type", "mtype", type=TYPES, default=None, help="Message type.")
+@click.option("--force", is_flag=True, default=False,
+              help="Shrink read queues even though they hold unconsumed messages.")
+def topic_update(endpoint: Connection, name: str, queues: int | None, read_queues: int | None,
+                 write_queues: int | None, mtype: str | None, force: bool) -> None:
+    """Change a topic's queue counts or message type. To remove queues without losing
+    messages: shrink the write queues, let consumers drain, then the read queues."""
+    emit(_call(endpoint, "UpdateTopic", topic=name, queues=queues, read_queues=read_queues,
+               write_queues=write_queues, force=force,
                type=mtype.upper() if mtype else None)["topic"])
 
 
@@ -97,7 +106,8 @@ def topic_update(endpoint: Connection, name: str, queues: int | None, mtype: str
 @endpoint_option
 @click.option("--topic", "name", required=True)
 def topic_delete(endpoint: Connection, name: str) -> None:
-    """Delete a topic's metadata and consumer state (data goes with retention)."""
+    """Delete a topic with its messages and consumer state (a topic created again under the
+    name starts empty)."""
     emit(_call(endpoint, "DeleteTopic", topic=name))
 
 

@@ -244,6 +244,17 @@ class CommitLog:
     def max_offset(self) -> int:
         return self.files.max_offset()
 
+    def restart_topic(self, topic: str, at_cutoff: Callable[[int], None]) -> int:
+        """Start ``topic``'s queue offsets again from 0 (the topic was deleted); return the
+        CommitLog offset where its new generation starts. ``at_cutoff(offset)`` runs under the
+        append lock: nothing of the new generation is appended before it returns."""
+        with self._lock:
+            cutoff = self.files.max_offset()
+            for key in [k for k in self.queue_offsets if k[0] == topic]:
+                del self.queue_offsets[key]
+            at_cutoff(cutoff)
+        return cutoff
+
     def select(self, physical_offset: int, size: int) -> tuple[MappedFile, memoryview] | None:
         """A held segment and a zero-copy view of ``size`` bytes at ``physical_offset``.
 

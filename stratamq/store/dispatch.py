@@ -19,6 +19,7 @@ from typing import Protocol
 
 from stratamq import message as codec
 from stratamq.message import DispatchInfo
+from stratamq.store.deleted_topics import DeletedTopics
 from stratamq.store.mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,36 @@ class ReputService:
         self.skipped = 0  # records no ConsumeQueue could take (RECORD_ERRNOS); logged each
         # (topic bytes, queue id) -> replay floor, only while a skip_covered replay runs.
         self._floors: dict[tuple[bytes, int], int] | None = None
+        # Records of deleted topics below their deletion offset are passed over (see
+        # deleted_topics.py); topic deletions wait here for dispatch to reach their offset.
+        self.deleted: DeletedTopics | None = None
+        self._deletions: list[tuple[int, str, threading.Event]] = []
+        self._deletions_lock = threading.Lock()
+
+    def delete_topic_at(self, cutoff: int, topic: str) -> threading.Event:
+        """Destroy ``topic``'s ConsumeQueues once dispatch reaches ``cutoff`` (on the
+        dispatcher thread, before any later record of the topic is dispatched into them); the
+        event is set when done. Call with the CommitLog's append lock held, so no record of
+        the topic's next generation can be dispatched before this is registered."""
+        done = threading.Event()
+        with self._deletions_lock:
+            self._deletions.append((cutoff, topic, done))
+            self._deletions.sort(key=lambda d: d[0])
+        self._wake.set()
+        return done
+
+    def _run_deletions(self, reached: int) -> None:
+        with self._deletions_lock:
+            due = [d for d in self._deletions if d[0] <= reached]
+            self._deletions = [d for d in self._deletions if d[0] > reached]
+        for _cutoff, topic, done in due:
+            self._commit_round()  # what this round gave the queues goes before they go
+            for dispatcher in self.dispatchers:
+                destroy = getattr(dispatcher, "destroy_topic", None)
+                if destroy is not None:
+                    destroy(topic)
+            log.info("topic %s deleted: its ConsumeQueues are gone", topic)
+            done.set()
 
     def wakeup(self) -> None:
         # Called on every append: only pay for the Event when the thread is actually waiting.
@@ -98,6 +129,8 @@ class ReputService:
                 and all(hasattr(d, "replay_floor") for d in self.dispatchers)):
             self._floors = {}
         try:
+            if self._deletions:
+                self._run_deletions(self.reput_from)
             while self.reput_from < limit:
                 before = self.reput_from
                 n = self._dispatch_some(limit)
@@ -143,7 +176,10 @@ class ReputService:
             recent = self.recent
             base = mf.file_from_offset
             floors = self._floors
+            deleted = self.deleted.cutoffs if self.deleted is not None else None
             while pos + 8 <= end:
+                if self._deletions and self._deletions[0][0] <= base + pos:
+                    self._run_deletions(base + pos)
                 if floors is not None:
                     pos, last = codec.skip_covered(buf, pos, end, base, floors, self._floor_of)
                     if last >= 0:
@@ -174,13 +210,16 @@ class ReputService:
                             )
                         break  # the rest of the record is not written yet
                     info = codec.decode_dispatch_info(buf, pos)
-                for dispatcher in dispatchers:
-                    try:
-                        dispatcher.dispatch(info)
-                    except OSError as exc:
-                        self._dispatch_failed(info, exc)
-                for listener in listeners:
-                    listener(info)
+                if deleted and info.physical_offset < deleted.get(info.topic, -1):
+                    pass  # a deleted topic's old record: never served again
+                else:
+                    for dispatcher in dispatchers:
+                        try:
+                            dispatcher.dispatch(info)
+                        except OSError as exc:
+                            self._dispatch_failed(info, exc)
+                    for listener in listeners:
+                        listener(info)
                 self.last_store_timestamp = info.store_timestamp
                 pos += size
                 count += 1

@@ -65,3 +65,7 @@ class StoreLayout:
     @property
     def lock(self) -> Path:
         return self.root / "lock"
+
+    @property
+    def deleted_topics(self) -> Path:
+        return self.root / "config" / "deletedTopics.json"

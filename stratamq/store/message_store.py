@@ -14,6 +14,7 @@ import fcntl
 import logging
 import os
 import struct
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +34,7 @@ from stratamq.store.consume_queue_store import (
     resolve_store_type,
     write_store_type,
 )
+from stratamq.store.deleted_topics import DeletedTopics
 from stratamq.store.dispatch import Dispatcher, ReputService
 from stratamq.store.filter import TagFilter
 from stratamq.store.flush import AsyncFlushService, ConsumeQueueFlushService, GroupCommitService
@@ -161,6 +163,9 @@ class MessageStore:
             self._dispatchers.append(self.index)
         self.reput = ReputService(files, self._dispatchers, self._dispatch_from(report),
                                   cfg.dispatch_interval, recent=self.commitlog.recent_dispatch)
+        self.deleted_topics = DeletedTopics(self.layout.deleted_topics, read_only=self.read_only)
+        self.deleted_topics.prune(self.commitlog.min_offset)
+        self.reput.deleted = self.deleted_topics
         if not self.read_only:
             self._reindex()
             # Skips, undecoded, records every dispatcher has: most of them after a crash.
@@ -368,6 +373,25 @@ class MessageStore:
                 result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
         return result
 
+    def delete_topic(self, topic: str, timeout: float = 30.0) -> None:
+        """Delete ``topic``'s messages as RocketMQ's ``deleteTopics`` does: its ConsumeQueues
+        go, and its records, which stay in the CommitLog until retention, are never served for
+        it again (a topic created later under the name starts empty, at queue offset 0, even
+        after a crash and a replay). Returns once the ConsumeQueues are gone."""
+        if not self._opened or self.read_only:
+            raise RuntimeError("store is not open for writing")
+
+        def note(cutoff: int) -> None:
+            self.deleted_topics.add(topic, cutoff)
+            pending.append(self.reput.delete_topic_at(cutoff, topic))
+
+        pending: list[threading.Event] = []
+        self.commitlog.restart_topic(topic, note)
+        self.deleted_topics.save()  # durable before the queues go
+        if not pending[0].wait(timeout):
+            raise TimeoutError(f"dispatch did not reach the deletion of topic {topic!r} in "
+                               f"{timeout} s (dispatch error: {self.reput.error})")
+
     def _topic_problem(self, topic: object) -> str | None:
         """``topic_name_problem`` against this store's file system; remembers valid topics."""
         if self._max_topic_bytes is None:
@@ -518,7 +542,8 @@ class MessageStore:
                 continue
             seen.add(phys)
             msg = self._read_record(phys)
-            if msg is None or msg.topic != topic or not begin_ms <= msg.store_timestamp <= end:
+            if (msg is None or msg.topic != topic or not begin_ms <= msg.store_timestamp <= end
+                    or self.deleted_topics.covers(topic, phys)):
                 continue
             props = msg.properties
             if props.get(Prop.UNIQ_KEY) != key and (
