@@ -209,7 +209,11 @@ def test_receipt_handles_the_broker_did_not_issue_are_refused(broker, stub):
     topic = create_topic(broker, "Handles", 2)
     for i in range(4):
         stub.SendMessage(svc.SendMessageRequest(messages=[_msg(topic, b"m%d" % i)]))
-    got = _receive(stub, topic)
+    got: list[pb.Message] = []
+    for _ in range(20):  # a receive answers with what one pass over the queues found
+        got += _receive(stub, topic)
+        if len(got) >= 4:
+            break
     assert len(got) == 4
     real = got[0].system_properties.receipt_handle
     fields = real.split("_")

@@ -117,7 +117,7 @@ def test_signed_write_and_read_over_tls(spark, broker):
 
 @pytest.mark.parametrize(("keys", "says"), [
     (None, "requires signed requests"),
-    ((ROOT[0], "not-the-root-secret"), "signature mismatch"),
+    ((ROOT[0], "not-the-root-secret"), "do not match an account"),
 ])
 def test_unsigned_or_wrongly_signed_read_fails_at_load(spark, broker, keys, says):
     text = error_text(lambda: load(spark, options(broker, keys)))

@@ -22,6 +22,15 @@ Methods (request -> response):
 * ``GroupProgress {"group"}`` -> ``{"group", "lag", "inflight", "queues": [{"topic",
   "queue_id", "max_offset", "consumer_offset", "inflight", "lag"}]}``
 * ``BrokerInfo {}`` -> ``{"broker_name", "cluster", "endpoint", "store"}``
+* ``TopicRoute {"topic"}`` -> ``{"topic", "type", "broker_name", "broker_id", "endpoint",
+  "queues": [{"queue_id", "perm"}]}`` (perm READ_WRITE | READ | WRITE | NONE)
+* ``TopicStatus {"topic"}`` -> ``{"topic", "messages", "queues": [{"queue_id", "min_offset",
+  "max_offset", "last_store_time"}]}`` (last_store_time in ms, null for an empty queue)
+* ``ResetOffset {"group", "topic", "timestamp"}`` -> ``{"group", "topic", "timestamp",
+  "dropped_inflight", "queues": [{"queue_id", "offset"}]}``: RocketMQ's resetOffsetByTime
+* ``BrokerStatus {}`` -> ``{"version", "broker_name", "cluster", "role", "endpoint", "store",
+  "uptime_s", "disk": {"total", "used", "free", "used_ratio"}, "commitlog": {"min_offset",
+  "max_offset"}, "dispatch_behind_bytes", "connections", "topics", "groups"}``
 
 TOPIC is ``{"topic", "queues", "read_queues", "write_queues", "perm", "type", "messages"}``;
 GROUP is ``{"group", "retry_max_times", "max_delivery_attempts", "orderly",
@@ -32,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -181,6 +191,73 @@ class AdminService:
                 "inflight": sum(r["inflight"] for r in rows), "queues": rows,
                 "clients": self.b.live_clients(name)}
 
+    def TopicRoute(self, req: dict[str, Any]) -> dict[str, Any]:
+        t = self.b.meta.existing_topic(_field(req, "topic", str))
+        perms = {(True, True): "READ_WRITE", (True, False): "READ", (False, True): "WRITE"}
+        return {"topic": t.name, "type": t.message_type, "broker_name": self.b.config.broker_name,
+                "broker_id": 0, "endpoint": self.b.endpoint, "queues": [
+                    {"queue_id": q, "perm": perms.get((q < t.read_queue_nums and bool(t.perm & 4),
+                                                       q < t.write_queue_nums
+                                                       and bool(t.perm & 2)), "NONE")}
+                    for q in range(t.queue_count)]}
+
+    def TopicStatus(self, req: dict[str, Any]) -> dict[str, Any]:
+        t = self.b.meta.existing_topic(_field(req, "topic", str))
+        store = self.b.store
+        queues = []
+        for q in range(t.queue_count):
+            low, high = store.get_min_offset_in_queue(t.name, q), \
+                store.get_max_offset_in_queue(t.name, q)
+            last = None
+            if high > low:
+                with store.get_messages("stratamq-admin", t.name, q, high - 1,
+                                        max_count=1) as got:
+                    last = next((m.store_timestamp for m in got.messages()), None)
+            queues.append({"queue_id": q, "min_offset": low, "max_offset": high,
+                           "last_store_time": last})
+        return {"topic": t.name, "messages": sum(x["max_offset"] - x["min_offset"]
+                                                  for x in queues), "queues": queues}
+
+    def ResetOffset(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The group's position in each queue of the topic moves to the first message stored
+        at or after ``timestamp`` (ms): RocketMQ's resetOffsetByTime. Messages in flight are
+        dropped from its pop state; the next receive starts there."""
+        group = _field(req, "group", str)
+        if self.b.meta.group(group) is None:
+            raise MetadataError("not_found", f"group {group!r} does not exist")
+        t = self.b.meta.existing_topic(_field(req, "topic", str))
+        timestamp = _field(req, "timestamp", int)
+        store, state = self.b.store, self.b.state
+        offsets = {q: store.get_offset_in_queue_by_time(t.name, q, timestamp)
+                   for q in range(t.queue_count)}
+        inflight = list(state.entries(group, t.name))
+        state.apply(group, t.name, cursors=offsets, delete=inflight)
+        for q, offset in offsets.items():
+            state.set_offset(group, t.name, q, offset)
+        self.b.notifier.notify(t.name)
+        return {"group": group, "topic": t.name, "timestamp": timestamp,
+                "dropped_inflight": len(inflight),
+                "queues": [{"queue_id": q, "offset": o} for q, o in offsets.items()]}
+
+    def BrokerStatus(self, req: dict[str, Any]) -> dict[str, Any]:
+        import shutil
+
+        from stratamq import __version__
+
+        root = self.b.store_config.root
+        disk = shutil.disk_usage(root)
+        return {"version": __version__, "broker_name": self.b.config.broker_name,
+                "cluster": self.b.config.broker_cluster_name, "role": "ASYNC_MASTER",
+                "endpoint": self.b.endpoint, "store": str(root),
+                "uptime_s": round(time.monotonic() - self.b.started_at, 1),
+                "disk": {"total": disk.total, "used": disk.used, "free": disk.free,
+                         "used_ratio": round(disk.used / disk.total, 4) if disk.total else None},
+                "commitlog": {"min_offset": self.b.store.min_physical_offset,
+                              "max_offset": self.b.store.max_physical_offset},
+                "dispatch_behind_bytes": self.b.store.reput.behind_bytes(),
+                "connections": len(self.b.clients), "topics": len(self.b.meta.topics()),
+                "groups": len(self.b.meta.groups())}
+
     def BrokerInfo(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"broker_name": self.b.config.broker_name,
                 "cluster": self.b.config.broker_cluster_name, "endpoint": self.b.endpoint,
@@ -190,7 +267,8 @@ class AdminService:
 _ACTIONS = {"CreateTopic": "Create", "UpdateTopic": "Update", "DeleteTopic": "Delete",
             "ListTopics": "List", "CreateGroup": "Create", "UpdateGroup": "Update",
             "DeleteGroup": "Delete", "ListGroups": "List", "GroupProgress": "Get",
-            "BrokerInfo": "Get"}  # fmt: skip
+            "BrokerInfo": "Get", "TopicRoute": "Get", "TopicStatus": "Get",
+            "ResetOffset": "Update", "BrokerStatus": "Get"}  # fmt: skip
 
 
 def admin_handler(broker: Broker) -> grpc.GenericRpcHandler:

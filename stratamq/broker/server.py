@@ -741,6 +741,7 @@ class Broker:
         self.server: grpc.Server | None = None
         self.store: MessageStore
         self.advertised: tuple[str, int] = (self.listen_host, self.listen_port)
+        self.started_at = time.monotonic()
 
     @property
     def endpoint(self) -> str:

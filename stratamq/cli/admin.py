@@ -13,7 +13,8 @@ from collections.abc import Callable
 import click
 
 from stratamq.cli.app import main
-from stratamq.cli.common import emit
+from stratamq.cli.broker import broker
+from stratamq.cli.common import TIME, emit, emit_rows, output_option
 
 TYPES = click.Choice(["NORMAL", "FIFO", "DELAY", "TRANSACTION"], case_sensitive=False)
 
@@ -74,9 +75,11 @@ def topic() -> None:
 
 @topic.command("create")
 @endpoint_option
-@click.option("--topic", "name", required=True)
-@click.option("--queues", type=int, default=8, show_default=True)
-@click.option("--type", "mtype", type=TYPES, default="NORMAL", show_default=True)
+@click.option("--topic", "name", required=True, help="Name of the new topic.")
+@click.option("--queues", type=int, default=8, show_default=True,
+              help="Read and write queues (1..1024).")
+@click.option("--type", "mtype", type=TYPES, default="NORMAL", show_default=True,
+              help="The only message type the topic accepts.")
 def topic_create(endpoint: Connection, name: str, queues: int, mtype: str) -> None:
     """Create a topic; fails if it exists."""
     emit(_call(endpoint, "CreateTopic", topic=name, queues=queues, type=mtype.upper())["topic"])
@@ -104,7 +107,7 @@ def topic_update(endpoint: Connection, name: str, queues: int | None, read_queue
 
 @topic.command("delete")
 @endpoint_option
-@click.option("--topic", "name", required=True)
+@click.option("--topic", "name", required=True, help="The topic to delete.")
 def topic_delete(endpoint: Connection, name: str) -> None:
     """Delete a topic with its messages and consumer state (a topic created again under the
     name starts empty)."""
@@ -126,12 +129,13 @@ def group() -> None:
 
 @group.command("create")
 @endpoint_option
-@click.option("--group", "name", required=True)
+@click.option("--group", "name", required=True, help="Name of the new consumer group.")
 @click.option("--retry-max-times", type=int, default=None,
               help="Deliveries after the first before %DLQ% (default retryMaxTimes, 16).")
 @click.option("--orderly/--no-orderly", default=False, help="Consume in FIFO order.")
 def group_create(endpoint: Connection, name: str, retry_max_times: int | None,
                  orderly: bool) -> None:
+    """Create a consumer group; fails if it exists."""
     emit(_call(endpoint, "CreateGroup", group=name, retry_max_times=retry_max_times,
                orderly=orderly)["group"])
 
@@ -146,7 +150,83 @@ def group_list(endpoint: Connection) -> None:
 
 @group.command("progress")
 @endpoint_option
-@click.option("--group", "name", required=True)
+@click.option("--group", "name", required=True, help="The consumer group.")
 def group_progress(endpoint: Connection, name: str) -> None:
     """Per-queue max offset, consumed offset, in-flight count and lag, as one JSON object."""
     emit(_call(endpoint, "GroupProgress", group=name))
+
+
+@group.command("update")
+@endpoint_option
+@click.option("--group", "name", required=True, help="The consumer group to change.")
+@click.option("--retry-max-times", type=int, default=None,
+              help="Deliveries after the first before %DLQ%.")
+@click.option("--orderly/--no-orderly", default=None, help="Consume in FIFO order, or not.")
+def group_update(endpoint: Connection, name: str, retry_max_times: int | None,
+                 orderly: bool | None) -> None:
+    """Change a consumer group's retry policy or ordering."""
+    emit(_call(endpoint, "UpdateGroup", group=name, retry_max_times=retry_max_times,
+               orderly=orderly)["group"])
+
+
+@group.command("delete")
+@endpoint_option
+@click.option("--group", "name", required=True, help="The consumer group to delete.")
+def group_delete(endpoint: Connection, name: str) -> None:
+    """Delete a consumer group."""
+    emit(_call(endpoint, "DeleteGroup", group=name))
+
+
+@group.command("reset-offset")
+@endpoint_option
+@click.option("--group", "name", required=True, help="The consumer group.")
+@click.option("--topic", required=True, help="The topic whose offsets move.")
+@click.option("--timestamp", type=TIME, required=True,
+              help="Move to the first message stored at or after this time (epoch ms or ISO "
+                   "8601); 0 is the earliest retained message.")
+@output_option
+def group_reset_offset(endpoint: Connection, name: str, topic: str, timestamp: int,
+                       output: str) -> None:
+    """Move the group's position in every queue of the topic to a point in time, as
+    mqadmin resetOffsetByTime and kafka-consumer-groups --reset-offsets --to-datetime do.
+    Messages in flight to the group are dropped from its state."""
+    reply = _call(endpoint, "ResetOffset", group=name, topic=topic, timestamp=timestamp)
+    if output == "json":
+        emit(reply)
+    else:
+        emit_rows(reply["queues"], output)
+
+
+@topic.command("route")
+@endpoint_option
+@click.option("--topic", "name", required=True, help="The topic.")
+@output_option
+def topic_route(endpoint: Connection, name: str, output: str) -> None:
+    """The topic's route as clients get it: broker, endpoint, each queue's permission."""
+    reply = _call(endpoint, "TopicRoute", topic=name)
+    if output == "json":
+        emit(reply)
+    else:
+        emit_rows([{"queue_id": q["queue_id"], "perm": q["perm"], "broker": reply["broker_name"],
+                    "endpoint": reply["endpoint"]} for q in reply["queues"]], output)
+
+
+@topic.command("status")
+@endpoint_option
+@click.option("--topic", "name", required=True, help="The topic.")
+@output_option
+def topic_status(endpoint: Connection, name: str, output: str) -> None:
+    """Per queue: min and max offset and the last store time (mqadmin topicStatus)."""
+    reply = _call(endpoint, "TopicStatus", topic=name)
+    if output == "json":
+        emit(reply)
+    else:
+        emit_rows(reply["queues"], output)
+
+
+@broker.command("status")
+@endpoint_option
+@output_option
+def broker_status(endpoint: Connection, output: str) -> None:
+    """Version, role, uptime, disk, dispatch lag and connections of a running broker."""
+    emit_rows([_call(endpoint, "BrokerStatus")], output)

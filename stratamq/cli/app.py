@@ -90,8 +90,26 @@ class _GuardedStdout:
         return OutputClosed(exc, fd) if exc.errno == errno.EPIPE else OutputFailed(exc, fd)
 
 
+def _verbose(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        logging.getLogger().setLevel(logging.INFO)
+
+
 class StrataGroup(click.Group):
-    """The root group: runs every command with stdout guarded (see the module docstring)."""
+    """The root group: runs every command with stdout guarded (see the module docstring).
+
+    Its subgroups are StrataGroups too, and every command added gets ``-v`` / ``--verbose``,
+    so it works where a user types it: before the subcommand or after it."""
+
+    group_class = type  # click: subgroups made with @group.group() are of this class
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        if not isinstance(cmd, click.Group) and not any(
+                "-v" in getattr(p, "opts", ()) for p in cmd.params):
+            cmd.params.append(click.Option(["-v", "--verbose"], is_flag=True,
+                                           expose_value=False, callback=_verbose,
+                                           help="Log what StrataMQ does to stderr."))
+        super().add_command(cmd, name)
 
     def main(self, args: Any = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
@@ -150,6 +168,7 @@ def prepare_store_dir(store_dir: str, *, fresh: bool = False) -> Path:
 
 @click.group(cls=StrataGroup)
 @click.option("-v", "--verbose", is_flag=True, help="Log what StrataMQ does to stderr.")
+@click.version_option(package_name="stratamq", prog_name="stratamq")
 def main(verbose: bool) -> None:
     """StrataMQ: a RocketMQ-compatible message store and broker."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,

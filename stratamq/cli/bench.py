@@ -15,10 +15,14 @@ def bench() -> None:
 
 
 @bench.command("store")
-@click.option("--messages", type=click.IntRange(min=1), required=True)
-@click.option("--body-size", type=click.IntRange(min=0), required=True)
-@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--flush", type=click.Choice(["async", "sync"]), default="async", show_default=True)
+@click.option("--messages", type=click.IntRange(min=1), required=True,
+              help="How many messages to put.")
+@click.option("--body-size", type=click.IntRange(min=0), required=True,
+              help="Bytes of each message body.")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Messages per put call.")
+@click.option("--flush", type=click.Choice(["async", "sync"]), default="async", show_default=True,
+              help="ASYNC_FLUSH or SYNC_FLUSH (group commit).")
 @click.option("--store", "store_dir", default=None,
               help="Directory for the bench store (must be empty; default: a temp dir).")
 def bench_store(messages: int, body_size: int, batch: int, flush: str,

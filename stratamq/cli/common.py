@@ -251,3 +251,51 @@ def read_only_warnings(store: MessageStore, store_dir: str,
         out.append(f"{scan.corrupt[0]}" + (f" (and {more} more damaged places)" if more else "")
                    + f"; run `{verify}` for the details")
     return out
+
+
+class TimeParam(click.ParamType):
+    """A point in time: epoch milliseconds, or ISO 8601 (``2026-11-23T10:00:00Z``,
+    ``2026-11-23 10:00:00+01:00``; without an offset, local time). Becomes epoch ms."""
+
+    name = "TIME"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if text.lstrip("-").isdigit():
+            return int(text)
+        try:
+            from datetime import datetime
+
+            return int(datetime.fromisoformat(text).timestamp() * 1000)
+        except ValueError:
+            self.fail(f"{value!r} is neither epoch milliseconds nor an ISO 8601 time "
+                      "(e.g. 2026-11-23T10:00:00Z)", param, ctx)
+
+
+TIME = TimeParam()
+
+
+def output_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--output json|table``: JSON lines (the contract) or a table for people."""
+    return click.option("--output", type=click.Choice(["json", "table"]), default="json",
+                        show_default=True, help="JSON lines, or a table for people.")(command)
+
+
+def emit_rows(rows: list[dict[str, Any]], output: str) -> None:
+    """Rows as JSON lines, or as one table (nested values shown as JSON)."""
+    if output == "json":
+        for row in rows:
+            emit(row)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*(v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+                        for v in (row.get(c, "") for c in columns)))
+    Console().print(table)

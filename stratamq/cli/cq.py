@@ -85,12 +85,16 @@ def migrate_cq(store_dir: str, to: str, store_type: str | None) -> None:
 
 
 @bench.command("cq")
-@click.option("--queues", type=click.IntRange(min=1), required=True)
-@click.option("--messages-per-queue", type=click.IntRange(min=1), required=True)
-@click.option("--store-type", type=click.Choice(list(STORE_TYPES)), required=True)
+@click.option("--queues", type=click.IntRange(min=1), required=True,
+              help="How many queues to write.")
+@click.option("--messages-per-queue", type=click.IntRange(min=1), required=True,
+              help="Messages put into each queue.")
+@click.option("--store-type", type=click.Choice(list(STORE_TYPES)), required=True,
+              help="ConsumeQueue store to measure.")
 @click.option("--store", "store_dir", default=None,
               help="Directory for the bench store (must be empty; default: a temp dir).")
-@click.option("--body-size", type=click.IntRange(min=0), default=128, show_default=True)
+@click.option("--body-size", type=click.IntRange(min=0), default=128, show_default=True,
+              help="Bytes of each message body.")
 def bench_cq(queues: int, messages_per_queue: int, store_type: str, store_dir: str | None,
              body_size: int) -> None:
     """Create N queues with M messages each, reopen the store, read every queue; one JSON line

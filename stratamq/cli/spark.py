@@ -19,7 +19,7 @@ def spark() -> None:
 @click.option("--topics", default=None, help="Comma list or regex (default: every topic).")
 @click.option("--out", required=True, help="Output directory.")
 @click.option("--format", "fmt", default="parquet", show_default=True,
-              type=click.Choice(["parquet", "orc", "json"]))
+              type=click.Choice(["parquet", "orc", "json"]), help="Output file format.")
 @click.option("--checkpoint", default=None, help="Checkpoint directory [<out>/_checkpoint].")
 @click.option("--max-offsets-per-trigger", type=int, default=None,
               help="Cap messages per micro-batch.")

@@ -12,7 +12,7 @@ import struct
 
 import click
 
-from stratamq.cli.common import emit, message_json, open_store, store_options, warn
+from stratamq.cli.common import TIME, emit, message_json, open_store, store_options, warn
 from stratamq.cli.store import store
 from stratamq.message import parse_offset_msg_id
 from stratamq.store.message_store import MessageStore
@@ -82,9 +82,10 @@ def _corrupt_hits(s: MessageStore, topics: list[str], key: str, begin: int, end:
 @click.option("--topic", default=None, help="Topic the key belongs to (needed with --key).")
 @click.option("--key", default=None, help="A message key (a word of KEYS) or unique id.")
 @click.option("--msg-id", default=None, help="A unique client id or an offset message id.")
-@click.option("--begin", type=int, default=0, show_default=True,
-              help="Earliest store time, ms since the epoch.")
-@click.option("--end", type=int, default=None, help="Latest store time, ms (default: now on).")
+@click.option("--begin", type=TIME, default=0, show_default=True,
+              help="Earliest store time: epoch ms or ISO 8601.")
+@click.option("--end", type=TIME, default=None,
+              help="Latest store time: epoch ms or ISO 8601 (default: now on).")
 @click.option("--max", "max_num", type=click.IntRange(min=1), default=64, show_default=True,
               help="At most this many messages (newest first).")
 def store_query(store_dir: str, topic: str | None, key: str | None, msg_id: str | None,
@@ -142,7 +143,8 @@ def store_query(store_dir: str, topic: str | None, key: str | None, msg_id: str 
 @store_options
 @click.option("--topic", required=True, help="Topic.")
 @click.option("--queue-id", type=int, required=True, help="Queue id.")
-@click.option("--timestamp", type=int, required=True, help="Store time, ms since the epoch.")
+@click.option("--timestamp", type=TIME, required=True,
+              help="Store time: epoch ms or ISO 8601 (2026-11-23T10:00:00Z).")
 def store_offset_by_time(store_dir: str, topic: str, queue_id: int, timestamp: int) -> None:
     """Print the first queue offset whose message was stored at or after --timestamp."""
     s = open_store(store_dir, read_only=True)
