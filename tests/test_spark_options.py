@@ -257,3 +257,43 @@ def test_a_negative_queue_id_is_refused_not_spread_over_the_queues(spark, tmp_pa
     with pytest.raises(Exception, match="column 'queue_id': -3 is not a queue id"):
         write(df, root)
     assert b"bad" not in {bytes(r.body) for r in read(spark, root).collect()}
+
+
+# -- option names ---------------------------------------------------------------------------
+
+
+def _two_topics(tmp_path: Path) -> Path:
+    config = small(tmp_path / "store")
+    put(config, messages("A", 0, 40) + messages("B", 0, 10))
+    return Path(config.store_path_root_dir)
+
+
+@pytest.mark.parametrize(("options", "says"), [
+    ({"startingOffset": "earliest"}, "unknown read option 'startingoffset': did you mean "
+                                     "'startingOffsets'"),
+    ({"includeHeaders": "true"}, "option 'includeheaders' is spark-sql-kafka's"),
+    ({"kafka.bootstrap.servers": "x:9092"}, "spark-sql-kafka's"),
+    ({"topics": "A", "subscribe": "B"}, "topics and subscribe both name topics"),
+    ({"subscribe": "A.*"}, "not a comma list of topic names"),
+])
+def test_unknown_options_fail_at_load_naming_the_option(spark, tmp_path, options, says):
+    root = _two_topics(tmp_path)
+    with pytest.raises(Exception) as refused:
+        read(spark, root, **options)
+    assert says in str(refused.value)
+
+
+def test_subscribe_and_subscribe_pattern_read_as_in_spark_sql_kafka(spark, tmp_path):
+    root = _two_topics(tmp_path)
+    assert read(spark, root, subscribe="B").count() == 10
+    assert read(spark, root, subscribe="A, B").count() == 50
+    assert read(spark, root, subscribePattern="[AB]").count() == 50
+    assert read(spark, root, subscribePattern="B").count() == 10
+    assert read(spark, root).count() == 50
+
+
+def test_unknown_write_options_are_refused(spark, tmp_path):
+    df = spark.createDataFrame([(b"x",)], "body BINARY")
+    with pytest.raises(Exception, match="unknown write option 'topics': did you mean 'topic'"):
+        write(df, tmp_path / "s", topics="T")
+    assert not (tmp_path / "s").exists()

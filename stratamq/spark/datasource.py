@@ -68,7 +68,7 @@ class StrataMQDataSource(DataSource):
         return "stratamq"
 
     def schema(self):
-        options = _lower(self.options)  # checked at load(), before any task
+        options = planning.read_options(self.options)  # checked at load(), before any task
         root, catalog = None, None
         if "endpoints" in options:
             pull_group(options)
@@ -170,7 +170,7 @@ class BatchReader(DataSourceReader):
 
 
 def plan_batch(options: Mapping[str, str]) -> list[InputPartition]:
-    options = _lower(options)
+    options = planning.read_options(options)
     if "endpoints" in options:
         with _broker(options) as broker:
             return _plan_queues(options, broker, None)
@@ -259,10 +259,6 @@ def _splits(options: Mapping[str, str], root: str | None, ranges: dict[Queue, tu
     return [BrokerSplit.of(connection, s, group) for s in splits]
 
 
-def _lower(options: Mapping[str, str]) -> dict[str, str]:
-    return {k.lower(): v for k, v in options.items()}
-
-
 def _check_loss(queue: Queue, start: int, bounds: tuple[int, int], fail: bool) -> int:
     if start >= bounds[0]:
         return start
@@ -305,7 +301,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     restarted query continues where the last committed micro-batch ended."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
-        opts = _lower(options)
+        opts = planning.read_options(options)
         self.options = opts
         self.root = None if "endpoints" in opts else planning.store_root(opts)
         self.starting = planning.parse_offsets(opts, "startingOffsets", "latest")
@@ -413,7 +409,7 @@ class BatchWriter(DataSourceArrowWriter):
         if overwrite:
             raise OptionError("mode 'overwrite' is not supported: a topic is append-only "
                               "(use mode 'append')")
-        self.options = _lower(options)
+        self.options = planning.write_options(options)
         path = self.options.get("path")
         self.endpoint = None
         if "endpoints" in self.options:

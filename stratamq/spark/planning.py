@@ -14,6 +14,7 @@ Every bad option raises ``OptionError`` naming the option, before any task runs.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import math
@@ -234,6 +235,81 @@ def select_topics(options: Mapping[str, str], known: list[str], *, must_match: b
         raise UnknownTopics("topics", [], f"option 'topics': pattern {raw!r} matches no "
                             f"topic; the store has {', '.join(known) or 'no topics'}")
     return matched
+
+
+# Option names (lower case: Spark's options are case-insensitive) each side understands.
+READ_OPTIONS = frozenset({
+    "path", "topics", "subscribe", "subscribepattern", "startingoffsets", "endingoffsets",
+    "startingtimestamp", "minpartitions", "failondataloss", "maxoffsetspertrigger",
+    "endpoints", "tls", "tlscafile", "accesskey", "secretkey", "group",
+})  # fmt: skip
+WRITE_OPTIONS = frozenset({
+    "path", "topic", "endpoints", "tls", "tlscafile", "accesskey", "secretkey", "queuenums",
+    "locktimeoutms", "sendretries", "mappedfilesizecommitlog", "mappedfilesizeconsumequeue",
+    "checkpointlocation",
+})  # fmt: skip
+# spark-sql-kafka options StrataMQ does not have (yet): named, so a Kafka user is not left
+# wondering why one did nothing.
+KAFKA_ONLY = frozenset({
+    "assign", "kafka.bootstrap.servers", "includeheaders", "startingoffsetsbytimestamp",
+    "endingoffsetsbytimestamp", "endingtimestamp", "minoffsetspertrigger", "maxtriggerdelay",
+    "startingoffsetsbytimestampstrategy", "groupidprefix", "kafka.group.id",
+    "fetchoffset.numretries", "fetchoffset.retryintervalms",
+})  # fmt: skip
+_CANONICAL = {name.lower(): name for name in (
+    "topics", "startingOffsets", "endingOffsets", "startingTimestamp", "minPartitions",
+    "failOnDataLoss", "maxOffsetsPerTrigger", "endpoints", "tls", "tlsCaFile", "accessKey",
+    "secretKey", "group", "path", "topic", "queueNums", "lockTimeoutMs", "sendRetries",
+    "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "checkpointLocation", "subscribe",
+    "subscribePattern")}
+
+
+def _check_names(options: Mapping[str, str], allowed: frozenset[str], side: str) -> None:
+    for key in options:
+        if key in allowed:
+            continue
+        if key in KAFKA_ONLY or key.startswith("kafka."):
+            raise OptionError(f"option {key!r} is spark-sql-kafka's; StrataMQ {side}s do not "
+                              "support it (docs/SPARK.md lists the options)")
+        close = difflib.get_close_matches(key, sorted(allowed), n=1, cutoff=0.75)
+        hint = f": did you mean {_CANONICAL.get(close[0], close[0])!r}?" if close else ""
+        raise OptionError(f"unknown {side} option {key!r}{hint} (docs/SPARK.md lists the "
+                          "options)")
+
+
+def read_options(options: Mapping[str, str]) -> dict[str, str]:
+    """A read's options with lower-case keys, every name checked, and spark-sql-kafka's
+    ``subscribe`` (a comma list) and ``subscribePattern`` (a regex) turned into ``topics``."""
+    opts = {k.lower(): v for k, v in options.items()}
+    _check_names(opts, READ_OPTIONS, "read")
+    given = [k for k in ("topics", "subscribe", "subscribepattern") if opts.get(k)]
+    if len(given) > 1:
+        raise OptionError(f"options {' and '.join(_CANONICAL[k] for k in given)} both name "
+                          "topics: give one")
+    if opts.get("subscribe"):
+        topics = opts.pop("subscribe")
+        if not _TOPIC_LIST.fullmatch(topics.strip()):
+            raise OptionError(f"option 'subscribe': {topics!r} is not a comma list of topic "
+                              "names (use subscribePattern for a regex)")
+        opts["topics"] = topics
+    elif opts.get("subscribepattern"):
+        pattern = opts.pop("subscribepattern")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise OptionError(f"option 'subscribePattern': {pattern!r} is not a regex "
+                              f"({exc})") from None
+        # A pattern made only of name characters would read as a list: "(?:...)" keeps it a
+        # regex matching exactly that name.
+        opts["topics"] = pattern if not _TOPIC_LIST.fullmatch(pattern) else f"(?:{pattern})"
+    return opts
+
+
+def write_options(options: Mapping[str, str]) -> dict[str, str]:
+    """A write's options with lower-case keys, every name checked."""
+    opts = {k.lower(): v for k, v in options.items()}
+    _check_names(opts, WRITE_OPTIONS, "write")
+    return opts
 
 
 def check_read_options(options: Mapping[str, str],
