@@ -297,3 +297,17 @@ def test_unknown_write_options_are_refused(spark, tmp_path):
     with pytest.raises(Exception, match="unknown write option 'topics': did you mean 'topic'"):
         write(df, tmp_path / "s", topics="T")
     assert not (tmp_path / "s").exists()
+
+
+def test_a_write_to_a_store_a_broker_holds_fails_at_once(spark, tmp_path):
+    root = store_with_a(tmp_path)
+    broker = start_broker(tmp_path, store=root)
+    try:
+        df = spark.createDataFrame([(b"x", "A")], "body BINARY, topic STRING")
+        with pytest.raises(Exception, match="is locked by another process") as refused:
+            write(df, root)
+        assert "endpoints" in str(refused.value)
+    finally:
+        assert broker.stop() == 0
+    write(spark.createDataFrame([(b"x", "A")], "body BINARY, topic STRING"), root)
+    assert read(spark, root).count() == 501
