@@ -59,25 +59,44 @@ def test_metrics_after_sends_and_receives(tmp_path):
         consumer.shutdown()
 
         s = _scrape(port)
-        topic = (("topic", "Metered"),)
-        tg = (("group", "MeterGroup"), ("topic", "Metered"))
-        assert s[("stratamq_messages_in_total", topic)] == 5
-        assert s[("stratamq_bytes_in_total", topic)] == sum(map(len, bodies))
-        assert s[("stratamq_messages_out_total", tg)] == 2
-        assert s[("stratamq_bytes_out_total", tg)] == sum(len(m.body) for m in got)
-        assert s[("stratamq_acks_total", tg)] == 2
-        assert s[("stratamq_put_latency_seconds_count", ())] == 5
-        assert s[("stratamq_consumer_lag_messages", tg)] == 3
-        assert s[("stratamq_dispatch_behind_bytes", ())] >= 0
-        assert s[("stratamq_commitlog_bytes", ())] > sum(map(len, bodies))
-        assert s[("stratamq_store_disk_bytes", ())] > 0
-        assert 0 < s[("stratamq_disk_used_ratio", ())] <= 1
+        node = {"cluster": "DefaultCluster", "node_type": "broker", "node_id": "broker-a"}
+
+        def key(name: str, **labels: str) -> tuple[str, tuple]:
+            return name, tuple(sorted({**node, **labels}.items()))
+
+        produced = {"topic": "Metered", "message_type": "NORMAL", "is_system": "false"}
+        consumed = {"topic": "Metered", "consumer_group": "MeterGroup", "is_retry": "false",
+                    "is_system": "false"}
+        # RocketMQ 5's names and labels, as its dashboards query them.
+        assert s[key("rocketmq_messages_in_total", **produced)] == 5
+        assert s[key("rocketmq_throughput_in_total", **produced)] == sum(map(len, bodies))
+        assert s[key("rocketmq_message_size_count", topic="Metered",
+                     message_type="NORMAL")] == 5
+        assert s[key("rocketmq_messages_out_total", **consumed)] == 2
+        assert s[key("rocketmq_throughput_out_total", **consumed)] == sum(
+            len(m.body) for m in got)
+        assert s[key("stratamq_acks_total", topic="Metered", consumer_group="MeterGroup")] == 2
+        assert s[key("rocketmq_consumer_lag_messages", **consumed)] == 3
+        assert s[key("rocketmq_consumer_inflight_messages", **consumed)] == 0
+        assert s[key("rocketmq_consumer_ready_messages", **consumed)] == 3
+        assert s[key("stratamq_put_latency_seconds_count")] == 5
+        assert s[key("rocketmq_rpc_latency_count", protocol_type="grpc",
+                     request_code="SendMessage", response_code="OK")] == 5
+        assert s[key("rocketmq_rpc_latency_count", protocol_type="grpc",
+                     request_code="AckMessage", response_code="OK")] == 2
+        disk = {"storage_type": "local", "storage_medium": "disk"}
+        assert s[key("rocketmq_storage_dispatch_behind_bytes", **disk)] >= 0
+        assert s[key("rocketmq_storage_size", **disk)] > sum(map(len, bodies))
+        assert s[key("rocketmq_storage_message_reserve_time", **disk)] >= 0
+        assert s[key("rocketmq_topic_number")] >= 1
+        assert s[key("rocketmq_consumer_group_number")] >= 1
+        assert 0 < s[key("stratamq_disk_used_ratio")] <= 1
         # The async flusher runs every 500 ms; each pass is timed.
         deadline = time.monotonic() + 10
-        while (_scrape(port)[("stratamq_flush_latency_seconds_count", ())] == 0
+        while (_scrape(port)[key("stratamq_flush_latency_seconds_count")] == 0
                and time.monotonic() < deadline):
             time.sleep(0.2)
-        assert _scrape(port)[("stratamq_flush_latency_seconds_count", ())] > 0
+        assert _scrape(port)[key("stratamq_flush_latency_seconds_count")] > 0
     finally:
         assert broker.stop() == 0
 
@@ -91,8 +110,13 @@ def test_port_in_use_is_reported(tmp_path):
         with pytest.raises(OSError):
             second.serve("127.0.0.1", port)
         store.put_message(StoreMessage("T", b"abc"))
-        store.flush()
-        assert _scrape(port)[("stratamq_flush_latency_seconds_count", ())] >= 1
+        # The flush service's passes are timed (every 500 ms).
+        flushes = ("stratamq_flush_latency_seconds_count", (
+            ("cluster", "DefaultCluster"), ("node_id", "broker-a"), ("node_type", "broker")))
+        deadline = time.monotonic() + 10
+        while _scrape(port)[flushes] == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _scrape(port)[flushes] >= 1
     finally:
         second.close()
         first.close()

@@ -125,6 +125,7 @@ class PopEngine:
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self.closing = False
+        self.on_dlq: Callable[[str, str], None] | None = None  # (group, topic): metrics
 
     def _lock(self, group: str, topic: str) -> threading.Lock:
         key = (group, topic)
@@ -266,6 +267,8 @@ class PopEngine:
             # Keep the message in flight: losing it would be worse than retrying the move.
             raise BrokerError(Code.INTERNAL_ERROR, f"cannot write to {name}: {result.status} "
                               f"{result.error}")
+        if self.on_dlq is not None:
+            self.on_dlq(group, msg.topic)
 
     # -- ack and friends ------------------------------------------------------------------------
 

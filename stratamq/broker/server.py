@@ -62,8 +62,9 @@ Hook points for the parts other modules provide (all off by default):
   action)`` which raises ``BrokerError(UNAUTHORIZED | FORBIDDEN, ...)``. Resources are
   ``"Topic:<name>"``, ``"Group:<name>"`` or ``"Cluster"``; actions ``"Pub"``, ``"Sub"``,
   ``"Get"``, ``"Create"``, ``"Update"``, ``"Delete"``, ``"List"``.
-* ``Broker.metrics``: ``on_send(topic, count, nbytes, seconds)``, ``on_receive(group, topic,
-  count, nbytes)``, ``on_ack(group, topic, count)``; ``NullMetrics`` by default.
+* ``Broker.metrics``: ``on_send(topic, sizes, seconds, message_type)``, ``on_receive(group,
+  topic, count, nbytes)``, ``on_ack(group, topic, count)``, ``on_dlq(group, topic)``,
+  ``on_rpc(method, code, seconds)``; ``NullMetrics`` by default (``broker/metrics.py``).
 * ``Broker.timer``: ``submit(message, deliver_at_ms) -> PutMessageResult`` for DELAY sends.
 * ``Broker.server_credentials``: a ``grpc.ServerCredentials`` for TLS (plaintext if None).
 """
@@ -95,6 +96,7 @@ from stratamq.broker.metadata import (
     MetadataStore,
     TopicConfig,
 )
+from stratamq.broker.metrics import NullMetrics
 from stratamq.broker.pop_state import PopState
 from stratamq.broker.validate import (
     RECEIVE_BATCH_MAX,
@@ -115,19 +117,6 @@ Code = pb.Code
 
 __all__ = ["Broker", "BrokerStopError", "NullMetrics"]
 
-
-
-class NullMetrics:
-    """The metrics hook when no metrics service is configured: every call does nothing."""
-
-    def on_send(self, topic: str, count: int, nbytes: int, seconds: float) -> None:
-        pass
-
-    def on_receive(self, group: str, topic: str, count: int, nbytes: int) -> None:
-        pass
-
-    def on_ack(self, group: str, topic: str, count: int) -> None:
-        pass
 
 
 # PullMessage metadata asking for raw CommitLog records as bodies (see PullMessage).
@@ -157,22 +146,33 @@ def _peer_host(context: grpc.ServicerContext) -> Host:
     return Host("127.0.0.1", 0)
 
 
+def _code_name(code: int) -> str:
+    return pb.Code.Name(code) if code in pb.Code.values() else str(code)
+
+
 def _unary(response_cls: type) -> Callable:
-    """Turn BrokerError (and any bug) into a Status response instead of a failed RPC."""
+    """Turn BrokerError (and any bug) into a Status response instead of a failed RPC, and time
+    the call for ``rocketmq_rpc_latency``."""
 
     def wrap(fn: Callable) -> Callable:
+        name = fn.__name__
+
         @functools.wraps(fn)
         def handler(self: MessagingServicer, request: Any, context: grpc.ServicerContext) -> Any:
+            started = time.perf_counter()
             try:
-                return fn(self, request, context)
+                response = fn(self, request, context)
             except BrokerError as exc:
-                return response_cls(status=_status(exc.code, exc.message))
+                response = response_cls(status=_status(exc.code, exc.message))
             except MetadataError as exc:
-                return response_cls(status=_status(Code.BAD_REQUEST, str(exc)))
+                response = response_cls(status=_status(Code.BAD_REQUEST, str(exc)))
             except Exception as exc:  # a bug must cost one request, not the broker
-                log.exception("%s failed", fn.__name__)
-                return response_cls(status=_status(Code.INTERNAL_ERROR,
-                                                   f"{type(exc).__name__}: {exc}"))
+                log.exception("%s failed", name)
+                response = response_cls(status=_status(Code.INTERNAL_ERROR,
+                                                       f"{type(exc).__name__}: {exc}"))
+            self.b.metrics.on_rpc(name, _code_name(response.status.code),
+                                  time.perf_counter() - started)
+            return response
 
         return handler
 
@@ -181,17 +181,27 @@ def _unary(response_cls: type) -> Callable:
 
 def _streaming(response_cls: type) -> Callable:
     def wrap(fn: Callable) -> Callable:
+        name = fn.__name__
+
         @functools.wraps(fn)
         def handler(self: MessagingServicer, request: Any, context: grpc.ServicerContext
                     ) -> Iterator[Any]:
+            started = time.perf_counter()
+            code = Code.OK
             try:
-                yield from fn(self, request, context)
+                for response in fn(self, request, context):
+                    if response.HasField("status"):
+                        code = response.status.code
+                    yield response
             except BrokerError as exc:
+                code = exc.code
                 yield response_cls(status=_status(exc.code, exc.message))
             except Exception as exc:
-                log.exception("%s failed", fn.__name__)
+                log.exception("%s failed", name)
+                code = Code.INTERNAL_ERROR
                 yield response_cls(status=_status(Code.INTERNAL_ERROR,
                                                   f"{type(exc).__name__}: {exc}"))
+            self.b.metrics.on_rpc(name, _code_name(code), time.perf_counter() - started)
 
         return handler
 
@@ -412,17 +422,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             return svc.SendMessageResponse(status=_status(first.code, first.message),
                                            entries=entries)
         started = time.perf_counter()
-        entries, nbytes = [], 0
+        entries: list[svc.SendResultEntry] = []
+        sizes: list[int] = []
         for m, p in zip(request.messages, prepared, strict=True):
             assert not isinstance(p, BrokerError)
             try:
                 entries.append(self._store(m, *p))
-                nbytes += len(m.body)
+                sizes.append(len(m.body))
             except BrokerError as exc:
                 entries.append(svc.SendResultEntry(status=_status(exc.code, exc.message)))
-        ok_count = sum(1 for e in entries if e.status.code == Code.OK)
-        if ok_count:
-            self.b.metrics.on_send(topic_name, ok_count, nbytes, time.perf_counter() - started)
+        if sizes:
+            self.b.metrics.on_send(topic_name, sizes, time.perf_counter() - started,
+                                   topic.message_type)
         codes = {e.status.code for e in entries}
         status = entries[0].status if len(codes) == 1 else _status(Code.MULTIPLE_RESULTS,
                                                                     "MULTIPLE_RESULTS")
@@ -774,16 +785,26 @@ class Broker:
                                            flush_interval_ms=cfg.timer_flush_interval_ms)
             self.timer.start()
         if cfg.metrics_exporter_type == "PROM" and isinstance(self.metrics, NullMetrics):
-            from stratamq.broker.metrics import BrokerMetrics
+            from stratamq.broker.metrics import BrokerMetrics, BrokerView
 
-            def consumer_lag() -> Iterator[tuple[str, str, int]]:
+            def progress() -> Iterator[tuple[str, str, int, int]]:
                 for group in self.meta.groups():
                     for row in self.engine.progress(group.name):
-                        yield group.name, row["topic"], row["lag"]
+                        yield group.name, row["topic"], row["lag"], row["inflight"]
 
-            self.metrics = BrokerMetrics(self.store, lag_provider=consumer_lag, timer=self.timer)
+            def clients() -> list[tuple[str, str]]:
+                cutoff = now_ms() - 60_000  # clients heartbeat every 10 s
+                with self._clients_lock:
+                    return [(c["type"], c["group"]) for c in self.clients.values()
+                            if c["last_seen"] >= cutoff]
+
+            view = BrokerView(progress, clients,
+                              lambda: (len(self.meta.topics()), len(self.meta.groups())))
+            self.metrics = BrokerMetrics(self.store, cluster=cfg.broker_cluster_name,
+                                         node_id=cfg.broker_name, view=view, timer=self.timer)
             port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
             log.info("Prometheus metrics on %s:%d/metrics", cfg.metrics_host, port)
+        self.engine.on_dlq = self.metrics.on_dlq
 
     def _tls_credentials(self) -> grpc.ServerCredentials | None:
         """TLS from ``tls.server.*`` when ``tlsEnable``; TlsConfigError says what is wrong."""

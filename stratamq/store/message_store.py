@@ -16,7 +16,7 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stratamq.config import FlushDiskType, StoreConfig
@@ -103,6 +103,8 @@ class MessageStore:
         self.checkpoint = StoreCheckpoint()
         self._lock_fd: int | None = None
         self._opened = False
+        # Called with the seconds of each CommitLog flush pass (the broker's metrics).
+        self.flush_observers: list[Callable[[float], None]] = []
         self._allocator: AllocateMappedFileService | None = None
         self._flusher: AsyncFlushService | GroupCommitService | None = None
         self._cq_flusher: ConsumeQueueFlushService | None = None
@@ -242,11 +244,13 @@ class MessageStore:
 
     def _start_services(self, cfg: StoreConfig, files: MappedFileQueue) -> None:
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            self._flusher = GroupCommitService(files, self._note_commitlog_flushed)
+            self._flusher = GroupCommitService(files, self._note_commitlog_flushed,
+                                               self.flush_observers)
         else:
             self._flusher = AsyncFlushService(
                 files, cfg.flush_interval_commit_log, cfg.flush_commit_log_least_pages,
                 cfg.flush_commit_log_thorough_interval, self._note_commitlog_flushed,
+                self.flush_observers,
             )
         self._cq_flusher = ConsumeQueueFlushService(
             self._flush_cq_stores, cfg.flush_interval_consume_queue,
@@ -601,6 +605,14 @@ class MessageStore:
     @property
     def max_physical_offset(self) -> int:
         return self.commitlog.max_offset
+
+    @property
+    def is_open(self) -> bool:
+        return self._opened
+
+    def oldest_store_timestamp(self) -> int:
+        """Store time of the oldest record still in the CommitLog (0 if none)."""
+        return self.commitlog.store_timestamp_at(self.commitlog.min_offset) or 0
 
     def dispatch_behind_bytes(self) -> int:
         return self.reput.behind_bytes()
