@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -88,3 +89,26 @@ def test_an_index_repair_is_refused_when_the_disk_cannot_hold_it(tmp_path, tmpfs
                  "Conf", "--key", "k-123")
     bodies = [base64.b64decode(json.loads(line)["body_b64"]) for line in found.stdout.split()]
     assert bodies == [b"body-123"]
+
+
+def test_long_jobs_show_progress_on_stderr_and_keep_stdout_json(tmp_path):
+    root = tmp_path / "store"
+    _write_store(root, SMALL_INDEX, n=500)
+    env = {**os.environ, "STRATAMQ_PROGRESS_EVERY_S": "0"}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "stratamq.cli", *args, "--store",
+                               str(root)], capture_output=True, text=True, timeout=120, env=env)
+
+    verified = run("store", "verify", "--config", str(_conf(tmp_path / "b.conf", SMALL_INDEX)))
+    assert verified.returncode == 0, verified.stderr
+    assert json.loads(verified.stdout)["ok"]  # stdout: the JSON summary alone
+    assert "checking CommitLog records: " in verified.stderr
+    assert "checking ConsumeQueue units: " in verified.stderr and "queues)" in verified.stderr
+    migrated = run("store", "migrate-cq", "--to", "rocksdb")
+    assert migrated.returncode == 0, migrated.stderr
+    assert json.loads(migrated.stdout)["ok"]
+    assert "building defaultRocksDB: " in migrated.stderr
+    assert "checking defaultRocksDB against default: " in migrated.stderr
+    quiet = run("store", "verify", "--quiet")
+    assert quiet.returncode == 0 and "checking" not in quiet.stderr

@@ -18,6 +18,7 @@ import click
 from stratamq.cli.app import main
 from stratamq.cli.bench import bench
 from stratamq.cli.common import config_option, emit, open_store
+from stratamq.cli.progress import JobProgress, quiet_option
 from stratamq.cli.store import store
 from stratamq.store.consume_queue_store import (
     ROCKSDB_CQ_DIR,
@@ -40,11 +41,9 @@ TARGETS = {"rocksdb": STORE_TYPE_ROCKSDB, "files": STORE_TYPE_FILES}
 @click.option("--store-type", type=click.Choice(list(STORE_TYPES)), default=None,
               help="The store type to migrate from (default: the recorded one).")
 @config_option
-def migrate_cq(store_dir: str, to: str, store_type: str | None) -> None:
+@quiet_option
+def migrate_cq(store_dir: str, to: str, store_type: str | None, quiet: bool) -> None:
     """Build the other ConsumeQueue store from the CommitLog, verify, record the new type."""
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
-
     target_type = TARGETS[to]
     s = open_store(store_dir, read_only=False, store_type=store_type)
     try:
@@ -60,16 +59,20 @@ def migrate_cq(store_dir: str, to: str, store_type: str | None) -> None:
             files = s.commitlog.files
             start, end = s.commitlog.min_offset, s.commitlog.max_offset
             started = time.perf_counter()
-            with Progress("[progress.description]{task.description}", BarColumn(),
-                          DownloadColumn(), TimeRemainingColumn(),
-                          console=Console(stderr=True), transient=not sys.stderr.isatty()) as bar:
-                task = bar.add_task(f"building {target_type}", total=max(end - start, 1))
-                records = rebuild_from_commitlog(
-                    target, files, start, end, lambda done: bar.update(task, completed=done))
+            with JobProgress(f"building {target_type}", end - start, quiet=quiet) as bar:
+                records = rebuild_from_commitlog(target, files, start, end, bar.update)
             target.correct_min_offsets(s.commitlog.min_offset)
             target.flush(0)
             build_s = time.perf_counter() - started
-            check = compare_stores(s.consume_queues, target)
+            with JobProgress(f"checking {target_type} against {s.store_type}", 1,
+                             unit="queues", quiet=quiet) as bar:
+
+                def checked(done: int, total: int) -> None:
+                    if bar.total != total:
+                        bar.phase(bar.description, total)
+                    bar.update(done)
+
+                check = compare_stores(s.consume_queues, target, progress=checked)
         finally:
             target.close()
         if check["same"]:

@@ -23,6 +23,7 @@ from stratamq.cli.common import (
     store_options,
     warn,
 )
+from stratamq.cli.progress import JobProgress, quiet_option
 from stratamq.store.consume_queue_store import ROCKSDB_CQ_DIR, STORE_TYPE_ROCKSDB, STORE_TYPES
 from stratamq.store.mapped_file_queue import MappedFileQueue
 from stratamq.store.verify import queue_name, scan_undispatched
@@ -95,7 +96,8 @@ def _has_queues(root: Path, store_type: str) -> bool:
 @store.command("verify")
 @click.option("--store", "store_dir", required=True, help="Store root directory.")
 @store_options
-def store_verify(store_dir: str) -> None:
+@quiet_option
+def store_verify(store_dir: str, quiet: bool) -> None:
     """Recover if needed, repair what the CommitLog can rebuild (ConsumeQueue units, index
     entries), check every record and ConsumeQueue unit; exit 1 on a problem or lost data."""
     from stratamq.store.verify import verify_store
@@ -107,7 +109,14 @@ def store_verify(store_dir: str) -> None:
     has_log = MappedFileQueue.size_on_disk(root / "commitlog") is not None
     s = open_store(store_dir, read_only=False)
     try:
-        summary = verify_store(s)
+        with JobProgress("verify", 1, quiet=quiet) as bar:
+
+            def progress(phase: str, done: int, total: int) -> None:
+                if phase != bar.description:
+                    bar.phase(phase, total, "bytes" if "CommitLog" in phase else "queues")
+                bar.update(done)
+
+            summary = verify_store(s, progress)
         rebuilt = [c.store_type for c in s.cq_stores if has_log and not had[c.store_type]]
     finally:
         s.close()

@@ -215,8 +215,8 @@ def rebuild_from_commitlog(target: ConsumeQueueStore, commitlog_files, start: in
     return count
 
 
-def compare_stores(a: ConsumeQueueStore, b: ConsumeQueueStore,
-                   max_listed: int = 20) -> dict[str, object]:
+def compare_stores(a: ConsumeQueueStore, b: ConsumeQueueStore, max_listed: int = 20,
+                   progress: Callable[[int, int], None] | None = None) -> dict[str, object]:
     """Check that two stores answer the same: the same queues, every queue's min and max
     offset, and every unit between them. Returns counts and the first differences."""
     problems: list[str] = []
@@ -227,8 +227,11 @@ def compare_stores(a: ConsumeQueueStore, b: ConsumeQueueStore,
         problems.append(f"queues differ (only in {a.store_type}: {only_a}, "
                         f"only in {b.store_type}: {only_b})")
     queues = units = 0
+    total = sum(len(q) for q in ta.values())
     for topic, queue_ids in ta.items():
         for queue_id in queue_ids:
+            if progress is not None:
+                progress(queues, total)
             qa, qb = a.find(topic, queue_id), b.find(topic, queue_id)
             if qa is None or qb is None:
                 continue

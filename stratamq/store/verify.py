@@ -395,13 +395,17 @@ class _LogFacts:
 
 
 def _check_log(store: MessageStore, index_files: list | None,
-               problem: Callable[[str], None]) -> _LogFacts:
+               problem: Callable[[str], None], progress: Progress | None = None) -> _LogFacts:
     """Scan every record from the CommitLog's start with CRCs checked, past damage too."""
     facts = _LogFacts()
     files = store.commitlog.files.files
     spans = index_spans(index_files) if index_files is not None else None
     span_at = 0
+    first = store.commitlog.min_offset
     for number, mf in enumerate(files):
+        if progress is not None:
+            progress("checking CommitLog records", mf.file_from_offset - first,
+                     store.commitlog.max_offset - first)
         buf, base, limit = mf.buffer, mf.file_from_offset, mf.read_position
         last = number == len(files) - 1
         pos = 0
@@ -445,10 +449,14 @@ def _check_log(store: MessageStore, index_files: list | None,
     return facts
 
 
-def _check_units(store: MessageStore, problem: Callable[[str], None]) -> Counter[QueueKey]:
+def _check_units(store: MessageStore, problem: Callable[[str], None],
+                 progress: Progress | None = None) -> Counter[QueueKey]:
     units: Counter[QueueKey] = Counter()
     commitlog_min = store.commitlog.min_offset
-    for cq in store.consume_queues:
+    queues = list(store.consume_queues)
+    for number, cq in enumerate(queues):
+        if progress is not None:
+            progress("checking ConsumeQueue units", number, len(queues))
         key = (cq.topic, cq.queue_id)
         units[key] += 0
         start, end = cq.min_offset(), cq.max_offset()
@@ -517,7 +525,11 @@ def _loss(store: MessageStore, problem: Callable[[str], None]) -> dict[str, Any]
     }
 
 
-def verify_store(store: MessageStore) -> dict[str, Any]:
+# (phase, done, total): how far a long check is, for a progress display.
+Progress = Callable[[str, int, int], None]
+
+
+def verify_store(store: MessageStore, progress: Progress | None = None) -> dict[str, Any]:
     """Repair what the CommitLog can rebuild, then check everything (module docstring).
 
     ``store`` must be open read-write with nothing else using it: its dispatcher and clean-up
@@ -567,8 +579,8 @@ def verify_store(store: MessageStore) -> dict[str, Any]:
         else:
             index_files = None
 
-        facts = _check_log(store, index_files, problem)
-        units = _check_units(store, problem)
+        facts = _check_log(store, index_files, problem, progress)
+        units = _check_units(store, problem, progress)
         consumable = sum(facts.consumable.values())
         unit_count = sum(units.values())
         if units != facts.consumable:
