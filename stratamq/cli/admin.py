@@ -68,6 +68,14 @@ def _call(conn: Connection, method: str, **request: object) -> dict:
             raise click.ClickException(str(exc)) from None
 
 
+def _emit(reply: dict, output: str, rows: list[dict]) -> None:
+    """The reply as one JSON object, or its ``rows`` as a table."""
+    if output == "json":
+        emit(reply)
+    else:
+        emit_rows(rows, output)
+
+
 @main.group()
 def topic() -> None:
     """Create, change, delete and list topics of a running broker."""
@@ -191,10 +199,7 @@ def group_reset_offset(endpoint: Connection, name: str, topic: str, timestamp: i
     mqadmin resetOffsetByTime and kafka-consumer-groups --reset-offsets --to-datetime do.
     Messages in flight to the group are dropped from its state."""
     reply = _call(endpoint, "ResetOffset", group=name, topic=topic, timestamp=timestamp)
-    if output == "json":
-        emit(reply)
-    else:
-        emit_rows(reply["queues"], output)
+    _emit(reply, output, reply["queues"])
 
 
 @topic.command("route")
@@ -204,11 +209,9 @@ def group_reset_offset(endpoint: Connection, name: str, topic: str, timestamp: i
 def topic_route(endpoint: Connection, name: str, output: str) -> None:
     """The topic's route as clients get it: broker, endpoint, each queue's permission."""
     reply = _call(endpoint, "TopicRoute", topic=name)
-    if output == "json":
-        emit(reply)
-    else:
-        emit_rows([{"queue_id": q["queue_id"], "perm": q["perm"], "broker": reply["broker_name"],
-                    "endpoint": reply["endpoint"]} for q in reply["queues"]], output)
+    _emit(reply, output, [{"queue_id": q["queue_id"], "perm": q["perm"],
+                           "broker": reply["broker_name"], "endpoint": reply["endpoint"]}
+                          for q in reply["queues"]])
 
 
 @topic.command("status")
@@ -218,10 +221,7 @@ def topic_route(endpoint: Connection, name: str, output: str) -> None:
 def topic_status(endpoint: Connection, name: str, output: str) -> None:
     """Per queue: min and max offset and the last store time (mqadmin topicStatus)."""
     reply = _call(endpoint, "TopicStatus", topic=name)
-    if output == "json":
-        emit(reply)
-    else:
-        emit_rows(reply["queues"], output)
+    _emit(reply, output, reply["queues"])
 
 
 @broker.command("status")
