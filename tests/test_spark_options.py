@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -271,7 +272,7 @@ def _two_topics(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(("options", "says"), [
     ({"startingOffset": "earliest"}, "unknown read option 'startingoffset': did you mean "
                                      "'startingOffsets'"),
-    ({"includeHeaders": "true"}, "option 'includeheaders' is spark-sql-kafka's"),
+    ({"assign": '{"A": [0]}'}, "option 'assign' is spark-sql-kafka's"),
     ({"kafka.bootstrap.servers": "x:9092"}, "spark-sql-kafka's"),
     ({"topics": "A", "subscribe": "B"}, "topics and subscribe both name topics"),
     ({"subscribe": "A.*"}, "not a comma list of topic names"),
@@ -311,3 +312,65 @@ def test_a_write_to_a_store_a_broker_holds_fails_at_once(spark, tmp_path):
         assert broker.stop() == 0
     write(spark.createDataFrame([(b"x", "A")], "body BINARY, topic STRING"), root)
     assert read(spark, root).count() == 501
+
+
+# -- spark-sql-kafka's shapes ---------------------------------------------------------------
+
+
+def test_include_headers_and_a_kafka_sink_frame(spark, tmp_path):
+    root = tmp_path / "kafka"
+    frame = spark.createDataFrame(
+        [("K", b"v-1", [("h1", b"one"), ("h2", b"two")], "T")],
+        "key STRING, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, "
+        "topic STRING")
+    write(frame, root)
+    [row] = read(spark, root, includeHeaders="true").collect()
+    assert row.body == b"v-1" and row.keys == "K"
+    headers = {h.key: h.value for h in row.headers}
+    assert headers["h1"] == b"one" and headers["h2"] == b"two"
+    assert headers["KEYS"] == b"K"  # every property, as Kafka headers are every header
+    assert "headers" not in read(spark, root).columns
+    both = spark.createDataFrame([(b"a", b"b", "T")], "body BINARY, value BINARY, topic STRING")
+    with pytest.raises(Exception, match="both 'body' and 'value'"):
+        write(both, root)
+
+
+def _store_time_boundary(tmp_path: Path) -> tuple[Path, int]:
+    """Topic T (one queue): messages 0..9, then a boundary time, then 10..19 stored after it."""
+    config = small(tmp_path / "store")
+    put(config, messages("T", 0, 10, queues=1))
+    boundary = int(time.time() * 1000) + 1
+    while int(time.time() * 1000) <= boundary:  # store times are ms: the next ones are later
+        pass
+    put(config, messages("T", 10, 10, queues=1))
+    return Path(config.store_path_root_dir), boundary
+
+
+def test_offsets_by_timestamp_and_ending_timestamp(spark, tmp_path):
+    root, boundary = _store_time_boundary(tmp_path)
+    per_queue = json.dumps({"T": {"0": boundary}})
+    later = read(spark, root, startingOffsetsByTimestamp=per_queue)
+    assert sorted(r.queue_offset for r in later.collect()) == list(range(10, 20))
+    earlier = read(spark, root, endingTimestamp=str(boundary))
+    assert sorted(r.queue_offset for r in earlier.collect()) == list(range(10))
+    assert read(spark, root, endingOffsetsByTimestamp=per_queue).count() == 10
+    with pytest.raises(Exception, match="no such queue"):
+        read(spark, root, startingOffsetsByTimestamp=json.dumps({"T": {"7": 0}})).count()
+
+
+def test_min_offsets_per_trigger_waits_for_enough_messages(tmp_path):
+    from pyspark.sql.datasource import ReadAllAvailable
+
+    from stratamq.spark.datasource import StreamReader
+
+    config = small(tmp_path / "store")
+    put(config, messages("T", 0, 3, queues=1))
+    reader = StreamReader({"path": config.store_path_root_dir, "startingOffsets": "earliest",
+                           "minOffsetsPerTrigger": "5", "maxTriggerDelay": "10m"})
+    start = reader.initialOffset()
+    assert reader.latestOffset(start, ReadAllAvailable()) == start  # 3 < 5: no batch yet
+    put(config, messages("T", 3, 2, queues=1))
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"T": {"0": 5}}
+    eager = StreamReader({"path": config.store_path_root_dir, "startingOffsets": "earliest",
+                          "minOffsetsPerTrigger": "50", "maxTriggerDelay": "0"})
+    assert eager.latestOffset(eager.initialOffset(), ReadAllAvailable()) == {"T": {"0": 5}}

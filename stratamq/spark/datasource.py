@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
@@ -52,7 +53,7 @@ from stratamq.spark.planning import (
     QueueSplit,
 )
 from stratamq.spark.reading import DataLoss, read_log_split, read_queue_split
-from stratamq.spark.rows import spark_schema
+from stratamq.spark.rows import spark_schema, with_headers
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -80,7 +81,7 @@ class StrataMQDataSource(DataSource):
             existing = catalog.topics
         with _topic_hints(options, root, catalog):
             planning.check_read_options(options, existing)
-        return spark_schema()
+        return spark_schema(headers=planning.bool_option(options, "includeHeaders", False))
 
     def reader(self, schema) -> DataSourceReader:
         return BatchReader(dict(self.options))
@@ -143,7 +144,7 @@ def _has_records(root: str) -> bool:
     return end > low
 
 
-def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+def _read(partition: InputPartition, headers: bool = False) -> Iterator[pa.RecordBatch]:
     if isinstance(partition, (QueueSplit, BrokerSplit)) and partition.start >= partition.end:
         return  # nothing to read (the placeholder partition of an empty read)
     if isinstance(partition, BrokerSplit):
@@ -152,7 +153,7 @@ def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         reader = read_log_split if isinstance(partition, LogSplit) else read_queue_split
     for batch in reader(partition):
         if batch.num_rows:
-            yield batch
+            yield with_headers(batch) if headers else batch
 
 
 # -- batch read ---------------------------------------------------------------------------------
@@ -161,12 +162,14 @@ def _read(partition: InputPartition) -> Iterator[pa.RecordBatch]:
 class BatchReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str]) -> None:
         self.splits = plan_batch(options)
+        self.headers = planning.bool_option(planning.read_options(options), "includeHeaders",
+                                            False)
 
     def partitions(self) -> list[InputPartition]:
         return list(self.splits) or [QueueSplit("", "", 0, 0, 0, True)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(partition)
+        return _read(partition, self.headers)
 
 
 def plan_batch(options: Mapping[str, str]) -> list[InputPartition]:
@@ -187,13 +190,17 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
     starting = planning.parse_offsets(options, "startingOffsets", "earliest")
     ending = planning.parse_offsets(options, "endingOffsets", "latest")
     timestamp = planning.int_option(options, "startingTimestamp", None, minimum=0)
+    ending_time = planning.int_option(options, "endingTimestamp", None, minimum=0)
+    start_times = planning.parse_timestamps(options, "startingOffsetsByTimestamp")
+    end_times = planning.parse_timestamps(options, "endingOffsetsByTimestamp")
+    by_times = bool(start_times or end_times) or ending_time is not None
     existing = catalog.topics if catalog is not None else _broker_queues(broker)
     known = sorted(existing)
     with _topic_hints(options, root, catalog):
         topics = planning.select_topics(options, known, must_match=True,
                                         offsets=[starting, ending])
         if (root is not None and topics is None and starting == "earliest"
-                and ending == "latest" and timestamp is None):
+                and ending == "latest" and timestamp is None and not by_times):
             low, end = planning.commitlog_bounds(root)
             return list(planning.log_splits(root, catalog, low, end, min_parts,
                                             fail_on_data_loss=fail))
@@ -205,14 +212,25 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
         raise OptionError("option 'endingOffsets': earliest (-2) is not allowed as an end")
     if catalog is not None:
         queues = {q: b for q, b in catalog.queues.items() if q[0] in topics}
-        by_time = _offsets_by_time(root, list(queues), timestamp) if timestamp is not None else {}
     else:
         queues = broker.queues(topics)
-        by_time = broker.offsets_by_time(list(queues), timestamp) if timestamp is not None else {}
+    for name, times in (("startingOffsetsByTimestamp", start_times),
+                        ("endingOffsetsByTimestamp", end_times)):
+        missing = sorted(f"{t}/{q}" for t, q in times if (t, q) not in queues)
+        if missing:
+            raise OptionError(f"option '{name}': no such queue among those read: "
+                              f"{', '.join(missing[:5])}")
+    # spark-sql-kafka's precedence: a single time over per-queue times over offsets.
+    start_at = ({q: timestamp for q in queues} if timestamp is not None else start_times)
+    end_at = ({q: ending_time for q in queues} if ending_time is not None else end_times)
+    by_time = _times_to_offsets(root, broker, start_at)
+    end_by_time = _times_to_offsets(root, broker, end_at)
     ranges = {}
     for queue, bounds in queues.items():
         if queue in by_time:
-            start, given = by_time[queue], f"option 'startingTimestamp' ({timestamp})"
+            start = by_time[queue]
+            given = (f"option 'startingTimestamp' ({timestamp})" if timestamp is not None else
+                     f"option 'startingOffsetsByTimestamp' ({start_at[queue]})")
         else:
             start = planning.resolve(starting, queue, bounds, "startingOffsets", EARLIEST)
             given = _how_given(starting, queue, "startingOffsets", "earliest")
@@ -222,7 +240,8 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
                     f"the end of the queue ({bounds[1]}, the next offset to be written); -1 "
                     "starts at the end")
         # An end past the queue's end reads to its end (as spark-sql-kafka's "latest").
-        end = min(planning.resolve(ending, queue, bounds, "endingOffsets", LATEST), bounds[1])
+        end = min(end_by_time[queue] if queue in end_by_time else
+                  planning.resolve(ending, queue, bounds, "endingOffsets", LATEST), bounds[1])
         if start > end:
             raise OptionError(
                 f"option 'endingOffsets': {queue[0]}/{queue[1]}: the starting offset {start} "
@@ -270,6 +289,23 @@ def _check_loss(queue: Queue, start: int, bounds: tuple[int, int], fail: bool) -
     return bounds[0]
 
 
+def _times_to_offsets(root: str | None, broker: BrokerCatalog | None,
+                      times: dict[Queue, int]) -> dict[Queue, int]:
+    """Per queue, the first offset stored at or after its time (one lookup per distinct time
+    and queue set)."""
+    by_ms: dict[int, list[Queue]] = {}
+    for queue, ms in times.items():
+        by_ms.setdefault(ms, []).append(queue)
+    out: dict[Queue, int] = {}
+    for ms, queues in by_ms.items():
+        if root is not None:
+            out.update(_offsets_by_time(root, queues, ms))
+        else:
+            assert broker is not None
+            out.update(broker.offsets_by_time(queues, ms))
+    return out
+
+
 def _offsets_by_time(root: str, queues: list[Queue], timestamp: int) -> dict[Queue, int]:
     """Per queue, the first offset stored at or after ``timestamp``, through the store's index."""
     from stratamq.config import StoreConfig
@@ -306,6 +342,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.root = None if "endpoints" in opts else planning.store_root(opts)
         self.starting = planning.parse_offsets(opts, "startingOffsets", "latest")
         self.max_per_trigger = planning.int_option(opts, "maxOffsetsPerTrigger", None)
+        # spark-sql-kafka's admission control: wait for this many new messages, but no longer
+        # than maxTriggerDelay (ms, default 15 minutes) since the last micro-batch.
+        self.min_per_trigger = planning.int_option(opts, "minOffsetsPerTrigger", None)
+        self.max_trigger_delay = planning.duration_ms_option(opts, "maxTriggerDelay", 15 * 60_000)
+        self._last_trigger = time.monotonic()
+        for name in ("startingOffsetsByTimestamp", "endingOffsetsByTimestamp",
+                     "endingTimestamp"):
+            if name.lower() in opts:
+                raise OptionError(f"option '{name}' is for batch reads; a stream starts at "
+                                  "startingOffsets or startingTimestamp")
         self.fail = planning.bool_option(opts, "failOnDataLoss", True)
         self.min_parts = planning.int_option(opts, "minPartitions", 1)
         self.target: dict[Queue, int] | None = None
@@ -353,6 +399,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = {q: max(begin_of[q], latest[q]) for q in latest}
         if isinstance(limit, ReadMaxRows):
             end = _limit(begin_of, end, limit.max_rows)
+        if self.min_per_trigger and self.target is None:
+            waited_ms = (time.monotonic() - self._last_trigger) * 1000
+            if (sum(end[q] - begin_of[q] for q in end) < self.min_per_trigger
+                    and waited_ms < (self.max_trigger_delay or 0)):
+                return _encode({**begin, **begin_of})  # not yet: too few new messages
+        if any(end[q] > begin_of[q] for q in end):
+            self._last_trigger = time.monotonic()
         return _encode({**begin, **end})
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
@@ -367,7 +420,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _splits(self.options, self.root, ranges, self.min_parts, self.fail)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(partition)
+        return _read(partition, planning.bool_option(self.options, "includeHeaders", False))
 
 
 def _limit(begin: dict[Queue, int], end: dict[Queue, int], max_rows: int) -> dict[Queue, int]:

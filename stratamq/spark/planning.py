@@ -139,6 +139,46 @@ def parse_offsets(options: Mapping[str, str], name: str,
     return out
 
 
+_DURATION = re.compile(r"(\d+)\s*(ms|s|m|h|d)?", re.IGNORECASE)
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms_option(options: Mapping[str, str], name: str, default: int) -> int:
+    """A duration as spark-sql-kafka writes them (``15m``, ``30s``, ``500ms``), or ms."""
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    match = _DURATION.fullmatch(raw.strip())
+    if match is None:
+        raise OptionError(f"option '{name}': {raw!r} is not a duration (500ms, 30s, 15m, 1h, "
+                          "or a number of ms)")
+    return int(match.group(1)) * _UNIT_MS[(match.group(2) or "ms").lower()]
+
+
+def parse_timestamps(options: Mapping[str, str], name: str) -> dict[Queue, int]:
+    """spark-sql-kafka's ``{"topic": {"0": ms}}`` (``*OffsetsByTimestamp``): per queue a time;
+    {} when the option is not given."""
+    raw = options.get(name.lower())
+    if raw is None:
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"option '{name}': not JSON ({exc.msg}): {raw!r}; want "
+                          "{\"topic\": {\"0\": 1700000000000}}") from None
+    if not isinstance(parsed, dict) or not all(isinstance(v, dict) for v in parsed.values()):
+        raise OptionError(f"option '{name}': want {{\"topic\": {{\"queueId\": ms}}}}, got "
+                          f"{raw!r}")
+    out: dict[Queue, int] = {}
+    for topic, queues in parsed.items():
+        for qid, ms in queues.items():
+            if not str(qid).isdigit() or type(ms) is not int or ms < 0:
+                raise OptionError(f"option '{name}': {topic}/{qid}: want a queue id and a time "
+                                  f"in ms since the epoch, got {ms!r}")
+            out[(topic, int(qid))] = ms
+    return out
+
+
 # -- the store's catalog ------------------------------------------------------------------------
 
 
@@ -241,7 +281,9 @@ def select_topics(options: Mapping[str, str], known: list[str], *, must_match: b
 READ_OPTIONS = frozenset({
     "path", "topics", "subscribe", "subscribepattern", "startingoffsets", "endingoffsets",
     "startingtimestamp", "minpartitions", "failondataloss", "maxoffsetspertrigger",
-    "endpoints", "tls", "tlscafile", "accesskey", "secretkey", "group",
+    "endpoints", "tls", "tlscafile", "accesskey", "secretkey", "group", "includeheaders",
+    "startingoffsetsbytimestamp", "endingoffsetsbytimestamp", "endingtimestamp",
+    "minoffsetspertrigger", "maxtriggerdelay",
 })  # fmt: skip
 WRITE_OPTIONS = frozenset({
     "path", "topic", "endpoints", "tls", "tlscafile", "accesskey", "secretkey", "queuenums",
@@ -251,9 +293,8 @@ WRITE_OPTIONS = frozenset({
 # spark-sql-kafka options StrataMQ does not have (yet): named, so a Kafka user is not left
 # wondering why one did nothing.
 KAFKA_ONLY = frozenset({
-    "assign", "kafka.bootstrap.servers", "includeheaders", "startingoffsetsbytimestamp",
-    "endingoffsetsbytimestamp", "endingtimestamp", "minoffsetspertrigger", "maxtriggerdelay",
-    "startingoffsetsbytimestampstrategy", "groupidprefix", "kafka.group.id",
+    "assign", "kafka.bootstrap.servers", "startingoffsetsbytimestampstrategy",
+    "groupidprefix", "kafka.group.id",
     "fetchoffset.numretries", "fetchoffset.retryintervalms",
 })  # fmt: skip
 _CANONICAL = {name.lower(): name for name in (
@@ -261,7 +302,8 @@ _CANONICAL = {name.lower(): name for name in (
     "failOnDataLoss", "maxOffsetsPerTrigger", "endpoints", "tls", "tlsCaFile", "accessKey",
     "secretKey", "group", "path", "topic", "queueNums", "lockTimeoutMs", "sendRetries",
     "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "checkpointLocation", "subscribe",
-    "subscribePattern")}
+    "subscribePattern", "includeHeaders", "startingOffsetsByTimestamp",
+    "endingOffsetsByTimestamp", "endingTimestamp", "minOffsetsPerTrigger", "maxTriggerDelay")}
 
 
 def _check_names(options: Mapping[str, str], allowed: frozenset[str], side: str) -> None:
@@ -318,8 +360,13 @@ def check_read_options(options: Mapping[str, str],
     topic -> queue ids of the store (or broker)."""
     for name in ("minPartitions", "maxOffsetsPerTrigger"):
         int_option(options, name, None)
-    int_option(options, "startingTimestamp", None, minimum=0)
+    for name in ("startingTimestamp", "endingTimestamp", "minOffsetsPerTrigger"):
+        int_option(options, name, None, minimum=0)
+    duration_ms_option(options, "maxTriggerDelay", 0)
+    for name in ("startingOffsetsByTimestamp", "endingOffsetsByTimestamp"):
+        parse_timestamps(options, name)
     bool_option(options, "failOnDataLoss", True)
+    bool_option(options, "includeHeaders", False)
     offsets = [parse_offsets(options, "startingOffsets", "earliest"),
                parse_offsets(options, "endingOffsets", "latest")]
     known = sorted(existing)

@@ -30,9 +30,11 @@ from stratamq import message as codec
 from stratamq.message import Host, Prop, SysFlag
 
 
-def spark_schema():  # -> pyspark.sql.types.StructType (imported lazily: workers need no JVM)
-    """The rows of the ``stratamq`` source, as Spark sees them."""
+def spark_schema(headers: bool = False):  # -> StructType (imported lazily: workers need no JVM)
+    """The rows of the ``stratamq`` source, as Spark sees them; with ``headers`` (option
+    ``includeHeaders``) a spark-sql-kafka ``headers`` column too."""
     from pyspark.sql.types import (
+        ArrayType,
         BinaryType,
         IntegerType,
         LongType,
@@ -44,12 +46,14 @@ def spark_schema():  # -> pyspark.sql.types.StructType (imported lazily: workers
     )
 
     s, i, lg, ts = StringType(), IntegerType(), LongType(), TimestampType()
-    return StructType([StructField(name, kind) for name, kind in (
+    extra = [StructField("headers", ArrayType(StructType([
+        StructField("key", s), StructField("value", BinaryType())])))] if headers else []
+    return StructType([*(StructField(name, kind) for name, kind in (
         ("topic", s), ("queue_id", i), ("queue_offset", lg), ("commitlog_offset", lg),
         ("msg_id", s), ("tags", s), ("keys", s), ("properties", MapType(s, s)),
         ("body", BinaryType()), ("born_timestamp", ts), ("store_timestamp", ts),
         ("born_host", s), ("store_host", s), ("reconsume_times", i), ("sys_flag", i),
-    )])  # fmt: skip
+    )), *extra])  # fmt: skip
 
 
 # What Spark's Python data source runner expects back (``to_arrow_schema(schema, "UTC")``).
@@ -252,3 +256,18 @@ def records_to_batch(buf, positions: Sequence[int], file_from_offset: int) -> pa
         pa.array(f["reconsume_times"], pa.int32()), pa.array(sys_flag, pa.int32()),
     ]  # fmt: skip
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def with_headers(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` plus spark-sql-kafka's ``headers`` column (key STRING, value BINARY per
+    property), built from the ``properties`` map without a per-row loop."""
+    props = batch.column("properties")
+    entries = pa.StructArray.from_arrays(
+        [props.keys, props.items.cast(pa.binary())], names=["key", "value"])
+    headers = pa.ListArray.from_arrays(props.offsets, entries, type=HEADER_TYPE,
+                                       mask=props.is_null())
+    return pa.RecordBatch.from_arrays([*batch.columns, headers],
+                                      schema=batch.schema.append(pa.field("headers", HEADER_TYPE)))

@@ -62,6 +62,15 @@ COLUMN_TYPES: dict[str, tuple[Callable[[DataType], bool], str]] = {
                               and _is_string(t.valueType)), "MAP<STRING,STRING>"),
     "queue_id": (lambda t: isinstance(t, (ByteType, ShortType, IntegerType, LongType)),
                  "TINYINT, SMALLINT, INT or BIGINT"),
+    # A spark-sql-kafka sink frame: value is the body, key a message key, headers properties.
+    "value": (lambda t: isinstance(t, BinaryType) or _is_string(t), "BINARY or STRING"),
+    "key": (lambda t: isinstance(t, BinaryType) or _is_string(t), "BINARY or STRING"),
+    "headers": (lambda t: (isinstance(t, ArrayType) and isinstance(t.elementType, StructType)
+                           and [f.name for f in t.elementType.fields] == ["key", "value"]
+                           and _is_string(t.elementType.fields[0].dataType)
+                           and (isinstance(t.elementType.fields[1].dataType, BinaryType)
+                                or _is_string(t.elementType.fields[1].dataType))),
+                "ARRAY<STRUCT<key: STRING, value: BINARY or STRING>>"),
 }
 WRITABLE_COLUMNS = tuple(COLUMN_TYPES)
 
@@ -79,13 +88,18 @@ def check_write_schema(schema: StructType, options: Mapping[str, str]) -> None:
                 name.lower() not in types):
             problems.append(f"column '{name}' is not read: the writer reads '{name.lower()}' "
                             "(names are case-sensitive here); rename it")
-    if "body" not in types:
-        problems.insert(0, "the DataFrame has no 'body' column (BINARY or STRING) to write")
+    if "body" not in types and "value" not in types:
+        problems.insert(0, "the DataFrame has no 'body' column (or spark-sql-kafka's 'value'), "
+                           "BINARY or STRING, to write")
+    if "body" in types and "value" in types:
+        problems.insert(0, "the DataFrame has both 'body' and 'value': which is the message? "
+                           "drop one")
     for name, (accepts, wanted) in COLUMN_TYPES.items():
         t = types.get(name)
         # A NULL-typed column (``lit(None)``) is a column of nulls: no tags, no keys, ...; a
         # null body or topic is refused below or row by row.
-        if t is None or accepts(t) or (isinstance(t, NullType) and name not in ("body", "topic")):
+        if t is None or accepts(t) or (isinstance(t, NullType)
+                                       and name not in ("body", "value", "topic")):
             continue
         problems.append(f"column '{name}' is {t.simpleString().upper()}; the writer takes "
                         f"{name} as {wanted}")
@@ -154,16 +168,28 @@ def check_store_path(path: str) -> None:
                           f"{exc.strerror or exc}") from None
 
 
+def _text(value: str | bytes, column: str) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"column '{column}': {value[:40]!r} is not UTF-8 text, and message "
+                         "keys and properties are text") from None
+
+
 def rows_to_messages(batch: pa.RecordBatch, default_topic: str | None) -> Iterator[Message]:
     """Messages from rows whose column types ``check_write_schema`` accepted."""
     names = set(batch.schema.names)
     cols = {n: batch.column(n).to_pylist() for n in WRITABLE_COLUMNS if n in names}
     nothing = [None] * batch.num_rows
     now = int(time.time() * 1000)
+    bodies = cols["body"] if "body" in cols else cols["value"]
     for i in range(batch.num_rows):
-        body = cols["body"][i]
+        body = bodies[i]
         if body is None:
-            raise ValueError("column 'body': a row has a null body")
+            raise ValueError(f"column '{'body' if 'body' in cols else 'value'}': a row has a "
+                             "null body")
         if isinstance(body, str):
             body = body.encode()
         topic = cols["topic"][i] if "topic" in cols and cols["topic"][i] else default_topic
@@ -180,9 +206,19 @@ def rows_to_messages(batch: pa.RecordBatch, default_topic: str | None) -> Iterat
         tags = cols.get("tags", nothing)[i]
         if tags:
             props[Prop.TAGS] = tags
+        for header in cols.get("headers", nothing)[i] or ():
+            if header and header["key"] and header["value"] is not None:
+                props[header["key"]] = _text(header["value"], "headers")
         keys = cols.get("keys", nothing)[i]
         if keys and not isinstance(keys, str):
             keys = " ".join(k for k in keys if k)  # null and empty keys of an array dropped
+        kafka_key = cols.get("key", nothing)[i]
+        if kafka_key is not None:
+            kafka_key = _text(kafka_key, "key")
+            if " " in kafka_key or not kafka_key:
+                raise ValueError(f"column 'key': {kafka_key[:80]!r} cannot be a message key "
+                                 "(RocketMQ keys are space-separated words)")
+            keys = f"{keys} {kafka_key}" if keys else kafka_key
         if keys:
             props[Prop.KEYS] = keys
         queue_id = cols.get("queue_id", nothing)[i]
