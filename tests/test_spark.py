@@ -282,15 +282,18 @@ def test_streaming_write_appends_each_micro_batch(spark, tmp_path):
 
 
 def test_export_twice_exports_each_message_once(spark, tmp_path):
-    from stratamq.spark.export import run_export
+    from stratamq.spark.export import planned_rows, run_export
 
     config = small(tmp_path / "store")
     put(config, messages("Orders", 0, 60) + messages("Refunds", 0, 9))
     out = str(tmp_path / "export")
     source = {"path": config.store_path_root_dir}
+    checkpoint = str(tmp_path / "export" / "_checkpoint")
+    assert planned_rows(source, checkpoint) == 69  # the progress total, known up front
     first = run_export(spark, source, out, progress=False)
     assert first["exported"] == 69
     put(config, messages("Orders", 60, 15))
+    assert planned_rows(source, checkpoint) == 15  # from where the checkpoint ended
     second = run_export(spark, source, out, progress=False)
     assert second["exported"] == 15
     third = run_export(spark, source, out, progress=False)

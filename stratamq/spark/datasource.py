@@ -370,6 +370,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                             must_match=False, offsets=[self.starting])
         return {q: b for q, b in catalog.queues.items() if topics is None or q[0] in topics}
 
+    def queue_bounds(self) -> dict[Queue, tuple[int, int]]:
+        """(min, max) offset of every queue this read selects, now."""
+        return self._queues()
+
     def initialOffset(self) -> dict:
         """Only for a new query (a restarted one takes its checkpoint's offsets instead)."""
         queues = self._queues()

@@ -34,6 +34,8 @@ def spark_session(app_name: str = "stratamq-export", master: str | None = None):
     if master or "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
         builder = builder.master(master or "local[*]")
     spark = builder.getOrCreate()
+    # Spark's own INFO and WARN lines name JVM classes a user has no use for; errors still show.
+    spark.sparkContext.setLogLevel("ERROR")
     from stratamq.spark import register
 
     register(spark)
@@ -49,6 +51,7 @@ def run_export(spark, source: dict[str, str], out: str, *, checkpoint: str | Non
         raise ValueError(f"--format {fmt!r}: want one of {', '.join(EXPORT_FORMATS)}")
     checkpoint = checkpoint or os.path.join(out, "_checkpoint")
     check_export_target(out, checkpoint)
+    total = planned_rows(source, checkpoint) if progress else None
     reader = spark.readStream.format("stratamq").option("startingOffsets", "earliest")
     for key, value in source.items():
         reader = reader.option(key, value)
@@ -58,7 +61,7 @@ def run_export(spark, source: dict[str, str], out: str, *, checkpoint: str | Non
              .option("checkpointLocation", checkpoint).partitionBy("topic", "date")
              .trigger(availableNow=True).outputMode("append").start())
     if progress:
-        _show_progress(query)
+        _show_progress(query, total)
     query.awaitTermination()
     batches = [p for p in query.recentProgress if p.get("batchId") is not None]
     exported = sum(p.get("numInputRows", 0) for p in batches)
@@ -97,7 +100,7 @@ def check_export_target(out: str, checkpoint: str | None) -> None:
                          "exported. Give the --checkpoint that export used, or a new --out")
 
 
-def _show_progress(query) -> None:
+def _show_progress(query, total: int | None = None) -> None:
     """Progress on stderr: micro-batches done, rows exported, current rate. A live line on a
     terminal; otherwise (a log file, or spark-submit, which merges the app's stderr into its
     stdout) one whole line per finished micro-batch, so the JSON summary printed after it
@@ -107,11 +110,20 @@ def _show_progress(query) -> None:
 
     console = Console(stderr=True)
 
+    started = time.monotonic()
+
     def text() -> str:
-        done = [p for p in query.recentProgress if p.get("numInputRows")]
+        recent = query.recentProgress
+        done = [p for p in recent if p.get("numInputRows")]
         rows = sum(p["numInputRows"] for p in done)
         rate = done[-1].get("processedRowsPerSecond", 0.0) if done else 0.0
         state = query.status.get("message", "") if query.isActive else "done"
+        if total:
+            elapsed = time.monotonic() - started
+            left = (f", about {elapsed * (total - rows) / rows:.0f} s left"
+                    if 0 < rows < total else "")
+            return (f"export {rows:,} of {total:,} rows ({rows / total:.0%}{left}; "
+                    f"{len(done)} micro-batches, {rate:,.0f} rows/s) - {state}")
         return f"export {len(done)} micro-batches, {rows:,} rows ({rate:,.0f} rows/s) - {state}"
 
     if not console.is_terminal:
@@ -133,6 +145,41 @@ def _show_progress(query) -> None:
             query.exception()  # raises if the query failed
         query.exception()
         live.update(text())  # the final counts, not the last poll's
+
+
+def planned_rows(source: dict[str, str], checkpoint: str) -> int | None:
+    """Rows this run will export, known before it starts: from the offsets the checkpoint's last
+    committed micro-batch ended at (the queues' beginnings for a first run) to the queues'
+    ends now (the run reads what is there when it begins). None if it cannot be told."""
+    from stratamq.spark.datasource import StreamReader
+
+    try:
+        reader = StreamReader({**source, "startingOffsets": "earliest"})
+        bounds = reader.queue_bounds()
+    except Exception:  # a broker that is not reachable yet: the run itself will say so
+        return None
+    done = _committed_offsets(checkpoint)
+    return sum(max(0, high - done.get(f"{t}/{q}", low)) for (t, q), (low, high) in bounds.items())
+
+
+def _committed_offsets(checkpoint: str) -> dict[str, int]:
+    """``topic/queue -> offset`` where the checkpoint's last committed batch ended ({} if none).
+    Spark's checkpoint: ``commits/<id>`` per committed batch, ``offsets/<id>`` whose last line is
+    the source's end offset for that batch."""
+    local = _local(checkpoint)
+    if local is None:
+        return {}
+    try:
+        commits = [int(n) for n in os.listdir(os.path.join(local, "commits")) if n.isdigit()]
+        if not commits:
+            return {}
+        with open(os.path.join(local, "offsets", str(max(commits))), encoding="utf-8") as fh:
+            parsed = json.loads(fh.read().strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError):
+        return {}
+    if not isinstance(parsed, dict):
+        return {}
+    return {f"{t}/{q}": int(o) for t, qs in parsed.items() for q, o in qs.items()}
 
 
 def source_options(store: str | None, endpoints: str | None, topics: str | None,
