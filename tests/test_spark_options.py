@@ -272,7 +272,9 @@ def _two_topics(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(("options", "says"), [
     ({"startingOffset": "earliest"}, "unknown read option 'startingoffset': did you mean "
                                      "'startingOffsets'"),
-    ({"assign": '{"A": [0]}'}, "option 'assign' is spark-sql-kafka's"),
+    ({"startingOffsetsByTimestampStrategy": "latest"}, "is spark-sql-kafka's"),
+    ({"assign": '{"A": [7]}'}, "option 'assign': no such queue: A/7"),
+    ({"assign": '{"A": [0]}', "topics": "A"}, "topics and assign both name topics"),
     ({"kafka.bootstrap.servers": "x:9092"}, "spark-sql-kafka's"),
     ({"topics": "A", "subscribe": "B"}, "topics and subscribe both name topics"),
     ({"subscribe": "A.*"}, "not a comma list of topic names"),
@@ -286,6 +288,9 @@ def test_unknown_options_fail_at_load_naming_the_option(spark, tmp_path, options
 
 def test_subscribe_and_subscribe_pattern_read_as_in_spark_sql_kafka(spark, tmp_path):
     root = _two_topics(tmp_path)
+    only = read(spark, root, assign=json.dumps({"A": [1], "B": [0]})).collect()
+    assert {(r.topic, r.queue_id) for r in only} == {("A", 1), ("B", 0)}
+    assert len(only) == 20 + 5
     assert read(spark, root, subscribe="B").count() == 10
     assert read(spark, root, subscribe="A, B").count() == 50
     assert read(spark, root, subscribePattern="[AB]").count() == 50

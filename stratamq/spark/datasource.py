@@ -214,6 +214,7 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
         queues = {q: b for q, b in catalog.queues.items() if q[0] in topics}
     else:
         queues = broker.queues(topics)
+    queues = _only_assigned(options, queues)
     for name, times in (("startingOffsetsByTimestamp", start_times),
                         ("endingOffsetsByTimestamp", end_times)):
         missing = sorted(f"{t}/{q}" for t, q in times if (t, q) not in queues)
@@ -249,6 +250,19 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
                 f"({_how_given(ending, queue, 'endingOffsets', 'latest')})")
         ranges[queue] = (_check_loss(queue, start, bounds, fail), end)
     return _splits(options, root, ranges, min_parts, fail)
+
+
+def _only_assigned(options: Mapping[str, str], queues: dict[Queue, tuple[int, int]]
+                   ) -> dict[Queue, tuple[int, int]]:
+    """The queues option ``assign`` names (all of ``queues`` without it); a named queue that
+    does not exist is refused."""
+    wanted = planning.assigned(options)
+    if wanted is None:
+        return queues
+    missing = sorted(f"{t}/{q}" for t, q in wanted - set(queues))
+    if missing:
+        raise OptionError(f"option 'assign': no such queue: {', '.join(missing[:5])}")
+    return {q: b for q, b in queues.items() if q in wanted}
 
 
 def _explicit(spec: object, queue: Queue) -> bool:
@@ -363,12 +377,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 with _topic_hints(self.options, None, None):
                     topics = planning.select_topics(self.options, sorted(broker.queue_counts()),
                                                     must_match=False, offsets=[self.starting])
-                return broker.queues(topics)
+                return _only_assigned(self.options, broker.queues(topics))
         catalog = Catalog.load(self.root)
         with _topic_hints(self.options, self.root, catalog):
             topics = planning.select_topics(self.options, sorted(catalog.topics),
                                             must_match=False, offsets=[self.starting])
-        return {q: b for q, b in catalog.queues.items() if topics is None or q[0] in topics}
+        return _only_assigned(self.options, {q: b for q, b in catalog.queues.items()
+                                             if topics is None or q[0] in topics})
 
     def queue_bounds(self) -> dict[Queue, tuple[int, int]]:
         """(min, max) offset of every queue this read selects, now."""

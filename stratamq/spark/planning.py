@@ -283,7 +283,7 @@ READ_OPTIONS = frozenset({
     "startingtimestamp", "minpartitions", "failondataloss", "maxoffsetspertrigger",
     "endpoints", "tls", "tlscafile", "accesskey", "secretkey", "group", "includeheaders",
     "startingoffsetsbytimestamp", "endingoffsetsbytimestamp", "endingtimestamp",
-    "minoffsetspertrigger", "maxtriggerdelay",
+    "minoffsetspertrigger", "maxtriggerdelay", "assign",
 })  # fmt: skip
 WRITE_OPTIONS = frozenset({
     "path", "topic", "endpoints", "tls", "tlscafile", "accesskey", "secretkey", "queuenums",
@@ -293,7 +293,7 @@ WRITE_OPTIONS = frozenset({
 # spark-sql-kafka options StrataMQ does not have (yet): named, so a Kafka user is not left
 # wondering why one did nothing.
 KAFKA_ONLY = frozenset({
-    "assign", "kafka.bootstrap.servers", "startingoffsetsbytimestampstrategy",
+    "kafka.bootstrap.servers", "startingoffsetsbytimestampstrategy",
     "groupidprefix", "kafka.group.id",
     "fetchoffset.numretries", "fetchoffset.retryintervalms",
 })  # fmt: skip
@@ -303,7 +303,8 @@ _CANONICAL = {name.lower(): name for name in (
     "secretKey", "group", "path", "topic", "queueNums", "lockTimeoutMs", "sendRetries",
     "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "checkpointLocation", "subscribe",
     "subscribePattern", "includeHeaders", "startingOffsetsByTimestamp",
-    "endingOffsetsByTimestamp", "endingTimestamp", "minOffsetsPerTrigger", "maxTriggerDelay")}
+    "endingOffsetsByTimestamp", "endingTimestamp", "minOffsetsPerTrigger", "maxTriggerDelay",
+    "assign")}
 
 
 def _check_names(options: Mapping[str, str], allowed: frozenset[str], side: str) -> None:
@@ -324,11 +325,14 @@ def read_options(options: Mapping[str, str]) -> dict[str, str]:
     ``subscribe`` (a comma list) and ``subscribePattern`` (a regex) turned into ``topics``."""
     opts = {k.lower(): v for k, v in options.items()}
     _check_names(opts, READ_OPTIONS, "read")
-    given = [k for k in ("topics", "subscribe", "subscribepattern") if opts.get(k)]
+    given = [k for k in ("topics", "subscribe", "subscribepattern", "assign") if opts.get(k)]
     if len(given) > 1:
         raise OptionError(f"options {' and '.join(_CANONICAL[k] for k in given)} both name "
                           "topics: give one")
-    if opts.get("subscribe"):
+    if opts.get("assign"):
+        # Kept as given (queues are filtered with ``assigned``); ``topics`` lists its topics.
+        opts["topics"] = ",".join(sorted({t for t, _q in assigned(opts) or ()}))
+    elif opts.get("subscribe"):
         topics = opts.pop("subscribe")
         if not _TOPIC_LIST.fullmatch(topics.strip()):
             raise OptionError(f"option 'subscribe': {topics!r} is not a comma list of topic "
@@ -345,6 +349,24 @@ def read_options(options: Mapping[str, str]) -> dict[str, str]:
         # regex matching exactly that name.
         opts["topics"] = pattern if not _TOPIC_LIST.fullmatch(pattern) else f"(?:{pattern})"
     return opts
+
+
+def assigned(options: Mapping[str, str]) -> set[Queue] | None:
+    """spark-sql-kafka's ``assign`` (``{"topic": [0, 1]}``) as a set of queues; None when the
+    option is not given."""
+    raw = options.get("assign")
+    if not raw:
+        return None
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"option 'assign': not JSON ({exc.msg}): {raw!r}; want "
+                          "{\"topic\": [0, 1]}") from None
+    if (not isinstance(parsed, dict) or not parsed or not all(
+            isinstance(v, list) and v and all(type(q) is int and q >= 0 for q in v)
+            for v in parsed.values())):
+        raise OptionError(f"option 'assign': want {{\"topic\": [queue ids]}}, got {raw!r}")
+    return {(t, q) for t, queues in parsed.items() for q in queues}
 
 
 def write_options(options: Mapping[str, str]) -> dict[str, str]:
@@ -367,6 +389,10 @@ def check_read_options(options: Mapping[str, str],
         parse_timestamps(options, name)
     bool_option(options, "failOnDataLoss", True)
     bool_option(options, "includeHeaders", False)
+    missing = sorted(f"{t}/{q}" for t, q in assigned(options) or ()
+                     if q not in existing.get(t, ()))
+    if missing:
+        raise OptionError(f"option 'assign': no such queue: {', '.join(missing[:5])}")
     offsets = [parse_offsets(options, "startingOffsets", "earliest"),
                parse_offsets(options, "endingOffsets", "latest")]
     known = sorted(existing)
