@@ -403,3 +403,24 @@ def test_a_reading_thread_sees_every_write_after_its_iterator_was_made(tmp_path)
     assert rocks.find("T", 0) is None
     assert rocks.find("T", 1).get_units(0, 10) == [(400, 100, 9)]
     rocks.close()
+
+
+@pytest.mark.parametrize("store_type", ["default", "defaultRocksDB"])
+def test_a_woken_listener_finds_the_message_that_woke_it(tmp_path, store_type):
+    """Long polls are woken by a dispatch listener; with the RocksDB ConsumeQueue units become
+    visible when the round commits, so listeners hear of a record only after that: a woken
+    receive finds the message instead of sleeping to its next poll."""
+    cfg = StoreConfig(store_path_root_dir=str(tmp_path / "s"), store_type=store_type)
+    with MessageStore(cfg) as store:
+        seen: list[int] = []
+
+        def on_dispatch(info) -> None:
+            with store.get_messages("G", info.topic, info.queue_id, info.queue_offset,
+                                    max_count=1) as got:
+                seen.append(len(list(got.messages())))
+
+        store.reput.listeners.append(on_dispatch)
+        for i in range(20):
+            assert store.put_message(Message("Woken", b"m%d" % i)).ok
+            assert store.wait_dispatched()
+        assert seen and all(n == 1 for n in seen), seen

@@ -68,6 +68,10 @@ class ReputService:
         self.last_store_timestamp = 0  # of the newest dispatched record: for the checkpoint
         self.idle_wait = idle_wait_ms / 1000
         self.listeners: list[Callable[[DispatchInfo], None]] = []  # e.g. long-poll wake-ups
+        # The newest record of each topic dispatched this round: listeners hear of it only once
+        # the round is committed, so a woken reader finds what woke it (a batching dispatcher,
+        # the RocksDB ConsumeQueue, makes units visible at commit).
+        self._to_notify: dict[str, DispatchInfo] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._caught_up = threading.Condition()
@@ -152,6 +156,11 @@ class ReputService:
             if commit is not None:
                 commit()
         self.committed_to = self.reput_from
+        if self._to_notify:
+            infos, self._to_notify = list(self._to_notify.values()), {}
+            for info in infos:
+                for listener in self.listeners:
+                    listener(info)
 
     def _dispatch_some(self, limit: int) -> int:
         """Dispatch the records of the segment holding ``reput_from``; -1 if stuck."""
@@ -172,7 +181,7 @@ class ReputService:
             pos = self.reput_from - mf.file_from_offset
             end = min(mf.read_position, limit - mf.file_from_offset)
             dispatchers = self.dispatchers
-            listeners = self.listeners
+            to_notify = self._to_notify if self.listeners else None
             recent = self.recent
             base = mf.file_from_offset
             floors = self._floors
@@ -218,8 +227,8 @@ class ReputService:
                             dispatcher.dispatch(info)
                         except OSError as exc:
                             self._dispatch_failed(info, exc)
-                    for listener in listeners:
-                        listener(info)
+                    if to_notify is not None:
+                        to_notify[info.topic] = info
                 self.last_store_timestamp = info.store_timestamp
                 pos += size
                 count += 1
