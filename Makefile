@@ -1,6 +1,6 @@
 # Two entry points, both self-contained on a fresh machine:
 #   make run   - set up the virtualenv and run the main job (the broker on an embedded store under ./data)
-#   make test  - set up the virtualenv and run the whole test suite, then ruff
+#   make test  - set up the virtualenv and run the whole test suite, then ruff and mypy
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -22,6 +22,7 @@ run: setup
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 bench: setup
 	$(PY) bench/store.py

@@ -24,7 +24,13 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import mmap
+
+    # What records are read from: bytes, a view of a segment, or the segment's map itself.
+    Buffer = bytes | bytearray | memoryview | mmap.mmap
 
 try:  # ISA-L's CRC-32 (same polynomial and values as zlib's) is ~5x faster on 1 KiB bodies
     from isal.isal_zlib import crc32 as _crc32
@@ -260,7 +266,7 @@ def _layout_for(sys_flag: int) -> _Layout:
 # Small codecs RocketMQ defines alongside the record.
 
 
-def body_crc(body: bytes | memoryview) -> int:
+def body_crc(body: bytes | bytearray | memoryview) -> int:
     """CRC32 of the stored body as RocketMQ keeps it: masked to 31 bits (``UtilAll.crc32``)."""
     return _crc32(body) & 0x7FFFFFFF
 
@@ -294,7 +300,7 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
     return text.encode("utf-8")
 
 
-def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
+def decode_properties(raw: bytes | bytearray | memoryview) -> dict[str, str]:
     if not raw:
         return {}
     text = bytes(raw).decode("utf-8", "replace")
@@ -596,11 +602,11 @@ def encode_blank(length: int) -> bytes:
 # Decoding.
 
 
-def read_size_and_magic(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+def read_size_and_magic(buf: Buffer, pos: int) -> tuple[int, int]:
     return _SIZE_MAGIC.unpack_from(buf, pos)
 
 
-def _tail(buf: bytes | memoryview, pos: int, magic: int, body_start: int, body_len: int,
+def _tail(buf: Buffer, pos: int, magic: int, body_start: int, body_len: int,
           end: int) -> tuple[int, int, int, int]:
     """Locate topic and properties after the body: (topic_start, topic_len, props_start, props_len).
 
@@ -626,7 +632,7 @@ def _tail(buf: bytes | memoryview, pos: int, magic: int, body_start: int, body_l
 
 
 def check_record(
-    buf: bytes | memoryview, pos: int, limit: int, expected_offset: int | None, check_crc: bool
+    buf: Buffer, pos: int, limit: int, expected_offset: int | None, check_crc: bool
 ) -> int:
     """Validate the record at ``buf[pos:]`` and return its total size, or 0 for a blank record.
 
@@ -730,7 +736,7 @@ def scan_records(buf: memoryview, pos: int, limit: int, file_from_offset: int,
     return ScanResult(pos, records, False, None)
 
 
-def decode(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = False) -> StoredMessage:
+def decode(buf: Buffer, pos: int = 0, *, check_crc: bool = False) -> StoredMessage:
     """Decode the whole record at ``buf[pos:]`` (properties parsed, body copied)."""
     total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
     if magic not in (MESSAGE_MAGIC_CODE_V1, MESSAGE_MAGIC_CODE_V2):
@@ -814,7 +820,7 @@ def _topic_name(raw: bytes) -> str:
     return name
 
 
-def decode_dispatch_info(buf: bytes | memoryview, pos: int) -> DispatchInfo:
+def decode_dispatch_info(buf: Buffer, pos: int) -> DispatchInfo:
     """Decode just the dispatch fields of a record already validated by :func:`check_record`.
 
     This runs once per record on the dispatcher thread, so it takes the IPv4 layout's single
@@ -903,13 +909,13 @@ def skip_covered(
     return pos, last
 
 
-def record_store_timestamp(buf: bytes | memoryview, pos: int) -> int:
+def record_store_timestamp(buf: Buffer, pos: int) -> int:
     """The store time of the record at ``pos`` (used to pick where recovery starts)."""
     layout = _layout_for(_INT.unpack_from(buf, pos + SYS_FLAG_POS)[0])
     return _TIMESTAMP.unpack_from(buf, pos + layout.store_timestamp_pos)[0]
 
 
-def record_tags(buf: bytes | memoryview, pos: int) -> str | None:
+def record_tags(buf: Buffer, pos: int) -> str | None:
     """The TAGS property of the record at ``pos`` (for exact tag filtering after the hash)."""
     total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
     layout = _layout_for(_INT.unpack_from(buf, pos + SYS_FLAG_POS)[0])
@@ -931,7 +937,7 @@ class Walk(NamedTuple):
     reason: str  # "end" (passed end), "blank" (segment filler), "zero" (never written), "corrupt"
 
 
-def walk_records(buf: bytes | memoryview, pos: int, end: int, limit: int) -> Walk:
+def walk_records(buf: Buffer, pos: int, end: int, limit: int) -> Walk:
     """Positions of the records starting in ``[pos, end)``, walking from the record at ``pos``.
 
     Only sizes and magic codes are checked here; :func:`locate_fields` checks the rest.
@@ -978,7 +984,7 @@ def walk_records(buf: bytes | memoryview, pos: int, end: int, limit: int) -> Wal
     return Walk(positions[:cut], stop, "end")
 
 
-def _join(np, pieces: list) -> object:
+def _join(np: Any, pieces: list) -> Any:
     return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
 
 
@@ -1018,7 +1024,7 @@ _MAGIC_PREFIX = struct.pack(">I", MESSAGE_MAGIC_CODE_V1)[:3]
 assert struct.pack(">I", MESSAGE_MAGIC_CODE_V2)[:3] == _MAGIC_PREFIX
 
 
-def resync(buf: bytes | memoryview, pos: int, limit: int, file_from_offset: int) -> int | None:
+def resync(buf: Buffer, pos: int, limit: int, file_from_offset: int) -> int | None:
     """The first position >= ``pos`` where a record provably starts, or None before ``limit``.
 
     A candidate is a V1/V2 magic code; it is confirmed when the record's stored physical offset
@@ -1056,8 +1062,8 @@ def _numpy_fields(layout_fields: list[tuple[str, str]]) -> list[tuple[str, str]]
     return out
 
 
-def locate_fields(buf: bytes | memoryview, positions: Sequence[int],
-                  file_from_offset: int) -> dict[str, object]:
+def locate_fields(buf: Buffer, positions: Sequence[int],
+                  file_from_offset: int) -> dict[str, Any]:
     """Header fields and the spans of body, topic and properties of many records, as numpy
     arrays (one element per position); raises :class:`RecordCorrupt` for the first record whose
     lengths do not add up or whose stored physical offset is not where it lies.
@@ -1072,18 +1078,18 @@ def locate_fields(buf: bytes | memoryview, positions: Sequence[int],
     pos = np.asarray(positions, dtype=np.int64)
     n = len(pos)
     sys_flag = _gather(np, data, pos + SYS_FLAG_POS, ">i4")
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
     v6_rows = np.flatnonzero(sys_flag & _HOST_FLAGS)
     v4_dtype = np.dtype(_numpy_fields(_fields(False, False)))
     header = _gather_struct(np, data, pos, v4_dtype)
-    for name in v4_dtype.names:
+    for name in v4_dtype.names or ():
         out[name] = header[name].astype(v4_dtype[name].newbyteorder("="))
     header_size = np.full(n, _V4.header.size, dtype=np.int64)
     v6_hosts: dict[int, tuple[Host, Host]] = {}
     for row in v6_rows.tolist():  # rare: decode such headers one by one
-        p = int(pos[row])
+        at = int(pos[row])
         layout = _layout_for(int(sys_flag[row]))
-        values = layout.header.unpack_from(buf, p)
+        values = layout.header.unpack_from(buf, at)
         for (name, _), value in zip(_fields(False, False)[9:], _split_hosts(values)[9:]):
             if name not in ("born_host", "store_host"):
                 out[name][row] = value

@@ -56,7 +56,7 @@ def run_cq_bench(*, queues: int, messages_per_queue: int, store_type: str,
     if body_size > limit:
         raise ValueError(f"body size {body_size} is more than maxMessageSize ({limit})")
     owned = store_dir is None
-    root = Path(tempfile.mkdtemp(prefix="stratamq-cq-bench-")) if owned else Path(store_dir)
+    root = Path(store_dir or tempfile.mkdtemp(prefix="stratamq-cq-bench-"))
     if not owned:
         _check_fresh_dir(root)
     config = StoreConfig(store_path_root_dir=str(root), store_type=store_type,

@@ -308,6 +308,7 @@ def run_recovery_bench(store_bytes: int, body_size: int, store_dir: str | None =
                     f"{report.records_scanned}, {readable} readable, end {report.end_offset}"
                 )
     recovery_s = statistics.median(times)
+    assert report is not None  # set by every run above
     scanned = report.bytes_scanned
     return {
         "body_size": body_size,

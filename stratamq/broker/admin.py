@@ -204,7 +204,7 @@ class AdminService:
     def TopicStatus(self, req: dict[str, Any]) -> dict[str, Any]:
         t = self.b.meta.existing_topic(_field(req, "topic", str))
         store = self.b.store
-        queues = []
+        queues: list[dict[str, Any]] = []
         for q in range(t.queue_count):
             low, high = store.get_min_offset_in_queue(t.name, q), \
                 store.get_max_offset_in_queue(t.name, q)
@@ -215,8 +215,8 @@ class AdminService:
                     last = next((m.store_timestamp for m in got.messages()), None)
             queues.append({"queue_id": q, "min_offset": low, "max_offset": high,
                            "last_store_time": last})
-        return {"topic": t.name, "messages": sum(x["max_offset"] - x["min_offset"]
-                                                  for x in queues), "queues": queues}
+        messages = sum(int(x["max_offset"]) - int(x["min_offset"]) for x in queues)
+        return {"topic": t.name, "messages": messages, "queues": queues}
 
     def ResetOffset(self, req: dict[str, Any]) -> dict[str, Any]:
         """The group's position in each queue of the topic moves to the first message stored

@@ -83,7 +83,7 @@ class PopState:
         self._mutex = threading.Lock()
         self.receipt_key: bytes = b""
         for key, value in self.db.items():
-            kind, group, topic, rest = _split(key)
+            kind, group, topic, rest = _split(bytes(key))  # type: ignore[arg-type]
             if kind == b"S":
                 if key == _RECEIPT_KEY:
                     self.receipt_key = bytes(value)
@@ -99,9 +99,9 @@ class PopState:
 
         if len(self.receipt_key) != 32:
             self.receipt_key = os.urandom(32)
-            sync = WriteOptions()
-            sync.sync = True
-            self.db.put(_RECEIPT_KEY, self.receipt_key, sync)
+            synced = WriteOptions()
+            synced.sync = True
+            self.db.put(_RECEIPT_KEY, self.receipt_key, synced)
 
     def close(self) -> None:
         self.db.flush_wal(True)
@@ -179,7 +179,7 @@ class PopState:
         """Forget every group's state for a deleted topic."""
         batch = WriteBatch(raw_mode=True)
         for key in list(self.db.keys()):
-            kind, _group, t, _rest = _split(key)
+            kind, _group, t, _rest = _split(bytes(key))  # type: ignore[arg-type]
             if t == topic and kind != b"S":
                 batch.delete(key)
         self.db.write(batch, self.write_opts)
@@ -187,5 +187,5 @@ class PopState:
             for table in (self.cursors, self.offsets):
                 for k in [k for k in table if k[1] == topic]:
                     del table[k]
-            for k in [k for k in self.inflight if k[1] == topic]:
-                del self.inflight[k]
+            for pair in [p for p in self.inflight if p[1] == topic]:
+                del self.inflight[pair]

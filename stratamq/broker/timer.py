@@ -136,7 +136,9 @@ class TimerMessageStore:
         self.check_path = root / "timercheck"
         self.db: Rdict | None = None
         self._wo = WriteOptions()
-        self._wo.disable_wal = True  # like the RocksDB ConsumeQueue: the CommitLog is the log
+        # Like the RocksDB ConsumeQueue: the CommitLog is the log. (rocksdict's stub calls it a
+        # method; it is a property.)
+        self._wo.disable_wal = True  # type: ignore[method-assign,assignment]
         self._stop = threading.Event()
         self._enqueue_wake = threading.Event()
         self._deliver_wake = threading.Event()
@@ -168,7 +170,7 @@ class TimerMessageStore:
                       self.db_path, exc)
             shutil.rmtree(self.db_path, ignore_errors=True)
             self.db = self._open_db()
-        raw = self.db.get(_META_ENQUEUE_OFFSET)
+        raw = self._rdb().get(_META_ENQUEUE_OFFSET)
         self._enqueue_offset = struct.unpack(">q", raw)[0] if raw else 0
         return self
 
@@ -183,7 +185,7 @@ class TimerMessageStore:
         """Throw the index away and re-index from the timer ConsumeQueue (store open, timer
         not started)."""
         if self.db is not None:
-            self.db.close()
+            self._rdb().close()
             self.db = None
         shutil.rmtree(self.db_path, ignore_errors=True)
         self.open()
@@ -215,7 +217,7 @@ class TimerMessageStore:
                 self.store.commitlog.files.flush_all()  # so in-flight keys may go now
                 self._retire_flushed()
             self._flush_db()
-            self.db.close()
+            self._rdb().close()
             self.db = None
 
     def __enter__(self) -> TimerMessageStore:
@@ -236,6 +238,11 @@ class TimerMessageStore:
 
     # -- submitting -----------------------------------------------------------------------------
 
+
+    def _rdb(self) -> Rdict:
+        if self.db is None:
+            raise RuntimeError(f"timer store {self.db_path} is not open")
+        return self.db
     def submit(self, msg: Message, deliver_ms: int) -> PutMessageResult:
         """Store ``msg`` for delivery to its topic/queue at ``deliver_ms`` (epoch ms).
 
@@ -338,7 +345,7 @@ class TimerMessageStore:
     def _save_enqueue_offset(self, batch: WriteBatch, offset: int) -> None:
         # Written last in the batch: a crash keeps a prefix of writes, never the offset alone.
         batch.put(_META_ENQUEUE_OFFSET, struct.pack(">q", offset))
-        self.db.write(batch, self._wo)
+        self._rdb().write(batch, self._wo)
         self._enqueue_offset = offset
         self._dirty = True
 
@@ -368,7 +375,7 @@ class TimerMessageStore:
         due: list[tuple[bytes, bytes]] = []
         stop = _END_KEY
         self._next_due = 0
-        it = self.db.iter()
+        it = self._rdb().iter()
         it.seek(start)
         while it.valid():
             key = it.key()
@@ -416,7 +423,7 @@ class TimerMessageStore:
             messages.append(_released(held))
             keys.append(key)
         if len(dead):
-            self.db.write(dead, self._wo)
+            self._rdb().write(dead, self._wo)
             self._dirty = True
         if not messages:
             return
@@ -450,7 +457,7 @@ class TimerMessageStore:
             for key in keys:
                 batch.delete(key)
                 self._inflight.discard(key)
-        self.db.write(batch, self._wo)
+        self._rdb().write(batch, self._wo)
         self._dirty = True
 
     def _flush_db(self) -> None:
@@ -460,7 +467,7 @@ class TimerMessageStore:
             return
         self._dirty = False
         queue_offset = self._enqueue_offset  # read first: everything below it is in the DB
-        self.db.flush(True)
+        self._rdb().flush(True)
         with self._lock:
             floor = self._floor
         floor_ms = _KEY.unpack(floor)[0] if len(floor) == _KEY.size else (
@@ -475,7 +482,7 @@ class TimerMessageStore:
     def pending(self) -> int:
         """Exact number of timer messages not yet delivered (iterates the index)."""
         count = 0
-        it = self.db.iter()
+        it = self._rdb().iter()
         it.seek_to_first()
         while it.valid() and it.key()[:1] != _META_PREFIX:
             count += 1
@@ -484,7 +491,7 @@ class TimerMessageStore:
 
     def pending_estimate(self) -> int:
         """RocksDB's estimate (cheap, for metrics)."""
-        return max(0, (self.db.property_int_value("rocksdb.estimate-num-keys") or 1) - 1)
+        return max(0, (self._rdb().property_int_value("rocksdb.estimate-num-keys") or 1) - 1)
 
     def next_due_ms(self) -> int:
         return self._next_due

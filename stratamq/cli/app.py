@@ -118,7 +118,7 @@ class StrataGroup(click.Group):
         if saved is None:  # no stdout at all: nothing to guard
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         guarded = _GuardedStdout(saved)
-        sys.stdout = guarded  # type: ignore[assignment]
+        sys.stdout = guarded
         try:
             try:
                 return super().main(args, prog_name, complete_var, standalone_mode, **extra)

@@ -30,13 +30,13 @@ def demo(store_dir: str, messages: int) -> None:
         text = os_error_text(exc) if isinstance(exc, OSError) else str(exc)
         raise click.ClickException(f"cannot open store {store_dir}: {text}") from None
     with s:
-        report = s.recovery
+        crashed = s.recovery is not None and s.recovery.abnormal
         click.echo(f"store {Path(store_dir).resolve()} opened "
-                   f"({'after a crash' if report.abnormal else 'clean'}; "
+                   f"({'after a crash' if crashed else 'clean'}; "
                    f"CommitLog {s.min_physical_offset}..{s.max_physical_offset})")
         topics = ["DemoOrders", "DemoPayments"]
         started = time.perf_counter()
-        first_offsets = {}
+        first_offsets: dict[tuple[str, int], int] = {}
         for i in range(messages):
             topic = topics[i % 2]
             queue_id = (i // 2) % 4
@@ -44,19 +44,18 @@ def demo(store_dir: str, messages: int) -> None:
                           properties={Prop.TAGS: "even" if i % 2 == 0 else "odd",
                                       Prop.KEYS: f"demo-{i}"},
                           born_timestamp=int(time.time() * 1000))
-            result = s.put_message(msg)
-            if not result.ok:
-                raise click.ClickException(f"put failed: {result.status.value} {result.error}")
-            first_offsets.setdefault((topic, queue_id), result.queue_offset)
+            put = s.put_message(msg)
+            if not put.ok:
+                raise click.ClickException(f"put failed: {put.status.value} {put.error}")
+            first_offsets.setdefault((topic, queue_id), put.queue_offset)
         put_s = time.perf_counter() - started
         s.wait_dispatched()
         click.echo(f"put {messages} messages in {put_s * 1000:.1f} ms "
                    f"({messages / put_s:,.0f} msg/s)")
         read = 0
         for (topic, queue_id), first in sorted(first_offsets.items()):
-            result = s.get_messages("demo", topic, queue_id, first, max_count=messages)
-            with result:
-                msgs = list(result.messages())
+            with s.get_messages("demo", topic, queue_id, first, max_count=messages) as got:
+                msgs = list(got.messages())
             read += len(msgs)
             click.echo(f"  {topic}/{queue_id}: read {len(msgs)} from offset {first}; "
                        f"last: {msgs[-1].body.decode()!r} (msg id {msgs[-1].msg_id})")

@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 import click
 
@@ -20,7 +22,7 @@ __all__ = ["JobProgress", "quiet_option"]
 LINE_EVERY_S = float(os.environ.get("STRATAMQ_PROGRESS_EVERY_S", "5"))
 
 
-def quiet_option(command: click.Command) -> click.Command:
+def quiet_option(command: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--quiet", "-q", is_flag=True, default=False,
                         help="No progress on stderr.")(command)
 
@@ -33,8 +35,8 @@ class JobProgress:
         self.description, self.total, self.unit = description, max(total, 1), unit
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
-        self._bar = None
-        self._task = None
+        self._bar: Any = None  # a rich Progress on a terminal
+        self._task: Any = None
         self._started = time.monotonic()
         self._last_line = float("-inf")
         self._done = 0

@@ -148,6 +148,8 @@ def store_stat(store_dir: str, full: bool) -> None:
             queues = []
             for qid in queue_ids:
                 cq = s.consume_queues.find(name, qid)
+                if cq is None:  # deleted since topics() was read
+                    continue
                 queues.append({
                     "queue_id": qid,
                     "min_offset": cq.min_offset(),
@@ -157,7 +159,8 @@ def store_stat(store_dir: str, full: bool) -> None:
                 })
             topics[name] = {"queues": queues,
                             "messages": sum(q["messages"] for q in queues)}
-        scanned_from = s.min_physical_offset if full else s.recovery.start_offset
+        scanned_from = (s.min_physical_offset if full or s.recovery is None
+                        else s.recovery.start_offset)
         scan = scan_undispatched(s, start=scanned_from)
         warnings = read_only_warnings(s, store_dir, scan)
         files = s.commitlog.files

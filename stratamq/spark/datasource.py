@@ -148,10 +148,14 @@ def _read(partition: InputPartition, headers: bool = False) -> Iterator[pa.Recor
     if isinstance(partition, (QueueSplit, BrokerSplit)) and partition.start >= partition.end:
         return  # nothing to read (the placeholder partition of an empty read)
     if isinstance(partition, BrokerSplit):
-        reader = read_broker_split
+        batches = read_broker_split(partition)
+    elif isinstance(partition, LogSplit):
+        batches = read_log_split(partition)
+    elif isinstance(partition, QueueSplit):
+        batches = read_queue_split(partition)
     else:
-        reader = read_log_split if isinstance(partition, LogSplit) else read_queue_split
-    for batch in reader(partition):
+        raise TypeError(f"not a stratamq split: {partition!r}")
+    for batch in batches:
         if batch.num_rows:
             yield with_headers(batch) if headers else batch
 
@@ -185,7 +189,7 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
                  root: str | None) -> list[InputPartition]:
     """Splits of a batch read, from a store directory (``root``) or a ``broker``."""
     catalog = Catalog.load(root) if root is not None else None
-    min_parts = planning.int_option(options, "minPartitions", 1)
+    min_parts = planning.int_option(options, "minPartitions", 1) or 1
     fail = planning.bool_option(options, "failOnDataLoss", True)
     starting = planning.parse_offsets(options, "startingOffsets", "earliest")
     ending = planning.parse_offsets(options, "endingOffsets", "latest")
@@ -194,12 +198,17 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
     start_times = planning.parse_timestamps(options, "startingOffsetsByTimestamp")
     end_times = planning.parse_timestamps(options, "endingOffsetsByTimestamp")
     by_times = bool(start_times or end_times) or ending_time is not None
-    existing = catalog.topics if catalog is not None else _broker_queues(broker)
+    if catalog is not None:
+        existing = catalog.topics
+    else:
+        assert broker is not None  # a read has a store directory or a broker
+        existing = _broker_queues(broker)
     known = sorted(existing)
     with _topic_hints(options, root, catalog):
         topics = planning.select_topics(options, known, must_match=True,
                                         offsets=[starting, ending])
-        if (root is not None and topics is None and starting == "earliest"
+        if (root is not None and catalog is not None and topics is None
+                and starting == "earliest"
                 and ending == "latest" and timestamp is None and not by_times):
             low, end = planning.commitlog_bounds(root)
             return list(planning.log_splits(root, catalog, low, end, min_parts,
@@ -213,6 +222,7 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
     if catalog is not None:
         queues = {q: b for q, b in catalog.queues.items() if q[0] in topics}
     else:
+        assert broker is not None
         queues = broker.queues(topics)
     queues = _only_assigned(options, queues)
     for name, times in (("startingOffsetsByTimestamp", start_times),
@@ -367,7 +377,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise OptionError(f"option '{name}' is for batch reads; a stream starts at "
                                   "startingOffsets or startingTimestamp")
         self.fail = planning.bool_option(opts, "failOnDataLoss", True)
-        self.min_parts = planning.int_option(opts, "minPartitions", 1)
+        self.min_parts = planning.int_option(opts, "minPartitions", 1) or 1
         self.target: dict[Queue, int] | None = None
         self._queues()  # checks ``topics`` now
 

@@ -199,7 +199,7 @@ def source_options(store: str | None, endpoints: str | None, topics: str | None,
                          "(or STRATAMQ_ACCESS_KEY and STRATAMQ_SECRET_KEY)")
     if store and (tls or tls_ca_file):
         raise ValueError("--tls and --tls-ca-file are for --endpoints, not --store")
-    opts = {"path": store} if store else {"endpoints": endpoints}
+    opts: dict[str, str] = {"path": store} if store else {"endpoints": endpoints or ""}
     if topics:
         opts["topics"] = topics
     if max_per_trigger:

@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -246,7 +246,7 @@ def is_topic_list(raw: str) -> bool:
 
 
 def select_topics(options: Mapping[str, str], known: list[str], *, must_match: bool,
-                  offsets: list[object]) -> list[str] | None:
+                  offsets: Sequence[object]) -> list[str] | None:
     """Topics the ``topics`` option names; None = all. A value made only of topic-name
     characters and commas is a list (every topic must exist); anything else is a regex
     (``must_match``: it must match a topic now). ``options`` keys are lower case."""
@@ -404,10 +404,8 @@ def check_read_options(options: Mapping[str, str],
 def resolve(spec: str | dict[str, dict[int, int]], queue: Queue, bounds: tuple[int, int],
             name: str, default: int) -> int:
     """One queue's offset from an offsets option: earliest/latest resolved to its bounds."""
-    if spec == "earliest":
-        value = EARLIEST
-    elif spec == "latest":
-        value = LATEST
+    if isinstance(spec, str):
+        value = EARLIEST if spec == "earliest" else LATEST
     else:
         value = spec.get(queue[0], {}).get(queue[1], default)
     if value == EARLIEST:

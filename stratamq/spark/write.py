@@ -239,7 +239,7 @@ class StoreAppender:
             value = int_option(options, option, None)
             if value is not None:
                 setattr(self.config, field, value)
-        self.queue_nums = int_option(options, "queueNums", 4)
+        self.queue_nums: int = int_option(options, "queueNums", 4) or 4
         self.lock_timeout = (int_option(options, "lockTimeoutMs", 300_000) or 0) / 1000
         self.next_queue = first_queue
         self.buffer: list[Message] = []

@@ -118,7 +118,7 @@ class CommitLog:
                 )
         if appended and self.on_append is not None:
             self.on_append()
-        if len(appended) < len(records):
+        if failed is not None:
             return failed
         return PutMessageResult(PutMessageStatus.PUT_OK, appended)
 
@@ -177,9 +177,9 @@ class CommitLog:
                 queue_offset = 0  # prepared/rolled back: no queue position, as in RocketMQ
             else:
                 key = (topic, queue_id)
-                queue_offset = pending_offsets.get(key)
-                if queue_offset is None:
-                    queue_offset = offsets.get(key, 0)
+                next_in_batch = pending_offsets.get(key)
+                queue_offset = (offsets.get(key, 0) if next_in_batch is None
+                                else next_in_batch)
                 pending_offsets[key] = queue_offset + 1
             physical_offset = base + pos
             pack_positions(batch, pos + qpos, queue_offset, physical_offset)

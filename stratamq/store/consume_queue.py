@@ -21,6 +21,7 @@ from stratamq.store.consume_queue_format import (
     written_units,
 )
 from stratamq.store.layout import StoreLayout, parse_segment_name
+from stratamq.store.mapped_file import MappedFile, MappedFileError
 from stratamq.store.mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ class ConsumeQueue:
             if current == 0 and self.files.last() is None and target > 0:
                 # A queue whose earlier units are gone (or never existed here) starts mid-file:
                 # fill the head of its first file with blank units, as RocketMQ does.
-                mf = self.files.last_mapped_file(start_offset=target)
+                mf = self._file_for(target)
                 head = target - mf.file_from_offset
                 if head:
                     mf.write_at(0, BLANK_UNIT * (head // UNIT_SIZE))
@@ -209,13 +210,19 @@ class ConsumeQueue:
             while current < target:
                 log.error("%s/%d: gap in queue before offset %d; filling with blank units",
                           self.topic, self.queue_id, queue_offset)
-                mf = self.files.last_mapped_file(start_offset=current)
+                mf = self._file_for(current)
                 mf.write_at(current - mf.file_from_offset, BLANK_UNIT)
                 current += UNIT_SIZE
-            mf = self.files.last_mapped_file(start_offset=target)
+            mf = self._file_for(target)
             mf.write_at(target - mf.file_from_offset,
                         UNIT.pack(commitlog_offset, size, tags_code))
             self.max_physic_offset = commitlog_offset + size
+
+    def _file_for(self, byte_pos: int) -> MappedFile:
+        mf = self.files.last_mapped_file(start_offset=byte_pos)
+        if mf is None:  # only a read-only queue has none to give
+            raise MappedFileError(f"{self.topic}/{self.queue_id}: no writable ConsumeQueue file")
+        return mf
 
     # -- reading --------------------------------------------------------------------------------
 

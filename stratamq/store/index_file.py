@@ -193,6 +193,7 @@ class IndexFile(RefCountedMap):
     """
 
     _error = IndexFileError
+    _map: mmap.mmap  # always mapped: index files are never evicted (see map_budget)
 
     def __init__(self, path: Path, hash_slot_num: int, index_num: int, *,
                  read_only: bool = False, create: bool = False,

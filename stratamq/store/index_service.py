@@ -115,23 +115,25 @@ class IndexService:
                         raise IndexFileError(f"{path}: its size fits no geometry its entries "
                                              "confirm")
                     geometry = found
-                f: IndexFile | None = IndexFile(path, *geometry, read_only=self.read_only)
+                opened = IndexFile(path, *geometry, read_only=self.read_only)
             except (OSError, ValueError) as exc:
-                why = str(exc)
-                f = None
-                unconfirmed = isinstance(exc, IndexFileError) and "geometry" in why
+                why: str | None = str(exc)
+                f: IndexFile | None = None
+                unconfirmed = isinstance(exc, IndexFileError) and "geometry" in str(exc)
             else:
-                why = f.damage()
+                f = opened
+                why = opened.damage()
                 # A read-only reader (e.g. `store query` beside a running broker, whose `abort`
                 # marker is present) cannot rebuild, and every hit is checked against its
                 # message anyway: only structural damage makes it skip a file.
                 if (why is None and abnormal and not self.read_only
-                        and f.end_timestamp > checkpoint_index_timestamp):
-                    why = (f"ends at {f.end_timestamp}, after the checkpoint's index time "
+                        and opened.end_timestamp > checkpoint_index_timestamp):
+                    why = (f"ends at {opened.end_timestamp}, after the checkpoint's index time "
                            f"{checkpoint_index_timestamp}")
             if why is None and f is not None:
                 kept.append(f)
                 continue
+            why = why or "unreadable"
             self.dropped.append((path.name, why))
             if self.read_only:
                 log.warning("index file %s skipped: %s", path.name, why)

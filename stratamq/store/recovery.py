@@ -15,7 +15,9 @@ records behind it, and the report says so instead of passing the cut off as a cl
 from __future__ import annotations
 
 import logging
+import mmap
 from dataclasses import dataclass, field
+from typing import cast
 
 from stratamq import message as codec
 from stratamq.message import RecordCorrupt
@@ -131,7 +133,7 @@ def count_records_after(files: list[MappedFile], cut: int,
         base, size = mf.file_from_offset, mf.file_size
         # The record at the cut failed a check (or is zeros): look from the next byte.
         pos = max(0, cut + 1 - base)
-        raw = mf.buffer.obj  # the mmap: its find() searches without copying the segment
+        raw = cast(mmap.mmap, mf.buffer.obj)  # the mmap: find() searches without copying
         done = False
         # Holes and unwritten extents read as zeros: no record can start there. (A record
         # straddling a hole, which only a zero-detecting copy could make, is not counted.)

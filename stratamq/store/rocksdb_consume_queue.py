@@ -62,6 +62,7 @@ from rocksdict import (
     AccessType,
     BlockBasedOptions,
     Cache,
+    ColumnFamily,
     DBCompressionType,
     Options,
     Rdict,
@@ -290,7 +291,7 @@ class RocksDBConsumeQueueStore:
         self.read_only = read_only
         self._db: Rdict | None = None
         self._offset_cf: Rdict | None = None
-        self._offset_cfh = None
+        self._offset_cfh: ColumnFamily | None = None
         # The offset table's cache (module docstring): (topic, queue id) -> (queue offset,
         # phys) of the queue's last / first unit, or None for "no such queue". A key absent
         # here is unknown unless ``_complete``, when it is absent from RocksDB too.
@@ -317,6 +318,18 @@ class RocksDBConsumeQueueStore:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
+
+    @property
+    def db(self) -> Rdict:
+        if self._db is None:
+            raise RuntimeError(f"RocksDB ConsumeQueue store {self.path} is not open")
+        return self._db
+
+    @property
+    def offset_cf(self) -> Rdict:
+        if self._offset_cf is None:
+            raise RuntimeError(f"RocksDB ConsumeQueue store {self.path} is not open")
+        return self._offset_cf
     def load(self) -> None:
         """Open RocksDB and read the checkpoint and watermark rows; no queue is read."""
         if self.read_only:
@@ -337,18 +350,20 @@ class RocksDBConsumeQueueStore:
             self._db = Rdict(str(self.path), options=opts,
                              column_families={OFFSET_CF: rocksdb_options()})
             wo = WriteOptions()
-            wo.disable_wal = True  # the CommitLog is the log (seed 003)
-            self._db.set_write_options(wo)
-        self._offset_cf = self._db.get_column_family(OFFSET_CF)
-        self._offset_cfh = self._db.get_column_family_handle(OFFSET_CF)
-        value = self._offset_cf.get(CHECKPOINT_KEY)
+            # The CommitLog is the log (seed 003). (rocksdict's stub calls it a method; it is a
+            # property, read back as True.)
+            wo.disable_wal = True  # type: ignore[method-assign,assignment]
+            self.db.set_write_options(wo)
+        self._offset_cf = self.db.get_column_family(OFFSET_CF)
+        self._offset_cfh = self.db.get_column_family_handle(OFFSET_CF)
+        value = self.offset_cf.get(CHECKPOINT_KEY)
         if value is not None:
             self._max_phys = I64.unpack(value)[0]
-        value = self._offset_cf.get(EXPIRED_BELOW_KEY)
+        value = self.offset_cf.get(EXPIRED_BELOW_KEY)
         if value is not None:
             self._expired_below = I64.unpack(value)[0]
         # A new (or emptied) store knows every queue already: no get per first dispatch.
-        it = self._offset_cf.iter()
+        it = self.offset_cf.iter()
         it.seek_to_first()
         while it.valid() and it.key() in SYSTEM_KEYS:
             it.next()
@@ -378,9 +393,9 @@ class RocksDBConsumeQueueStore:
         saw no new message.
         """
         with self._lock:
-            self._db.flush()
+            self.db.flush()
             if self._offset_cf is not None:
-                self._offset_cf.flush()
+                self.offset_cf.flush()
 
     def close(self) -> None:
         if self._db is None:
@@ -391,7 +406,7 @@ class RocksDBConsumeQueueStore:
         self._iters.clear()  # an iterator must not outlive its database
         self._offset_cf = None
         self._offset_cfh = None
-        self._db.close()
+        self.db.close()
         self._db = None
         self._handles.clear()
 
@@ -426,7 +441,8 @@ class RocksDBConsumeQueueStore:
             # Both rows in one multi-get: a queue's first read pays one RocksDB round trip.
             values = cf.get([offset_key(topic_bytes, key[1], True),
                              offset_key(topic_bytes, key[1], False)])
-            for value, is_max, table in zip(values, (True, False), (self._max, self._min)):
+            for value, is_max, table in zip(values or (None, None), (True, False),
+                                            (self._max, self._min)):
                 row = table.get(key, _UNKNOWN)
                 if row is _UNKNOWN:
                     row = None
@@ -444,7 +460,7 @@ class RocksDBConsumeQueueStore:
         key-count estimate, read once: start-up stays lazy for a large table)."""
         if self._small is None:
             try:
-                rows = self._offset_cf.property_int_value("rocksdb.estimate-num-keys")
+                rows = self.offset_cf.property_int_value("rocksdb.estimate-num-keys")
             except Exception:  # the property is an estimate; without it, stay lazy
                 rows = None
             self._small = rows is not None and rows <= FULL_LOAD_MAX_ROWS
@@ -457,7 +473,8 @@ class RocksDBConsumeQueueStore:
             if self._complete or self._offset_cf is None:
                 return
             unpack = OFFSET_VALUE.unpack
-            for key, value in self._offset_cf.items():
+            for raw_key, value in self.offset_cf.items():
+                key = bytes(raw_key)  # type: ignore[arg-type]  # raw_mode: keys are bytes
                 if key in SYSTEM_KEYS:
                     continue
                 parsed = parse_offset_key(key)
@@ -469,9 +486,9 @@ class RocksDBConsumeQueueStore:
                 phys, queue_offset = unpack(value)
                 (self._max if is_max else self._min).setdefault((topic, queue_id),
                                                                 (queue_offset, phys))
-            for key, row in self._max.items():
-                if row is not None and self._min.get(key) is None:
-                    self._min[key] = row  # a missing min row: the queue starts where it ends
+            for queue, row in self._max.items():
+                if row is not None and self._min.get(queue) is None:
+                    self._min[queue] = row  # a missing min row: the queue starts where it ends
             self._complete = True
 
     def _queue_rows(self) -> list[tuple[tuple[str, int], OffsetRow]]:
@@ -490,7 +507,7 @@ class RocksDBConsumeQueueStore:
     def _write(self, batch: WriteBatch) -> None:
         """Write a batch, then retire the reused iterators (they would not see it). Callers
         update the cache after this, so a reader that sees a new row gets a new iterator."""
-        self._db.write(batch)
+        self.db.write(batch)
         self._generation += 1
         self._iters.clear()  # idle threads' iterators must not pin deleted files
 
@@ -555,9 +572,9 @@ class RocksDBConsumeQueueStore:
             self._commit_locked()
 
     def _commit_locked(self) -> None:
-        if not self._pending or self._db is None:
-            return
         batch = self._batch
+        if not self._pending or self._db is None or batch is None:
+            return
         cfh = self._offset_cfh
         for (topic, queue_id), (queue_offset, phys) in self._pending_max.items():
             batch.put(offset_key(topic.encode("utf-8"), queue_id, True),
@@ -662,7 +679,7 @@ class RocksDBConsumeQueueStore:
                 batch.delete_range(cq_key(prefix, cut), queue_range(prefix)[1])
                 topic_bytes = key[0].encode("utf-8")
                 if cut > low:
-                    prev = CQ_VALUE.unpack(self._get(cq_key(prefix, cut - 1)))
+                    prev = CQ_VALUE.unpack(self._get(cq_key(prefix, cut - 1)) or b"")
                     new_max[key] = (cut - 1, prev[0])
                     batch.put(offset_key(topic_bytes, key[1], True),
                               OFFSET_VALUE.pack(prev[0], cut - 1), self._offset_cfh)
@@ -777,8 +794,8 @@ class RocksDBConsumeQueueStore:
         """Compact everything: range-deleted rows leave the SST files."""
         if self._db is not None and not self.read_only:
             self.commit_dispatch()
-            self._db.compact_range(None, None)
-            self._offset_cf.compact_range(None, None)
+            self.db.compact_range(None, None)
+            self.offset_cf.compact_range(None, None)
 
 
 __all__ = ["RocksDBConsumeQueue", "RocksDBConsumeQueueStore"]

@@ -19,12 +19,13 @@ under ``repaired``. The read-only helpers (``scan_undispatched``, ``index_gaps``
 
 from __future__ import annotations
 
+import mmap
 import shutil
 import struct
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from stratamq import message as codec
 from stratamq.message import DispatchInfo, RecordCorrupt, SysFlag, tags_hash_code
@@ -49,7 +50,7 @@ def queue_name(key: QueueKey) -> str:
 def _resync(mf: MappedFile, pos: int, limit: int) -> int | None:
     """The next position >= ``pos`` in ``mf`` where a record provably starts (searched in the
     mmap itself: ``message.resync`` on a memoryview would copy the whole segment)."""
-    return codec.resync(mf.buffer.obj, pos, limit, mf.file_from_offset)
+    return codec.resync(cast("mmap.mmap", mf.buffer.obj), pos, limit, mf.file_from_offset)
 
 
 def _segments_from(files: MappedFileQueue, offset: int) -> Iterator[MappedFile]:
