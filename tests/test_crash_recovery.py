@@ -123,7 +123,7 @@ def config_for(root: Path, flush: FlushDiskType, **overrides) -> StoreConfig:
 
 
 def run_writer_and_kill(cfg: StoreConfig, tmp_path: Path, *, pace_ms: int = 0,
-                        min_span_ms: int = 0) -> list[dict]:
+                        min_span_ms: int = 0, min_cq_files: int = 0) -> list[dict]:
     """Start the writer, collect ``ACKS_BEFORE_KILL`` acks (and, if asked, acks whose store
     times span ``min_span_ms``), SIGKILL it while it writes, and return every ack it printed
     before dying (including the ones still in the pipe)."""
@@ -165,7 +165,7 @@ def run_writer_and_kill(cfg: StoreConfig, tmp_path: Path, *, pace_ms: int = 0,
         deadline = time.monotonic() + ACK_TIMEOUT
         while len(acks) < ACKS_BEFORE_KILL or (
             acks[-1]["store_timestamp"] - acks[0]["store_timestamp"] < min_span_ms
-        ):
+        ) or (min_cq_files and len(acks) % 50 == 0 and _most_cq_files(cfg) < min_cq_files):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 pytest.fail(f"writer gave {len(acks)} acks in {ACK_TIMEOUT}s; stderr: "
@@ -321,6 +321,15 @@ def test_sigkill_loses_no_acknowledged_message(tmp_path, flush, checkpointing):
         assert check_store(store, acks, extra) == n
 
 
+def _most_cq_files(cfg: StoreConfig) -> int:
+    """ConsumeQueue files of the queue that has the most (the dispatcher may lag the acks)."""
+    root = cfg.root / "consumequeue"
+    if not root.is_dir():
+        return 0
+    return max((len(list(q.iterdir())) for t in root.iterdir() for q in t.iterdir()),
+               default=0)
+
+
 def units_on_disk(queue_dir: Path) -> list[tuple[int, int, int]]:
     """The written units of a ConsumeQueue read straight from its files."""
     units = []
@@ -357,7 +366,9 @@ def test_sigkill_with_consume_queue_behind_commitlog(tmp_path, damage):
     checkpointing = damage == "after_checkpoint"
     cfg = config_for(tmp_path / "store", FlushDiskType.SYNC_FLUSH,
                      **(CHECKPOINTING if checkpointing else {}))
-    acks = run_writer_and_kill(cfg, tmp_path, **(PACED if checkpointing else {}))
+    # Until the dispatcher (not just the acks) has filled several files of some queue.
+    acks = run_writer_and_kill(cfg, tmp_path, min_cq_files=4,
+                               **(PACED if checkpointing else {}))
     layout = StoreLayout(cfg.root)
     # The queue with the most acknowledged messages loses its newest units.
     counts: dict[tuple[str, int], int] = {}
