@@ -31,3 +31,29 @@ def test_the_store_imports_none_of_the_parts_that_plug_into_it():
     offending = {str(p.relative_to(PACKAGE)): sorted(
         m for m in imports_of(p) if m.startswith(OUTSIDE_THE_STORE)) for p in leaves}
     assert {k: v for k, v in offending.items() if v} == {}
+
+
+def test_the_broker_and_the_cli_load_no_spark_and_say_how_to_get_it():
+    """PySpark, pyarrow and pandas are the ``spark`` extra: the broker, the store and the CLI
+    load none of them, and a Spark command without them says how to install them."""
+    import subprocess
+    import sys
+
+    loaded = subprocess.run([sys.executable, "-c", (
+        "import sys, stratamq.cli, stratamq.broker.server, stratamq.store.message_store\n"
+        "print(sorted(m for m in ('pyspark', 'pyarrow', 'pandas') if m in sys.modules))")],
+        capture_output=True, text=True, timeout=60)
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "[]", loaded.stderr
+    # The same interpreter with PySpark made unimportable, as on a broker-only install.
+    hidden = subprocess.run([sys.executable, "-c", (
+        "import importlib.abc, sys\n"
+        "class Hide(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('pyspark', 'pyarrow'):\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        "from stratamq.cli import main\n"
+        "main(['spark', 'export', '--store', 'x', '--out', 'y'])")],
+        capture_output=True, text=True, timeout=60)
+    assert hidden.returncode == 1, hidden.stderr
+    assert "pip install 'stratamq[spark]'" in hidden.stderr

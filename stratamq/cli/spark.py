@@ -11,6 +11,12 @@ from stratamq.cli.common import emit
 @main.group()
 def spark() -> None:
     """Spark pipelines (PySpark, embedded local[*] unless run under spark-submit)."""
+    try:
+        import pyarrow  # noqa: F401
+        import pyspark  # noqa: F401
+    except ImportError as exc:
+        raise click.ClickException(f"Spark commands need PySpark and pyarrow, which the broker "
+                                   f"does not ({exc}): pip install 'stratamq[spark]'") from None
 
 
 @spark.command("export")
