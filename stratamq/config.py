@@ -284,6 +284,12 @@ class StoreConfig:
         "cleanFileForciblyEnable", True, "bool",
         "past diskSpaceCleanForciblyRatio, delete unexpired files too",
     )  # fmt: skip
+    dispatcher_hold_max_bytes: int = _setting(
+        "dispatcherRetentionHoldMaxBytes", 16 * 1024**3, "bytes",
+        "how far a lagging plugged-in dispatcher (a tier uploader) may hold CommitLog clean-up "
+        "back; past it files go anyway, with a warning",
+        minimum=0, maximum=2**62,
+    )  # fmt: skip
 
     # -- ConsumeQueue store (issue 4; seed 003) ---------------------------------------------------
     store_type: str = _setting(

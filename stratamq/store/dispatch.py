@@ -40,6 +40,12 @@ class Dispatcher(Protocol):
     A dispatcher may also offer ``replay_floor(topic, queue_id) -> int``: every record of that
     queue whose physical offset is below the returned offset is already in it. When all
     dispatchers offer it, a replay skips covered records without decoding them.
+
+    One plugged in with ``MessageStore.add_dispatcher`` may offer ``durable_offset() -> int``:
+    the CommitLog offset below which it has processed every record durably (a tier uploader:
+    what the tier committed). An open replays from the lowest such offset, and clean-up keeps
+    the CommitLog files above it (up to ``dispatcherRetentionHoldMaxBytes``). Optional hooks
+    are looked up with ``getattr`` once, not per record.
     """
 
     def dispatch(self, info: DispatchInfo) -> None: ...

@@ -105,6 +105,7 @@ class MessageStore:
         self._opened = False
         # Called with the seconds of each CommitLog flush pass (the broker's metrics).
         self.flush_observers: list[Callable[[float], None]] = []
+        self._plugged: list[Dispatcher] = []  # add_dispatcher's, dispatched after the queues
         self._allocator: AllocateMappedFileService | None = None
         self._flusher: AsyncFlushService | GroupCommitService | None = None
         self._cq_flusher: ConsumeQueueFlushService | None = None
@@ -161,6 +162,7 @@ class MessageStore:
         self.index = self._open_index(cfg, abnormal)
         # Adding a dispatcher (index, RocksDB ConsumeQueue, compaction, tier) is one line here.
         self._dispatchers: list[Dispatcher] = [*self.cq_stores]  # both with double write
+        self._dispatchers.extend(self._plugged)
         if self.index is not None and not self.read_only:
             self._dispatchers.append(self.index)
         self.reput = ReputService(files, self._dispatchers, self._dispatch_from(report),
@@ -230,13 +232,32 @@ class MessageStore:
         for cq_store in self.cq_stores:
             cq_store.flush(least_pages)
 
+    def add_dispatcher(self, dispatcher: Dispatcher) -> None:
+        """Plug in a dispatcher (a tier uploader, a compaction log) before ``open``: it is fed
+        every record after the ConsumeQueues and the index, replayed from its
+        ``durable_offset()`` on open, and holds clean-up back while it lags (see
+        ``Dispatcher``)."""
+        if self._opened:
+            raise RuntimeError("add dispatchers before the store is opened")
+        self._plugged.append(dispatcher)
+
+    def _plugged_progress(self) -> int | None:
+        """The lowest ``durable_offset()`` of the plugged-in dispatchers (None: none says)."""
+        offsets = [f() for d in self._plugged
+                   if (f := getattr(d, "durable_offset", None)) is not None]
+        return min(offsets) if offsets else None
+
     def _dispatch_from(self, report: RecoveryReport) -> int:
-        """Where the ConsumeQueues stop being known-complete: the least any store covers.
+        """Where the ConsumeQueues stop being known-complete: the least any store covers, and
+        no later than where a plugged-in dispatcher's durable progress ends.
 
         A RocksDB store without WAL may have lost its newest batches in a crash; its checkpoint
         row says how far it got, which can be before the checkpoint's safe offset."""
         known = min(max(s.max_physic_offset(), self.commitlog.min_offset)
                     for s in self.cq_stores)
+        plugged = self._plugged_progress()
+        if plugged is not None:
+            known = min(known, max(plugged, self.commitlog.min_offset))
         if report.abnormal:
             # Replay is idempotent: units already present are kept.
             return min(report.start_offset, known)
@@ -265,9 +286,26 @@ class MessageStore:
         # Files go only once dispatched and flushed past (see CleanupService.safe_offset).
         self.cleanup = CleanupService(
             cfg, self.layout.root, files, self.cq_stores, index_service=self.index,
-            safe_offset=lambda: min(files.flushed_where, self.reput.reput_from),
+            safe_offset=self._cleanup_safe_offset,
         )
         self.cleanup.start()
+
+    def _cleanup_safe_offset(self) -> int:
+        """Below this, CommitLog files may go: flushed, dispatched, and processed durably by
+        every plugged-in dispatcher, unless one lags more than dispatcherRetentionHoldMaxBytes
+        (a tier that cannot keep up must not fill the local disk)."""
+        files = self.commitlog.files
+        safe = min(files.flushed_where, self.reput.reput_from)
+        plugged = self._plugged_progress()
+        if plugged is not None and plugged < safe:
+            floor = safe - self.config.dispatcher_hold_max_bytes
+            if plugged < floor:
+                log.warning("a plugged-in dispatcher is %d bytes behind, more than "
+                            "dispatcherRetentionHoldMaxBytes (%d): clean-up no longer waits "
+                            "for it", safe - plugged, self.config.dispatcher_hold_max_bytes)
+                return floor
+            return plugged
+        return safe
 
     def _on_append(self) -> None:
         # The async flusher is not woken per put: it looks every flushIntervalCommitLog ms and

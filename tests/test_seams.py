@@ -1,0 +1,96 @@
+"""A dispatcher plugged into the store from outside (as a tier uploader or a compaction log
+will be): fed every record, replayed from its own durable progress on open, and holding
+CommitLog clean-up back while it lags, up to a bound."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from stratamq.config import StoreConfig
+from stratamq.message import DispatchInfo, Message
+from stratamq.store.message_store import MessageStore
+
+SEGMENT = 64 * 1024
+
+
+class LaggingDispatcher:
+    """Remembers what it was given; ``durable`` is as far as it claims to have persisted."""
+
+    def __init__(self, durable: int = 0) -> None:
+        self.durable = durable
+        self.offsets: list[int] = []
+
+    def dispatch(self, info: DispatchInfo) -> None:
+        self.offsets.append(info.physical_offset)
+
+    def durable_offset(self) -> int:
+        return self.durable
+
+
+def _config(tmp_path, **extra) -> StoreConfig:
+    return StoreConfig(store_path_root_dir=str(tmp_path / "store"),
+                       mapped_file_size_commit_log=SEGMENT,
+                       mapped_file_size_consume_queue=100 * 20,
+                       delete_commit_log_files_interval=0, **extra)
+
+
+def _fill(store: MessageStore, n: int = 300) -> None:
+    for i in range(n):
+        assert store.put_message(Message("Seam", b"x" * 1000 + b"%d" % i, i % 2)).ok
+    assert store.wait_dispatched()
+    store.flush()
+
+
+def test_a_plugged_dispatcher_is_fed_holds_clean_up_and_is_replayed(tmp_path):
+    toy = LaggingDispatcher(durable=0)
+    store = MessageStore(_config(tmp_path))
+    store.add_dispatcher(toy)
+    store.open()
+    try:
+        _fill(store)
+        assert len(toy.offsets) == 300
+        segments = len(store.commitlog.files.files)
+        assert segments >= 4
+        # It has persisted nothing: no CommitLog file may go, even forced.
+        report = store.cleanup.run_once(force=True)
+        assert report.commitlog_files == [] and store.commitlog.min_offset == 0
+        # It caught up to the end of the second segment: the first two may go, no more.
+        toy.durable = 2 * SEGMENT
+        report = store.cleanup.run_once(force=True)
+        assert store.commitlog.min_offset == 2 * SEGMENT, report.as_dict()
+        end = store.commitlog.max_offset
+    finally:
+        store.close()
+    # Reopened, a dispatcher is replayed from its durable progress: what it had not persisted
+    # (everything from 2 segments on) reaches it again.
+    again = LaggingDispatcher(durable=3 * SEGMENT)
+    store = MessageStore(_config(tmp_path))
+    store.add_dispatcher(again)
+    with store.open():
+        assert again.offsets and min(again.offsets) >= 3 * SEGMENT - 1200
+        assert [o for o in toy.offsets if o >= min(again.offsets)] == again.offsets
+        assert store.commitlog.max_offset == end
+
+
+def test_a_dispatcher_that_lags_past_the_bound_no_longer_holds_clean_up(tmp_path, caplog):
+    toy = LaggingDispatcher(durable=0)
+    store = MessageStore(_config(tmp_path, dispatcher_hold_max_bytes=SEGMENT))
+    store.add_dispatcher(toy)
+    store.open()
+    try:
+        _fill(store)
+        with caplog.at_level(logging.WARNING):
+            store.cleanup.run_once(force=True)
+        # Files more than the bound behind the dispatched end went; the rest stay for it.
+        assert 0 < store.commitlog.min_offset <= store.reput.reput_from - SEGMENT
+        assert "dispatcherRetentionHoldMaxBytes" in caplog.text
+    finally:
+        store.close()
+
+
+def test_dispatchers_are_added_before_open(tmp_path):
+    with (MessageStore(_config(tmp_path)).open() as store,
+          pytest.raises(RuntimeError, match="before the store is opened")):
+        store.add_dispatcher(LaggingDispatcher())
