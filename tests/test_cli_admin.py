@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 
 import click
@@ -69,7 +70,12 @@ def test_route_status_and_broker_status(broker):
     route = _lines(broker.cli("topic", "route", "--topic", "Routed"))[0]
     assert [q["perm"] for q in route["queues"]] == ["READ_WRITE"] * 3
     assert route["endpoint"] == broker.endpoint
-    status = _lines(broker.cli("topic", "status", "--topic", "Routed"))[0]
+    deadline = time.monotonic() + 30  # dispatch is asynchronous: wait for the message
+    while True:
+        status = _lines(broker.cli("topic", "status", "--topic", "Routed"))[0]
+        if status["messages"] == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert status["messages"] == 1
     assert sum(q["last_store_time"] is not None for q in status["queues"]) == 1
     table = broker.cli("topic", "status", "--topic", "Routed", "--output", "table")

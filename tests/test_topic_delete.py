@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 from test_broker_harness import BrokerProcess, create_topic, send
 
@@ -82,6 +83,19 @@ def test_a_crash_after_the_deletion_does_not_bring_old_messages_back(tmp_path):
         assert _bodies(s, "T") == [b"new-0"]
 
 
+def _messages_when(b: BrokerProcess, topic: str, want: int) -> int:
+    """The topic's message count once it is ``want`` (dispatch is asynchronous), or what it
+    is after a bounded wait."""
+    deadline = time.monotonic() + 30
+    while True:
+        listed = {json.loads(line)["topic"]: json.loads(line)
+                  for line in b.cli("topic", "list").stdout.split()}
+        count = listed[topic]["messages"]
+        if count == want or time.monotonic() > deadline:
+            return count
+        time.sleep(0.05)
+
+
 def test_admin_topic_delete_then_create_starts_empty(tmp_path):
     b = BrokerProcess(tmp_path / "store").start()
     try:
@@ -93,9 +107,7 @@ def test_admin_topic_delete_then_create_starts_empty(tmp_path):
                   for line in b.cli("topic", "list").stdout.split()}
         assert listed["Reborn"]["messages"] == 0
         send(b, "Reborn", [b"new-1"])
-        listed = {json.loads(line)["topic"]: json.loads(line)
-                  for line in b.cli("topic", "list").stdout.split()}
-        assert listed["Reborn"]["messages"] == 1
+        assert _messages_when(b, "Reborn", 1) == 1
     finally:
         assert b.terminate() == 0
     with MessageStore(StoreConfig(store_path_root_dir=str(tmp_path / "store")),
@@ -108,6 +120,7 @@ def test_shrinking_read_queues_that_hold_unconsumed_messages_is_refused(tmp_path
     try:
         create_topic(b, "Wide", 8)
         send(b, "Wide", [b"m%d" % i for i in range(16)])  # round robin: every queue holds some
+        assert _messages_when(b, "Wide", 16) == 16
         refused = b.cli("topic", "update", "--topic", "Wide", "--queues", "2")
         assert refused.returncode == 1 and "unconsumed" in refused.stderr, refused.stderr
         # The RocketMQ way: stop writing to queues 2..7 first; consumers still read all 8.
