@@ -94,3 +94,26 @@ def test_dispatchers_are_added_before_open(tmp_path):
     with (MessageStore(_config(tmp_path)).open() as store,
           pytest.raises(RuntimeError, match="before the store is opened")):
         store.add_dispatcher(LaggingDispatcher())
+
+
+def test_a_put_waits_on_each_waiter_in_turn(tmp_path):
+    """Group commit is the first condition a SYNC_FLUSH put waits on; a plugged-in one (as a
+    replication master's "a slave has the bytes") comes after it and can refuse the put."""
+    from stratamq.config import FlushDiskType
+    from stratamq.store.results import PutMessageStatus
+
+    store = MessageStore(_config(tmp_path, flush_disk_type=FlushDiskType.SYNC_FLUSH))
+    seen: list[tuple[int, bool]] = []
+    store.add_put_waiter(lambda end: seen.append(
+        (end, store.commitlog.files.flushed_where >= end)) or None)
+    with store.open():
+        first = store.put_message(Message("Wait", b"one"))
+        assert first.status is PutMessageStatus.PUT_OK
+        end = first.messages[-1].physical_offset + first.messages[-1].size
+        assert seen == [(end, True)]  # called with the put's end, after the flush
+        store.add_put_waiter(lambda end: PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
+        refused = store.put_message(Message("Wait", b"two"))
+        assert refused.status is PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+        assert refused.messages  # stored all the same, as RocketMQ's broker does
+        no_wait = store.put_message(Message("Wait", b"three", properties={"WAIT": "false"}))
+        assert no_wait.status is PutMessageStatus.PUT_OK and len(seen) == 2

@@ -52,6 +52,9 @@ from stratamq.store.results import (
 
 log = logging.getLogger(__name__)
 
+# A condition a put waits on after its append (see MessageStore.add_put_waiter).
+PutWaiter = Callable[[int], PutMessageStatus | None]
+
 # Characters of a topic name: RocketMQ's TopicValidator rule (its brokers and clients refuse any
 # other), which also keeps a name a single, harmless path component: a topic is the directory
 # name ``consumequeue/<topic>/`` (no "/", ".", "..", blanks).
@@ -106,6 +109,7 @@ class MessageStore:
         # Called with the seconds of each CommitLog flush pass (the broker's metrics).
         self.flush_observers: list[Callable[[float], None]] = []
         self._plugged: list[Dispatcher] = []  # add_dispatcher's, dispatched after the queues
+        self.put_waiters: list[PutWaiter] = []  # what a put waits for (add_put_waiter)
         self._allocator: AllocateMappedFileService | None = None
         self._flusher: AsyncFlushService | GroupCommitService | None = None
         self._cq_flusher: ConsumeQueueFlushService | None = None
@@ -267,6 +271,8 @@ class MessageStore:
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
             self._flusher = GroupCommitService(files, self._note_commitlog_flushed,
                                                self.flush_observers)
+            if self._wait_flushed not in self.put_waiters:
+                self.put_waiters.insert(0, self._wait_flushed)
         else:
             self._flusher = AsyncFlushService(
                 files, cfg.flush_interval_commit_log, cfg.flush_commit_log_least_pages,
@@ -404,16 +410,30 @@ class MessageStore:
             if not m.born_timestamp:  # none given: "now", not 1970 (RocketMQ's producer sets it)
                 m.born_timestamp = now or (now := int(time.time() * 1000))
         result = self.commitlog.append(messages)
-        if result.messages and isinstance(self._flusher, GroupCommitService):
-            wants_wait = any(
-                m.properties.get(Prop.WAIT_STORE_MSG_OK, "true") != "false" for m in messages
-            )
+        if result.messages and self.put_waiters and any(
+                m.properties.get(Prop.WAIT_STORE_MSG_OK, "true") != "false" for m in messages):
             last = result.messages[-1]
-            if wants_wait and not self._flusher.wait_for_flush(
-                last.physical_offset + last.size, self.config.sync_flush_timeout
-            ):
-                result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+            end = last.physical_offset + last.size
+            for wait in self.put_waiters:  # in order; the first refusal decides
+                refusal = wait(end)
+                if refusal is not None:
+                    result.status = refusal
+                    break
         return result
+
+    def add_put_waiter(self, waiter: PutWaiter) -> None:
+        """A condition every put (that asks to wait, ``WAIT`` not false) waits for after its
+        append: ``waiter(end_offset)`` returns None once the bytes before ``end_offset`` are
+        where it wants them, or the status the put then answers (a replication master: "a
+        slave has the bytes", else FLUSH_SLAVE_TIMEOUT). SYNC_FLUSH's group commit is the
+        first."""
+        self.put_waiters.append(waiter)
+
+    def _wait_flushed(self, end: int) -> PutMessageStatus | None:
+        assert isinstance(self._flusher, GroupCommitService)
+        if self._flusher.wait_for_flush(end, self.config.sync_flush_timeout):
+            return None
+        return PutMessageStatus.FLUSH_DISK_TIMEOUT
 
     def delete_topic(self, topic: str, timeout: float = 30.0) -> None:
         """Delete ``topic``'s messages as RocketMQ's ``deleteTopics`` does: its ConsumeQueues
