@@ -40,6 +40,10 @@ from stratamq.store.index_geometry import infer_geometry
 
 log = logging.getLogger(__name__)
 
+class UnconfirmedGeometry(IndexFileError):
+    """No (maxHashSlotNum, maxIndexNum) fits an index file's size and its entries."""
+
+
 # Appended to an index file whose geometry could not be confirmed: kept, no longer loaded.
 UNCONFIRMED_SUFFIX = ".unconfirmed-geometry"
 
@@ -112,14 +116,14 @@ class IndexService:
                     # Written with other settings (or by a stock RocketMQ): as valid as any.
                     found = infer_geometry(path, (configured,))
                     if found is None:
-                        raise IndexFileError(f"{path}: its size fits no geometry its entries "
+                        raise UnconfirmedGeometry(f"{path}: its size fits no geometry its entries "
                                              "confirm")
                     geometry = found
                 opened = IndexFile(path, *geometry, read_only=self.read_only)
             except (OSError, ValueError) as exc:
                 why: str | None = str(exc)
                 f: IndexFile | None = None
-                unconfirmed = isinstance(exc, IndexFileError) and "geometry" in str(exc)
+                unconfirmed = isinstance(exc, UnconfirmedGeometry)
             else:
                 f = opened
                 why = opened.damage()
