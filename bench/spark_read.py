@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stratamq import message as codec  # noqa: E402
+from stratamq import record as codec  # noqa: E402
 from stratamq.config import StoreConfig  # noqa: E402
 from stratamq.message import Message  # noqa: E402
 from stratamq.store.message_store import MessageStore  # noqa: E402

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stratamq import message as codec
+from stratamq import record as codec
 
 
 def record_starts(segment: Path) -> list[int]:

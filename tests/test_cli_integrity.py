@@ -24,7 +24,7 @@ from conftest import REFERENCE_MESSAGES
 from damage import patch, record_starts
 
 from stratamq.config import StoreConfig
-from stratamq.message import Message, decode, offset_msg_id
+from stratamq.record import Message, decode, offset_msg_id
 from stratamq.store.consume_queue_format import BLANK_UNIT, UNIT
 from stratamq.store.layout import segment_name
 from stratamq.store.message_store import MessageStore

@@ -16,7 +16,7 @@ import pytest
 from conftest import REFERENCE_MESSAGES, reference_body
 from damage import patch
 
-from stratamq import message as codec
+from stratamq import record as codec
 from stratamq.config import StoreConfig
 from stratamq.message import Message
 from stratamq.store.layout import StoreLayout, parse_segment_name, segment_name

@@ -11,8 +11,8 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stratamq import message as codec
-from stratamq.message import (
+from stratamq import record as codec
+from stratamq.record import (
     Host,
     Message,
     MessageIllegal,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from stratamq import message as codec
+from stratamq import record as codec
 from stratamq.message import Host, Message
+from stratamq.record.layout import _layout_for
 
 STORE = Host("127.0.0.1", 10911)
 
@@ -44,7 +45,7 @@ def test_scan_stops_where_check_record_fails(record: int, where: str) -> None:
     buf, starts = _log(_mixed())
     at = starts[record]
     if where == "body":  # a flipped body byte (or, for an empty body, the topic length)
-        buf[at + codec._layout_for(buf[at + codec.SYS_FLAG_POS + 3]).header.size] ^= 0x40
+        buf[at + _layout_for(buf[at + codec.SYS_FLAG_POS + 3]).header.size] ^= 0x40
     elif where == "size":
         buf[at + 3] ^= 0x01
     else:

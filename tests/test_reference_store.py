@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import REFERENCE_MESSAGES, reference_body
 
-from stratamq import message as codec
+from stratamq import record as codec
 from stratamq.config import StoreConfig
 from stratamq.message import Host, Message
 from stratamq.store.layout import parse_segment_name

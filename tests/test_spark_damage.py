@@ -15,9 +15,9 @@ import pytest
 from conftest_spark import spark_session  # noqa: F401  (the shared `spark` fixture)
 from damage import patch, records
 
-from stratamq import message as codec
+from stratamq import record as codec
 from stratamq.config import StoreConfig
-from stratamq.message import Host, Message, SysFlag
+from stratamq.record import Host, Message, SysFlag
 from stratamq.spark import planning
 from stratamq.spark.export import check_export_target, run_export
 from stratamq.spark.planning import QueueSplit

@@ -12,8 +12,8 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stratamq import message as codec
-from stratamq.message import Host, Message, SysFlag
+from stratamq import record as codec
+from stratamq.record import Host, Message, SysFlag
 from stratamq.spark.rows import _properties, records_to_batch
 
 STORE = Host("10.1.2.3", 10911)

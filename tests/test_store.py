@@ -9,9 +9,9 @@ from collections import defaultdict
 
 import pytest
 
-from stratamq import message as codec
+from stratamq import record as codec
 from stratamq.config import FlushDiskType, StoreConfig
-from stratamq.message import Message, SysFlag
+from stratamq.record import Message, SysFlag
 from stratamq.store.layout import parse_segment_name
 from stratamq.store.message_store import MessageStore, StoreLocked
 from stratamq.store.results import GetMessageStatus, PutMessageStatus

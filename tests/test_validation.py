@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stratamq import message as codec
+from stratamq import record as codec
 from stratamq.broker.metadata import (
     MetadataError,
     MetadataStore,

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from stratamq import message as codec
+from stratamq import record as codec
 from stratamq.config import OS_PAGE_SIZE, FlushDiskType, StoreConfig
 from stratamq.message import Host, Message, Prop
 from stratamq.store.message_store import MessageStore

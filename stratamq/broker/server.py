@@ -107,7 +107,7 @@ from stratamq.broker.validate import (
     put_status,
 )
 from stratamq.config import BrokerConfig, StoreConfig
-from stratamq.message import Host, Prop, tags_hash_code
+from stratamq.record import Host, Prop, tags_hash_code
 from stratamq.store.filter import TagFilter
 from stratamq.store.message_store import MessageStore
 from stratamq.store.results import GetMessageStatus, PutMessageStatus

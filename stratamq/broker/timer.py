@@ -46,7 +46,7 @@ from typing import NamedTuple
 from rocketmq.grpc_protocol import definition_pb2
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from stratamq import message as codec
+from stratamq import record as codec
 from stratamq.broker.errors import BrokerError
 from stratamq.fileutil import atomic_write
 from stratamq.message import Message, Prop

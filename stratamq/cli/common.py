@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import click
 
-from stratamq import message as codec
+from stratamq import record as codec
 from stratamq.config import StoreConfig
 from stratamq.config_file import BrokerConf, read_broker_conf
 from stratamq.message import RecordCorrupt, StoredMessage

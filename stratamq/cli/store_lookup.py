@@ -14,7 +14,7 @@ import click
 
 from stratamq.cli.common import TIME, emit, message_json, open_store, store_options, warn
 from stratamq.cli.store import store
-from stratamq.message import parse_offset_msg_id
+from stratamq.record import parse_offset_msg_id
 from stratamq.store.message_store import MessageStore
 from stratamq.store.verify import IndexGap, index_gaps, record_problem_at
 

@@ -41,8 +41,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
-from stratamq.message import PHYSICAL_OFFSET_POS, Message, Prop
 from stratamq.names import GROUP_MAX_LENGTH, is_valid_name
+from stratamq.record import PHYSICAL_OFFSET_POS, Message, Prop
 from stratamq.signature import auth_metadata
 from stratamq.spark.planning import OptionError, Queue, QueueSplit, bool_option, int_option
 

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stratamq import message as codec
+from stratamq import record as codec
 from stratamq.spark.planning import LogSplit, QueueSplit, store_type_of
 from stratamq.spark.rows import records_to_batch
 from stratamq.store.consume_queue import ConsumeQueue

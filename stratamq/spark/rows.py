@@ -1,6 +1,6 @@
 """CommitLog records to Arrow record batches: the row shape of the ``stratamq`` data source.
 
-Record bytes are read only through ``stratamq.message`` (``walk_records`` finds records,
+Record bytes are read only through ``stratamq.record`` (``walk_records`` finds records,
 ``locate_fields`` returns their header fields and the spans of body, topic and properties);
 this module turns those spans into Arrow columns without a Python loop per row, which is what
 lets one Spark task decode well over a million records a second:
@@ -26,8 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stratamq import message as codec
-from stratamq.message import Host, Prop, SysFlag
+from stratamq import record as codec
+from stratamq.record import Host, Prop, SysFlag
 
 
 def spark_schema(headers: bool = False):  # -> StructType (imported lazily: workers need no JVM)

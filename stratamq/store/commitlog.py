@@ -14,8 +14,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from stratamq import message as codec
-from stratamq.message import (
+from stratamq import record as codec
+from stratamq.record import (
     END_FILE_MIN_BLANK_LENGTH,
     DispatchInfo,
     Host,

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from stratamq.message import DispatchInfo, SysFlag
+from stratamq.record import DispatchInfo, SysFlag
 from stratamq.store.consume_queue_format import (
     BLANK_UNIT,
     UNIT,

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from stratamq import message as codec
+from stratamq import record as codec
 from stratamq.message import DispatchInfo
 from stratamq.store.deleted_topics import DeletedTopics
 from stratamq.store.mapped_file_queue import MappedFileQueue

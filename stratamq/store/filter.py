@@ -6,7 +6,7 @@ skipped without touching the CommitLog; a hash hit is confirmed against the reco
 
 from __future__ import annotations
 
-from stratamq.message import tags_hash_code
+from stratamq.record import tags_hash_code
 
 
 class TagFilter:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from stratamq.message import DispatchInfo, Prop, SysFlag
+from stratamq.record import DispatchInfo, Prop, SysFlag
 from stratamq.store.index_file import (
     KEY_SEPARATOR,
     IndexFile,

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stratamq.config import FlushDiskType, StoreConfig
-from stratamq.message import Message, Prop, StoredMessage, parse_offset_msg_id, record_tags
 from stratamq.names import invalid_characters, is_valid_name
+from stratamq.record import Message, Prop, StoredMessage, parse_offset_msg_id, record_tags
 from stratamq.store.checkpoint import StoreCheckpoint
 from stratamq.store.cleanup import CleanupService
 from stratamq.store.commitlog import CommitLog

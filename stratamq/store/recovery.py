@@ -19,7 +19,7 @@ import mmap
 from dataclasses import dataclass, field
 from typing import cast
 
-from stratamq import message as codec
+from stratamq import record as codec
 from stratamq.message import RecordCorrupt
 from stratamq.store.checkpoint import StoreCheckpoint
 from stratamq.store.mapped_file import MappedFile

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
-from stratamq import message as codec
+from stratamq import record as codec
 from stratamq.message import StoredMessage
 
 

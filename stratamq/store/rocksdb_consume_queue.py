@@ -71,7 +71,7 @@ from rocksdict import (
     WriteOptions,
 )
 
-from stratamq.message import DispatchInfo, SysFlag
+from stratamq.record import DispatchInfo, SysFlag
 from stratamq.store.consume_queue_store import STORE_TYPE_ROCKSDB, Unit, allocated_bytes
 
 log = logging.getLogger(__name__)

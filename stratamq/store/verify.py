@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from stratamq import message as codec
-from stratamq.message import DispatchInfo, RecordCorrupt, SysFlag, tags_hash_code
+from stratamq import record as codec
+from stratamq.record import DispatchInfo, RecordCorrupt, SysFlag, tags_hash_code
 from stratamq.store.consume_queue_format import is_blank_unit
 from stratamq.store.consume_queue_store import ConsumeQueueStore
 from stratamq.store.index_file import file_size
