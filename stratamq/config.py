@@ -228,6 +228,8 @@ class StoreConfig:
         minimum=0,
     )  # fmt: skip
 
+    # -- master/slave replication (issue 17; seed 004 section 1.6): brokerRole, ha* keys -----------
+
     # -- index (issue 3; docs/formats/index-file.md) --------------------------------------------
     message_index_enable: bool = _setting(
         "messageIndexEnable", True, "bool", "index every message's KEYS and UNIQ_KEY"
@@ -291,6 +293,8 @@ class StoreConfig:
         minimum=0, maximum=2**62,
     )  # fmt: skip
 
+    # -- tiered storage (issue 15; seed 000): tieredBackendServiceProvider, tieredStore* keys ----
+
     # -- ConsumeQueue store (issue 4; seed 003) ---------------------------------------------------
     store_type: str = _setting(
         "storeType", "default", "default|defaultRocksDB",
@@ -301,6 +305,8 @@ class StoreConfig:
         "rocksdbCQDoubleWriteEnable", False, "bool",
         "dispatch to both ConsumeQueue stores so either can serve",
     )  # fmt: skip
+
+    # -- compaction topics (issue 16; seed 001): compaction* keys --------------------------------
 
     def __post_init__(self) -> None:
         _validate(self)

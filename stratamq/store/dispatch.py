@@ -44,8 +44,10 @@ class Dispatcher(Protocol):
     One plugged in with ``MessageStore.add_dispatcher`` may offer ``durable_offset() -> int``:
     the CommitLog offset below which it has processed every record durably (a tier uploader:
     what the tier committed). An open replays from the lowest such offset, and clean-up keeps
-    the CommitLog files above it (up to ``dispatcherRetentionHoldMaxBytes``). Optional hooks
-    are looked up with ``getattr`` once, not per record.
+    the CommitLog files above it (up to ``dispatcherRetentionHoldMaxBytes``). It may offer
+    ``attach(reader)``: called on open, before any replay, with the store's
+    ``CommitLogReader`` (how it reads record bytes). Optional hooks are looked up with
+    ``getattr`` once, not per record.
     """
 
     def dispatch(self, info: DispatchInfo) -> None: ...

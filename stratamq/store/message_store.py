@@ -13,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,11 +20,10 @@ from typing import Any
 
 from stratamq.config import FlushDiskType, StoreConfig
 from stratamq.names import invalid_characters, is_valid_name
-from stratamq.record import Message, Prop, StoredMessage, parse_offset_msg_id, record_tags
+from stratamq.record import Message, Prop, StoredMessage, parse_offset_msg_id
 from stratamq.store.checkpoint import StoreCheckpoint
 from stratamq.store.cleanup import CleanupService
 from stratamq.store.commitlog import CommitLog
-from stratamq.store.consume_queue_format import is_blank_unit
 from stratamq.store.consume_queue_store import (
     STORE_TYPE_FILES,
     STORE_TYPE_ROCKSDB,
@@ -40,14 +38,15 @@ from stratamq.store.filter import TagFilter
 from stratamq.store.flush import AsyncFlushService, ConsumeQueueFlushService, GroupCommitService
 from stratamq.store.index_service import IndexService
 from stratamq.store.layout import StoreLayout
+from stratamq.store.local_source import LocalSource
+from stratamq.store.log_reader import CommitLogReader
 from stratamq.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
+from stratamq.store.read_chain import ReadChain, ReadRequest, ReadSource
 from stratamq.store.recovery import RecoveryReport, recover_commitlog
 from stratamq.store.results import (
     GetMessageResult,
-    GetMessageStatus,
     PutMessageResult,
     PutMessageStatus,
-    SelectedRecord,
 )
 
 log = logging.getLogger(__name__)
@@ -110,6 +109,8 @@ class MessageStore:
         self.flush_observers: list[Callable[[float], None]] = []
         self._plugged: list[Dispatcher] = []  # add_dispatcher's, dispatched after the queues
         self.put_waiters: list[PutWaiter] = []  # what a put waits for (add_put_waiter)
+        self._plugged_sources: list[tuple[ReadSource, bool]] = []  # add_read_source's
+        self.read_chain = ReadChain()
         self._allocator: AllocateMappedFileService | None = None
         self._flusher: AsyncFlushService | GroupCommitService | None = None
         self._cq_flusher: ConsumeQueueFlushService | None = None
@@ -163,6 +164,11 @@ class MessageStore:
         files.flushed_where = files.committed_where = report.end_offset
 
         self.commitlog = CommitLog(files, cfg.store_host, cfg.max_message_size)
+        self.log_reader = CommitLogReader(files)
+        for plugged in self._plugged:  # before replay feeds them
+            attach = getattr(plugged, "attach", None)
+            if attach is not None:
+                attach(self.log_reader)
         self.index = self._open_index(cfg, abnormal)
         # Adding a dispatcher (index, RocksDB ConsumeQueue, compaction, tier) is one line here.
         self._dispatchers: list[Dispatcher] = [*self.cq_stores]  # both with double write
@@ -174,6 +180,11 @@ class MessageStore:
         self.deleted_topics = DeletedTopics(self.layout.deleted_topics, read_only=self.read_only)
         self.deleted_topics.prune(self.commitlog.min_offset)
         self.reput.deleted = self.deleted_topics
+        self.local_source = LocalSource(lambda: self.consume_queues, self.commitlog, self.index,
+                                        self.deleted_topics)
+        self.read_chain = ReadChain([self.local_source])
+        for source, first in self._plugged_sources:
+            self.read_chain.add(source, first=first)
         if not self.read_only:
             self._reindex()
             # Skips, undecoded, records every dispatcher has: most of them after a crash.
@@ -494,7 +505,8 @@ class MessageStore:
         max_bytes: int | None = None,
         tag_filter: str | TagFilter | None = None,
     ) -> GetMessageResult:
-        """Read from ``topic``/``queue_id`` starting at queue ``offset``.
+        """Read from ``topic``/``queue_id`` starting at queue ``offset``, through the read chain
+        (the local queues first, then whatever is plugged in: see ``add_read_source``).
 
         ``group`` names the reader (kept for RocketMQ parity; the store tracks no progress).
         Records come back as zero-copy views: release the result when done with them.
@@ -502,85 +514,30 @@ class MessageStore:
         max_count = max_count or self.config.max_transfer_count_on_message_in_memory
         max_bytes = max_bytes or self.config.max_transfer_bytes_on_message_in_memory
         filt = tag_filter if isinstance(tag_filter, TagFilter) else TagFilter(tag_filter)
-        cq = self.consume_queues.find(topic, queue_id)
-        if cq is None:
-            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
-        min_offset, max_offset = cq.min_offset(), cq.max_offset()
-        if max_offset == 0:
-            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
-        if offset < min_offset:
-            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, min_offset, min_offset,
-                                    max_offset)
-        if offset == max_offset:
-            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_offset,
-                                    max_offset)
-        if offset > max_offset:
-            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY,
-                                    min_offset if min_offset == 0 else max_offset,
-                                    min_offset, max_offset)
-        return self._read_units(cq, offset, max_count, max_bytes, filt, min_offset, max_offset)
+        return self.read_chain.read(ReadRequest(topic, queue_id, offset, max_count, max_bytes,
+                                                filt))
 
-    def _read_units(self, cq, offset: int, max_count: int, max_bytes: int, filt: TagFilter,
-                    min_offset: int, max_offset: int) -> GetMessageResult:
-        # Scan more units than we return when filtering, as RocketMQ does (16,000 bytes' worth).
-        scan = max_count if filt.accepts_all else max(max_count, 800)
-        units = cq.get_units(offset, scan)
-        result = GetMessageResult(GetMessageStatus.NO_MATCHED_MESSAGE, offset, min_offset,
-                                  max_offset)
-        records = result.records
-        held = result._held
-        files = self.commitlog.files
-        commitlog_min = self.commitlog.min_offset
-        current = None
-        total = 0
-        next_offset = offset
-        for queue_offset, (phys, size, code) in enumerate(units, offset):
-            if is_blank_unit(phys, size, code):
-                next_offset = queue_offset + 1
-                continue
-            if len(records) >= max_count or (records and total + size > max_bytes):
-                break
-            next_offset = queue_offset + 1
-            if phys < commitlog_min:
-                result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                continue
-            if not filt.matches_code(code):
-                continue
-            if current is None or not (
-                current.file_from_offset <= phys < current.file_end_offset
-            ):
-                current = files.find_by_offset(phys)
-                if current is None or not current.hold():
-                    current = None
-                    result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                    continue
-                held.append(current)
-            rel = phys - current.file_from_offset
-            if rel + size > current.read_position:
-                next_offset = queue_offset  # dispatched ahead of a recovery cut: stop here
-                break
-            view = current.buffer[rel : rel + size]
-            if filt.tags is not None and not filt.matches_tags(record_tags(view, 0)):
-                view.release()
-                continue
-            records.append(SelectedRecord(view, phys, queue_offset))
-            total += size
-        result.next_begin_offset = next_offset
-        if records:
-            result.status = GetMessageStatus.FOUND
-        return result
+    def add_read_source(self, source: ReadSource, *, first: bool = False) -> None:
+        """Plug in a read source (a tier fetcher, a compaction log): asked after the local
+        ConsumeQueues, or before them with ``first=True``. A read is answered by the first
+        source that holds the offset; min/max offsets, offsets by time and lookups by key or
+        id ask every source (see ``read_chain``)."""
+        if self._opened:
+            self.read_chain.add(source, first=first)
+        else:
+            self._plugged_sources.append((source, first))
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
-        cq = self.consume_queues.find(topic, queue_id)
-        return cq.min_offset() if cq else 0
+        held = self.read_chain.offsets(topic, queue_id)
+        return held.low if held else 0
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
-        cq = self.consume_queues.find(topic, queue_id)
-        return cq.max_offset() if cq else 0
+        held = self.read_chain.offsets(topic, queue_id)
+        return held.high if held else 0
 
     def look_message_by_offset(self, physical_offset: int) -> StoredMessage | None:
         """Decode the record at a CommitLog offset (e.g. from an offset message id)."""
-        return self.commitlog.read(physical_offset)
+        return self.read_chain.read_by_physical_offset(physical_offset)
 
     # -- lookups by key, message id and time (index: docs/formats/index-file.md) --------------
 
@@ -588,42 +545,10 @@ class MessageStore:
                        end_ms: int | None = None) -> list[StoredMessage]:
         """Messages of ``topic`` carrying ``key`` (a word of KEYS, or the unique id) stored
         in [begin_ms, end_ms], newest first, at most ``max_num``; [] with the index off."""
-        return self._query_index(topic, key, max_num, begin_ms, end_ms, unique_only=False)
-
-    def _query_index(self, topic: str, key: str, max_num: int, begin_ms: int,
-                     end_ms: int | None, *, unique_only: bool) -> list[StoredMessage]:
-        if self.index is None or max_num <= 0:
+        if max_num <= 0:
             return []
         end = 2**63 - 1 if end_ms is None else end_ms
-        found: list[StoredMessage] = []
-        seen: set[int] = set()
-        # Entry times are whole seconds, rounded down: ask from a second earlier, then judge by
-        # the record's exact store time. Entries hold only a hash, so check the record's keys.
-        for phys in self.index.query_offsets(topic, key, max(0, begin_ms - 1000), end):
-            if phys in seen:
-                continue
-            seen.add(phys)
-            msg = self._read_record(phys)
-            if (msg is None or msg.topic != topic or not begin_ms <= msg.store_timestamp <= end
-                    or self.deleted_topics.covers(topic, phys)):
-                continue
-            props = msg.properties
-            if props.get(Prop.UNIQ_KEY) != key and (
-                unique_only or key not in props.get(Prop.KEYS, "").split(" ")
-            ):
-                continue
-            found.append(msg)
-            if len(found) >= max_num:
-                break
-        return found
-
-    def _read_record(self, physical_offset: int) -> StoredMessage | None:
-        if physical_offset < 0:
-            return None
-        try:
-            return self.commitlog.read(physical_offset)
-        except (ValueError, struct.error):  # not a record boundary: an id pointing nowhere
-            return None
+        return self.read_chain.query_by_key(topic, key, max_num, begin_ms, end)
 
     def look_message_by_msg_id(self, msg_id: str, topic: str | None = None
                                ) -> StoredMessage | None:
@@ -635,26 +560,24 @@ class MessageStore:
         except ValueError:
             pass
         else:
-            msg = self._read_record(phys)
+            msg = self.read_chain.read_by_physical_offset(phys)
             if msg is not None and msg.physical_offset == phys and msg.store_host == host:
                 return msg
         for name in [topic] if topic is not None else list(self.topics()):
-            hits = self._query_index(name, msg_id, 1, 0, None, unique_only=True)
-            if hits:
-                return hits[0]
+            for hit in self.read_chain.query_by_key(name, msg_id, 8, 0, 2**63 - 1):
+                if hit.properties.get(Prop.UNIQ_KEY) == msg_id:
+                    return hit
         return None
 
     def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """First queue offset whose message was stored at or after ``timestamp_ms``; the
         queue's max offset if none was (0 for an unknown queue)."""
-        cq = self.consume_queues.find(topic, queue_id)
-        if cq is None:
-            return 0
-        return cq.offset_by_time(timestamp_ms, self.commitlog.store_timestamp_at)
+        return self.read_chain.offset_by_time(topic, queue_id, timestamp_ms)
 
     def topics(self) -> dict[str, list[int]]:
-        """Every topic with a ConsumeQueue, with its queue ids."""
-        return self.consume_queues.topics()
+        """Every topic any read source holds (the local ConsumeQueues first), with its queue
+        ids."""
+        return self.read_chain.topics()
 
     @property
     def min_physical_offset(self) -> int:
