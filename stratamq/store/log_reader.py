@@ -94,7 +94,8 @@ class CommitLogReader:
             return b""
         try:
             rel = start - mf.file_from_offset
-            stop = min(mf.read_position, end - mf.file_from_offset, self._end() - mf.file_from_offset)
+            base = mf.file_from_offset
+            stop = min(mf.read_position, end - base, self._end() - base)
             if stop <= rel:
                 return b""
             return bytes(mf.buffer[rel:stop])
