@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
+from stratamq.javahash import java_string_hash
 from stratamq.message import (
     DispatchInfo,
     Host,
@@ -76,13 +77,7 @@ def body_crc(body: bytes | bytearray | memoryview) -> int:
 @lru_cache(maxsize=4096)
 def tags_hash_code(tags: str | None) -> int:
     """Java's ``String.hashCode`` of the tags: the ConsumeQueue's filter code (0 for no tags)."""
-    if not tags:
-        return 0
-    h = 0
-    raw = tags.encode("utf-16-be")  # Java hashes UTF-16 code units
-    for i in range(0, len(raw), 2):
-        h = (31 * h + ((raw[i] << 8) | raw[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
+    return java_string_hash(tags) if tags else 0
 
 
 def encode_properties(properties: Mapping[str, str]) -> bytes:
