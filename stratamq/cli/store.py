@@ -25,6 +25,7 @@ from stratamq.cli.common import (
 )
 from stratamq.cli.progress import JobProgress, quiet_option
 from stratamq.store.consume_queue_store import ROCKSDB_CQ_DIR, STORE_TYPE_ROCKSDB, STORE_TYPES
+from stratamq.store.layout import CONSUMEQUEUE_DIR
 from stratamq.store.mapped_file_queue import MappedFileQueue
 from stratamq.store.verify import queue_name, scan_undispatched
 
@@ -89,7 +90,7 @@ def store_dump(store_dir: str, topic: str | None, queue_id: int | None) -> None:
 def _has_queues(root: Path, store_type: str) -> bool:
     if store_type == STORE_TYPE_ROCKSDB:
         return (root / ROCKSDB_CQ_DIR / "CURRENT").exists()
-    cq_dir = root / "consumequeue"
+    cq_dir = root / CONSUMEQUEUE_DIR
     return cq_dir.is_dir() and any(cq_dir.iterdir())
 
 

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from stratamq.config import StoreConfig
+from stratamq.store.layout import CONSUMEQUEUE_DIR
 from stratamq.store.mapped_file import MappedFile
 from stratamq.store.mapped_file_queue import MappedFileQueue
 
@@ -195,7 +196,7 @@ class CleanupService:
         """The CommitLog's and the ConsumeQueues' directories (RocketMQ checks both; they are
         usually on one file system), falling back to the root while they do not exist."""
         paths = []
-        for p in (self.commitlog_files.directory, self.root / "consumequeue"):
+        for p in (self.commitlog_files.directory, self.root / CONSUMEQUEUE_DIR):
             paths.append(p if p.exists() else self.root)
         return list(dict.fromkeys(paths))
 

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from stratamq.config import INT_MAX, OS_PAGE_SIZE
 from stratamq.javahash import POW31 as _POW31
 from stratamq.javahash import hash_u32 as _hash_u32
 from stratamq.javahash import java_string_hash
 from stratamq.javahash import to_signed as _to_signed
+from stratamq.limits import INT_MAX, OS_PAGE_SIZE
 from stratamq.store.mapped_file import RefCountedMap
 
 HEADER = struct.Struct(">qqqqii")
