@@ -305,6 +305,37 @@ class StoreConfig:
     )  # fmt: skip
 
     # -- compaction topics (issue 16; seed 001): compaction* keys --------------------------------
+    enable_compaction: bool = _setting(
+        "enableCompaction", True, "bool",
+        "split compaction topics (cleanup.policy=COMPACTION) into CompactionLogs and compact "
+        "them in the background",
+    )  # fmt: skip
+    compaction_mapped_file_size: int = _setting(
+        "compactionMappedFileSize", 100 * 1024 * 1024, "bytes",
+        "size of a CompactionLog file (an existing queue keeps the size found on disk)",
+        minimum=OS_PAGE_SIZE,
+    )  # fmt: skip
+    compaction_cq_mapped_file_size: int = _setting(
+        "compactionCqMappedFileSize", 10 * 1024 * 1024, "bytes",
+        "size of a compaction batch ConsumeQueue file, rounded down to whole 64-byte units",
+        minimum=OS_PAGE_SIZE,
+    )  # fmt: skip
+    compaction_schedule_internal: int = _setting(
+        "compactionScheduleInternal", 15 * 60 * 1000, "ms",
+        "how often each compaction topic's queues get a compaction round (RocketMQ's spelling)",
+        minimum=1,
+    )  # fmt: skip
+    max_offset_map_size: int = _setting(
+        "maxOffsetMapSize", 100 * 1024 * 1024, "bytes",
+        "memory of the OffsetMaps (md5(key) -> offset), shared by the compaction threads",
+        minimum=24 * 1024,
+    )  # fmt: skip
+    compaction_thread_num: int = _setting(
+        "compactionThreadNum", 6, "threads",
+        "queues compacted at once (at most the CPU count); each gets "
+        "maxOffsetMapSize / threads of OffsetMap",
+        minimum=1, maximum=256,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _validate(self)
