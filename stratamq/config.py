@@ -318,7 +318,7 @@ class StoreConfig:
     compaction_cq_mapped_file_size: int = _setting(
         "compactionCqMappedFileSize", 10 * 1024 * 1024, "bytes",
         "size of a compaction batch ConsumeQueue file, rounded down to whole 64-byte units",
-        minimum=OS_PAGE_SIZE,
+        minimum=2 * 64,  # a unit and the end unit
     )  # fmt: skip
     compaction_schedule_internal: int = _setting(
         "compactionScheduleInternal", 15 * 60 * 1000, "ms",

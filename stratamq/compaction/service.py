@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 NO_KEY = bytes(16)
 # A CompactionLog file must hold the largest record a put accepts: body, headers and the
 # largest properties and topic a record may carry.
-RECORD_OVERHEAD = 64 * 1024 + 32 * 1024 + 512
+RECORD_OVERHEAD = 32767 + 255 + 256  # properties, topic, header with IPv6 hosts
 
 
 class CompactionStore:
