@@ -102,7 +102,7 @@ class OffsetMap:
         is given (a round puts offsets in increasing order, so that is the last one)."""
         n = len(offsets)
         room = self.max_entries - self.size
-        if n == 0 or room <= 0:
+        if n == 0:
             return 0
         hi, lo = _words(digests)
         offsets = np.asarray(offsets, dtype=np.int64)
