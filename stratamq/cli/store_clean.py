@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from stratamq.cli.common import emit, open_store, store_options
+from stratamq.cli.common import close_store, emit, open_store, store_options
 from stratamq.cli.store import store
 
 
@@ -26,5 +26,5 @@ def store_clean(store_dir: str, force: bool) -> None:
         assert s.cleanup is not None  # a store opened for writing always has one
         report = s.cleanup.run_once(force=force, manual=True)
     finally:
-        s.close()
+        close_store(s)
     emit({"store": store_dir, **report.as_dict()})
