@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from stratamq import record as codec
 from stratamq.compaction import swap
+from stratamq.compaction.bcq_format import UNIT, UNIT_SIZE
 from stratamq.compaction.layout import QueuePaths
 from stratamq.compaction.segment import Segment, SegmentRecovery
 from stratamq.compaction.state_format import QueueState, SwapManifest
@@ -269,24 +270,26 @@ class CompactionLog:
             result._held.append(seg.log)
             result._held.append(seg.cq)
             index = seg.index_of(request.offset) if seg.first_offset < request.offset else 0
-            while index < seg.units:
-                unit = seg.unit(index)
-                if len(records) >= request.max_count or scanned >= scan or (
-                        records and total + unit.size > request.max_bytes):
-                    result.next_begin_offset = unit.queue_offset
+            stop = min(seg.units, index + scan - scanned)
+            units = UNIT.iter_unpack(seg.cq.buffer[index * UNIT_SIZE : stop * UNIT_SIZE])
+            for position, size, tags_code, _t, queue_offset, *_rest in units:
+                if len(records) >= request.max_count or (
+                        records and total + size > request.max_bytes):
+                    result.next_begin_offset = queue_offset
                     return self._done(result, scanned)
                 scanned += 1
-                index += 1
-                result.next_begin_offset = unit.queue_offset + 1
-                if not filt.matches_code(unit.tags_code):
+                result.next_begin_offset = queue_offset + 1
+                if not filt.matches_code(tags_code):
                     continue
-                view = seg.record_view(unit.position, unit.size)
+                view = seg.record_view(position, size)
                 if filt.tags is not None and not filt.matches_tags(codec.record_tags(view, 0)):
                     view.release()
                     continue
-                phys = codec.record_positions(view, 0)[1]
-                records.append(SelectedRecord(view, phys, unit.queue_offset))
-                total += unit.size
+                records.append(SelectedRecord(view, codec.record_positions(view, 0)[1],
+                                              queue_offset))
+                total += size
+            if scanned >= scan:
+                return self._done(result, scanned)
         # Every unit after the offset was read: what is left below the next offset are holes.
         result.next_begin_offset = high
         return self._done(result, scanned)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from stratamq import record as codec
 from stratamq.compaction import bcq_format as bcq
 from stratamq.compaction import swap
 from stratamq.compaction.log import CompactionLog, CompactionLogError
@@ -239,35 +240,41 @@ class _Output:
         return seg
 
     def copy(self, src: Segment, units: np.ndarray) -> None:
-        """Append the records of ``units`` (kept units of ``src``, in order) as runs of
-        adjacent records."""
+        """Append the records of ``units`` (kept units of ``src``, in order): as many as fit
+        the current new segment in one write, gathered from runs of adjacent records."""
         if not len(units):
             return
         pos = units["position"].astype(np.int64)
         size = units["size"].astype(np.int64)
-        # A run ends where the next kept record does not start right after this one.
-        breaks = np.flatnonzero(pos[1:] != pos[:-1] + size[:-1]) + 1
-        bounds = [0, *breaks.tolist(), len(units)]
-        ends = np.cumsum(size)
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            while a < b:
-                seg = self.segments[-1] if self.segments else self._next()
-                room_bytes = (seg.log.file_size - 8 - seg.log.wrote_position)
-                room_units = seg.capacity - 2 - seg.units
-                base = ends[a - 1] if a else 0
-                fit = int(np.searchsorted(ends[a:b] - base, room_bytes, side="right"))
-                fit = min(fit, room_units, b - a)
-                if fit <= 0:
-                    if not seg.units:
-                        raise CompactionLogError("a record does not fit an empty file")
-                    self._next()
-                    continue
-                run = units[a : a + fit].copy()
-                start = int(pos[a])
-                length = int(ends[a + fit - 1] - base)
-                run["position"] = pos[a : a + fit] - start + seg.start + seg.log.wrote_position
-                seg.append_run(src.record_view(start, length), run)
-                a += fit
+        ends = np.cumsum(size)  # where each record ends in the gathered bytes
+        buf = src.log.buffer
+        a, n = 0, len(units)
+        while a < n:
+            seg = self.segments[-1] if self.segments else self._next()
+            room_bytes = seg.log.file_size - codec.END_FILE_MIN_BLANK_LENGTH \
+                - seg.log.wrote_position
+            room_units = seg.capacity - 2 - seg.units  # one for the end unit
+            base = int(ends[a - 1]) if a else 0
+            fit = int(np.searchsorted(ends[a:], base + room_bytes, side="right"))
+            fit = min(fit, room_units, n - a)
+            if fit <= 0:
+                if not seg.units:
+                    raise CompactionLogError("a record does not fit an empty file")
+                self._next()
+                continue
+            b = a + fit
+            # Runs of records adjacent in the source: one slice each.
+            p, z = pos[a:b], size[a:b]
+            cut = np.flatnonzero(p[1:] != p[:-1] + z[:-1]) + 1
+            firsts = np.concatenate(([0], cut))
+            lasts = np.concatenate((cut, [fit])) - 1
+            starts = (p[firsts] - src.start).tolist()
+            stops = (p[lasts] + z[lasts] - src.start).tolist()
+            data = b"".join([buf[x:y] for x, y in zip(starts, stops)])
+            run = units[a:b].copy()
+            run["position"] = ends[a:b] - z - base + seg.start + seg.log.wrote_position
+            seg.append_run(data, run)
+            a = b
 
     def finish(self) -> None:
         """Seal the last new segment and make everything durable."""

@@ -190,7 +190,7 @@ class Segment:
             self.first_offset = queue_offset
         self.last_offset = queue_offset
 
-    def append_run(self, records: memoryview, units: np.ndarray) -> None:
+    def append_run(self, records: bytes | memoryview, units: np.ndarray) -> None:
         """Append records copied as one run, with their units (positions already rebased onto
         this segment): a round's bulk copy."""
         rel = self.log.wrote_position
