@@ -376,6 +376,10 @@ class CleanupService:
         self.disk_used()
         self._service.start()
 
+    @property
+    def running(self) -> bool:
+        return self._service.alive
+
     def shutdown(self) -> None:
         """Stop the thread (a pass in progress stops between two files)."""
         self._service.shutdown()

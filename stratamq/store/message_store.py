@@ -41,6 +41,7 @@ from stratamq.store.layout import StoreLayout
 from stratamq.store.local_source import LocalSource
 from stratamq.store.log_reader import CommitLogReader
 from stratamq.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
+from stratamq.store.parts import StoreParts
 from stratamq.store.read_chain import ReadChain, ReadRequest, ReadSource
 from stratamq.store.recovery import RecoveryReport, recover_commitlog
 from stratamq.store.results import (
@@ -255,6 +256,18 @@ class MessageStore:
         if self._opened:
             raise RuntimeError("add dispatchers before the store is opened")
         self._plugged.append(dispatcher)
+
+    def parts(self) -> StoreParts:
+        """The open store's parts, for tools that work on them (verify, inspections)."""
+        return StoreParts(self.config, self.layout, self.read_only, self.commitlog,
+                          list(self.cq_stores), self.index, self.recovery, self._quiesce)
+
+    def _quiesce(self) -> None:
+        if self.read_only:
+            return
+        self.reput.shutdown()
+        if self.cleanup is not None:
+            self.cleanup.shutdown()
 
     def _plugged_progress(self) -> int | None:
         """The lowest ``durable_offset()`` of the plugged-in dispatchers (None: none says)."""

@@ -33,6 +33,10 @@ class ServiceThread:
             self._thread.start()
 
     @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
     def stopping(self) -> bool:
         return self._stop.is_set()
 
