@@ -8,11 +8,14 @@ port with JSON request and response bodies (UTF-8 objects). Errors are gRPC stat
 
 Methods (request -> response):
 
-* ``CreateTopic {"topic", "queues", "type"}`` -> ``{"topic": TOPIC}``
-* ``UpdateTopic {"topic", "queues"?, "read_queues"?, "write_queues"?, "type"?, "force"?}``
-  -> ``{"topic": TOPIC}``; ``queues`` sets both counts. Fewer read queues than before is
-  refused (INVALID_ARGUMENT) while the queues dropped hold unconsumed messages, unless
-  ``force``
+* ``CreateTopic {"topic", "queues", "type", "attributes"?}`` -> ``{"topic": TOPIC}``;
+  ``attributes`` is ``{"cleanup.policy": "DELETE"|"COMPACTION", "delete.retention.ms": ms}``
+  (RocketMQ's ``+name`` spelling accepted)
+* ``UpdateTopic {"topic", "queues"?, "read_queues"?, "write_queues"?, "type"?, "force"?,
+  "attributes"?}`` -> ``{"topic": TOPIC}``; ``queues`` sets both counts. Fewer read queues
+  than before is refused (INVALID_ARGUMENT) while the queues dropped hold unconsumed
+  messages, unless ``force``; a compaction topic's write queues, type and cleanup.policy
+  never change
 * ``DeleteTopic {"topic"}`` -> ``{"deleted": name}``: metadata, consumer state and messages
   (its ConsumeQueues go; its records, in the CommitLog until retention, are never served again)
 * ``ListTopics {}`` -> ``{"topics": [TOPIC]}``
@@ -32,7 +35,8 @@ Methods (request -> response):
   "uptime_s", "disk": {"total", "used", "free", "used_ratio"}, "commitlog": {"min_offset",
   "max_offset"}, "dispatch_behind_bytes", "connections", "topics", "groups"}``
 
-TOPIC is ``{"topic", "queues", "read_queues", "write_queues", "perm", "type", "messages"}``;
+TOPIC is ``{"topic", "queues", "read_queues", "write_queues", "perm", "type", "attributes",
+"messages"}``;
 GROUP is ``{"group", "retry_max_times", "max_delivery_attempts", "orderly",
 "retry_backoff_ms"}``.
 """
@@ -99,7 +103,7 @@ class AdminService:
                        - store.get_min_offset_in_queue(t.name, q) for q in range(t.queue_count))
         return {"topic": t.name, "queues": t.queue_count, "read_queues": t.read_queue_nums,
                 "write_queues": t.write_queue_nums, "perm": t.perm, "type": t.message_type,
-                "messages": messages}  # fmt: skip
+                "attributes": t.attributes, "messages": messages}  # fmt: skip
 
     @staticmethod
     def group_json(g: GroupConfig) -> dict[str, Any]:
@@ -109,7 +113,8 @@ class AdminService:
 
     def CreateTopic(self, req: dict[str, Any]) -> dict[str, Any]:
         t = self.b.meta.create_topic(_field(req, "topic", str), _field(req, "queues", int),
-                                     _field(req, "type", str, False) or "NORMAL")
+                                     _field(req, "type", str, False) or "NORMAL",
+                                     attributes=_field(req, "attributes", dict, False))
         return {"topic": self.topic_json(t)}
 
     def UpdateTopic(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -129,7 +134,8 @@ class AdminService:
         t = self.b.meta.update_topic(
             _field(req, "topic", str), _field(req, "queues", int, False),
             _field(req, "type", str, False), read_queues=_field(req, "read_queues", int, False),
-            write_queues=_field(req, "write_queues", int, False), check=no_hidden_messages)
+            write_queues=_field(req, "write_queues", int, False), check=no_hidden_messages,
+            attributes=_field(req, "attributes", dict, False))
         return {"topic": self.topic_json(t)}
 
     def _unconsumed(self, topic: str, queues: range) -> int:

@@ -63,8 +63,10 @@ def _born_host(text: str, peer: Host) -> Host:
         return peer
 
 
-def to_store_message(m: pb.Message, peer: Host, max_body: int) -> tuple[Message, int | None]:
+def to_store_message(m: pb.Message, peer: Host, max_body: int, *,
+                     allow_empty_body: bool = False) -> tuple[Message, int | None]:
     """The store message for a SendMessage entry, and its delivery time (ms) if it has one.
+    ``allow_empty_body``: a compaction topic's tombstone (a key with an empty body).
 
     Raises BrokerError with the status RocketMQ's proxy answers for each bad field, checked in
     the proxy's order (SendMessageActivity.buildMessage / buildMessageProperty). Nothing here
@@ -73,7 +75,7 @@ def to_store_message(m: pb.Message, peer: Host, max_body: int) -> tuple[Message,
     sp = m.system_properties
     if not m.topic.name:
         raise BrokerError(Code.ILLEGAL_TOPIC, "message has no topic")
-    if not m.body:
+    if not m.body and not allow_empty_body:
         raise BrokerError(Code.MESSAGE_BODY_EMPTY, "message body cannot be empty")
     if len(m.body) > max_body:
         raise BrokerError(Code.MESSAGE_BODY_TOO_LARGE,

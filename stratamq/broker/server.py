@@ -87,6 +87,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
+from stratamq.broker.compaction_topics import compaction_admin_handler, route_by_key
+from stratamq.broker.compaction_topics import plug as plug_compaction
 from stratamq.broker.convert import to_pb_message, to_store_message, valid_timestamp_ms
 from stratamq.broker.engine import Notifier, PopEngine, now_ms
 from stratamq.broker.errors import BrokerError
@@ -106,6 +108,7 @@ from stratamq.broker.validate import (
     client_type_name,
     put_status,
 )
+from stratamq.compaction.service import CompactionStore
 from stratamq.config import BrokerConfig, StoreConfig
 from stratamq.record import Host, Prop, tags_hash_code
 from stratamq.store.filter import TagFilter
@@ -442,7 +445,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def _prepare(self, m: pb.Message, topic: TopicConfig, peer: Host
                  ) -> tuple[Any, int | None]:
         """The store message for one entry and its delivery time, checked; stores nothing."""
-        msg, deliver_at = to_store_message(m, peer, self.b.store_config.max_message_size)
+        msg, deliver_at = to_store_message(m, peer, self.b.store_config.max_message_size,
+                                           allow_empty_body=topic.compaction is not None)
         sp = m.system_properties
         declared = sp.message_type
         if declared == pb.MESSAGE_TYPE_UNSPECIFIED:
@@ -459,7 +463,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if topic.message_type == "DELAY" and deliver_at is None:
             raise BrokerError(Code.ILLEGAL_DELIVERY_TIME, "a DELAY message needs a delivery time")
         writable = topic.write_queue_nums
-        if sp.message_group:
+        if topic.compaction is not None:
+            route_by_key(topic, msg)  # every value of a key in one queue
+        elif sp.message_group:
             # Java String.hashCode, as RocketMQ's selectors use: a group always lands on one
             # queue while the queue count stays the same.
             msg.queue_id = abs(tags_hash_code(sp.message_group)) % writable
@@ -751,6 +757,7 @@ class Broker:
         self._clients_lock = threading.Lock()
         self.server: grpc.Server | None = None
         self.store: MessageStore
+        self.compaction: CompactionStore | None = None  # compaction topics (issue 16)
         self.advertised: tuple[str, int] = (self.listen_host, self.listen_port)
         self.started_at = time.monotonic()
 
@@ -851,10 +858,15 @@ class Broker:
         self.advertised = (advertised, port)
         # The store host in every record and offset message id is this broker's real endpoint.
         self.store_config = replace(self.store_config, listen_port=port)
-        self.store = MessageStore(self.store_config).open()
+        root = self.store_config.root
+        # The topics first: compaction topics are split out from the store's first replay on.
+        self.meta = MetadataStore(root, cfg.default_retry_max_times)
+        self.store = MessageStore(self.store_config)
+        self.compaction = plug_compaction(self.store, self.store_config, self.meta)
+        self.store.open()
         try:
-            root = self.store_config.root
-            self.meta = MetadataStore(root, cfg.default_retry_max_times)
+            if self.compaction is not None:
+                self.compaction.start()
             self.state = PopState(root / "config" / "popState", cfg.pop_state_sync_write)
             self.notifier = Notifier()
             self.engine = PopEngine(self.store, self.meta, self.state, self.notifier)
@@ -864,11 +876,14 @@ class Broker:
 
             service_pb2_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(self),
                                                                     self.server)
-            self.server.add_generic_rpc_handlers((admin_handler(self),))
+            self.server.add_generic_rpc_handlers((admin_handler(self),
+                                                  compaction_admin_handler(self)))
             self.server.start()
         except BaseException:
             self._close_extensions()
             self.store.close()
+            if self.compaction is not None:
+                self.compaction.close()
             raise
         log.info("broker %s serving on %s", cfg.broker_name, self.endpoint)
         return self.endpoint
@@ -912,6 +927,8 @@ class Broker:
         step("closing the timer and metrics", self._close_extensions)
         step("closing the pop state", self.state.close)
         step("closing the store", self.store.close)
+        if self.compaction is not None:
+            step("closing the compaction store", self.compaction.close)
         if errors:
             raise BrokerStopError(errors)
         return stopped
