@@ -377,3 +377,15 @@ def test_policies_come_from_topic_attributes_in_topics_json(tmp_path):
         "Kv": {"topicName": "Kv", "attributes": {"cleanup.policy": "COMPACT"}}}}))
     with pytest.raises(PolicyError, match="'Kv'.*cleanup.policy must be DELETE|COMPACTION"):
         policies_from_topics_json(path)
+
+
+def test_a_batch_cq_of_rocketmq_46_byte_units_is_refused_not_rewritten(cfg):
+    store, comp = open_store(cfg)
+    put(store, "k", b"v")
+    close(store, comp)
+    cq = queue_dir(cfg, "compactionCq") / "00000000000000000000"
+    foreign = b"\x01" * (46 * 40)  # RocketMQ's BatchConsumeQueue file size: whole 46-byte units
+    cq.write_bytes(foreign)
+    with pytest.raises(CompactionLogError, match="not whole 64-byte units.*46-byte"):
+        open_store(cfg)
+    assert cq.read_bytes() == foreign  # left as it was

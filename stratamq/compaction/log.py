@@ -87,6 +87,12 @@ class CompactionLog:
         if logs:
             self.log_size = os.path.getsize(paths.log_file(logs[0]))
             self.cq_size = os.path.getsize(paths.cq_file(logs[0]))
+            if self.cq_size % UNIT_SIZE:
+                raise CompactionLogError(
+                    f"{paths.cq_file(logs[0])} is {self.cq_size} bytes, not whole {UNIT_SIZE}-"
+                    "byte units: it was not written by StrataMQ (Apache RocketMQ's batch "
+                    "ConsumeQueue has 46-byte units); move the queue's compactionLog/ and "
+                    "compactionCq/ directories away to serve the topic from the CommitLog")
         segments = []
         try:
             for start in logs:

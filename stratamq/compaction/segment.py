@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,10 +255,6 @@ class Segment:
     def record_view(self, position: int, size: int) -> memoryview:
         rel = position - self.start
         return self.log.buffer[rel : rel + size]
-
-    def iter_units(self, start: int) -> Iterator[bcq.Unit]:
-        for i in range(start, self.units):
-            yield self.unit(i)
 
     # -- lifetime -------------------------------------------------------------------------------
 
