@@ -127,7 +127,11 @@ def open_store(store_dir: str, *, read_only: bool, store_type: str | None = None
     try:
         store = MessageStore(config, read_only=read_only, force_store_type=store_type is not None)
         _plug_compaction(store, config, read_only)
-        return store.open()
+        store.open()
+        compaction = _COMPACTION.get(store)
+        if compaction is not None and not read_only:
+            compaction.flush()  # what the open replayed into it is durable: clean-up may go on
+        return store
     except StoreLocked as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, ValueError, RuntimeError) as exc:
