@@ -20,7 +20,7 @@ from typing import Any
 
 from stratamq.config import FlushDiskType, StoreConfig
 from stratamq.names import invalid_characters, is_valid_name
-from stratamq.record import Message, Prop, StoredMessage, parse_offset_msg_id
+from stratamq.record import DispatchInfo, Message, Prop, StoredMessage, parse_offset_msg_id
 from stratamq.store.checkpoint import StoreCheckpoint
 from stratamq.store.cleanup import CleanupService
 from stratamq.store.commitlog import CommitLog
@@ -590,6 +590,24 @@ class MessageStore:
     @property
     def is_open(self) -> bool:
         return self._opened
+
+    @property
+    def flushed_offset(self) -> int:
+        """CommitLog bytes below this offset are on disk."""
+        return self.commitlog.files.flushed_where
+
+    def add_dispatch_listener(self, listener: Callable[[DispatchInfo], None]) -> None:
+        """Call ``listener(info)`` on the dispatcher thread with the newest record of each topic
+        a dispatch round made readable (long-poll wake-ups). Open store only; keep it quick."""
+        if not self._opened:
+            raise RuntimeError("add dispatch listeners once the store is open")
+        self.reput.listeners.append(listener)
+
+    def remove_dispatch_listener(self, listener: Callable[[DispatchInfo], None]) -> None:
+        """Stop calling ``listener``; a listener never added (or a closed store) is fine."""
+        listeners = self.reput.listeners if self._opened else []
+        if listener in listeners:
+            listeners.remove(listener)
 
     def oldest_store_timestamp(self) -> int:
         """Store time of the oldest record still in the CommitLog (0 if none)."""
