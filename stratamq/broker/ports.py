@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Protocol
 
 from stratamq.message import DispatchInfo, Host, Message
@@ -20,9 +21,18 @@ __all__ = ["Call", "DispatchEvents", "MessageReader", "MessageWriter", "QueueSto
 
 
 class MessageWriter(Protocol):
-    """Appends messages, in order, as one batch (SYNC_FLUSH: returns once they are on disk)."""
+    """Appends messages, in order, as one batch; ``wait=False`` returns once they are
+    appended, and ``wait_put`` then waits as ``put_messages`` would have (SYNC_FLUSH's flush,
+    a slave). ``waits_on_put``: whether there is ever anything to wait for."""
 
-    def put_messages(self, messages: Sequence[Message]) -> PutMessageResult: ...
+    def put_messages(self, messages: Sequence[Message], *, wait: bool = True
+                     ) -> PutMessageResult: ...
+
+    def wait_put(self, result: PutMessageResult, messages: Sequence[Message]
+                 ) -> PutMessageResult: ...
+
+    @property
+    def waits_on_put(self) -> bool: ...
 
 
 class MessageReader(Protocol):
@@ -72,10 +82,15 @@ class Call:
 
     def peer_host(self) -> Host:
         """The caller's address as a store host (born host of what it sends)."""
-        kind, _, rest = self.peer.partition(":")
-        if kind in ("ipv4", "ipv6"):
-            try:
-                return Host.parse(rest)
-            except ValueError:
-                pass
-        return Host("127.0.0.1", 0)
+        return _peer_host(self.peer)
+
+
+@lru_cache(maxsize=4096)  # one parse per connection, not per request
+def _peer_host(peer: str) -> Host:
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        try:
+            return Host.parse(rest)
+        except ValueError:
+            pass
+    return Host("127.0.0.1", 0)

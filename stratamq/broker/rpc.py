@@ -100,8 +100,11 @@ def call_of(context: grpc.aio.ServicerContext) -> Call:
                 context.time_remaining())
 
 
+_CODE_NAMES = {value: pb.Code.Name(value) for value in pb.Code.values()}
+
+
 def _code_name(code: int) -> str:
-    return pb.Code.Name(code) if code in pb.Code.values() else str(code)
+    return _CODE_NAMES.get(code) or str(code)
 
 
 @dataclass

@@ -37,12 +37,15 @@ from stratamq.broker.metadata import TopicConfig
 from stratamq.broker.ports import Call
 from stratamq.broker.validate import check_topic, put_status
 from stratamq.broker.writer import EntryResult
-from stratamq.message import Host, Message
+from stratamq.message import Host, Message, Prop
 from stratamq.record import tags_hash_code
 
 __all__ = ["SendPlan", "SendService"]
 
 Code = pb.Code
+# Built once: the enum wrapper's values() and Name() build lists per call.
+_OK = ok_status()  # copied into each entry (protobuf copies on assignment)
+_TYPE_NAMES = {value: pb.MessageType.Name(value) for value in pb.MessageType.values()}
 
 
 @dataclass
@@ -50,7 +53,7 @@ class SendPlan:
     """A checked request: the messages to put (in entry order), or the answer already."""
 
     topic: TopicConfig
-    message_ids: list[str]
+    message_ids: list[str]  # the clients' ids, answered back per entry
     messages: list[Message] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)  # body sizes, for the metrics
     response: svc.SendMessageResponse | None = None  # set when nothing is to be stored
@@ -85,14 +88,17 @@ class SendService:
         if not topic.perm & 2:
             raise BrokerError(Code.FORBIDDEN, f"topic {topic.name!r} is not writable")
         peer = call.peer_host()
-        plan = SendPlan(topic, [m.system_properties.message_id for m in request.messages])
+        plan = SendPlan(topic, [])
         failures: list[tuple[int, BrokerError]] = []
         for i, m in enumerate(request.messages):
             try:
-                plan.messages.append(self._convert(m, topic, peer))
-                plan.sizes.append(len(m.body))
+                msg, size = self._convert(m, topic, peer)
             except BrokerError as exc:
                 failures.append((i, exc))
+                continue
+            plan.messages.append(msg)
+            plan.sizes.append(size)
+            plan.message_ids.append(msg.properties[Prop.UNIQ_KEY])
         if failures:
             plan.messages.clear()
             first_index, first = failures[0]
@@ -107,20 +113,22 @@ class SendService:
         plan.started = time.perf_counter()  # put latency: from here to the writer's answer
         return plan
 
-    def _convert(self, m: pb.Message, topic: TopicConfig, peer: Host) -> Message:
-        """The store message for one entry (DELAY: the timer topic's record), checked."""
-        msg, deliver_at = to_store_message(m, peer, self.max_message_size)
+    def _convert(self, m: pb.Message, topic: TopicConfig, peer: Host) -> tuple[Message, int]:
+        """The store message for one entry (DELAY: the timer topic's record), checked, and
+        its body size as sent."""
+        msg, deliver_at, size = to_store_message(m, peer, self.max_message_size)
         sp = m.system_properties
         declared = sp.message_type
         if declared == pb.MESSAGE_TYPE_UNSPECIFIED:
             declared = (pb.FIFO if sp.message_group else
                         pb.DELAY if deliver_at is not None else pb.NORMAL)
-        if declared not in pb.MessageType.values():
+        declared_name = _TYPE_NAMES.get(declared)
+        if declared_name is None:
             raise BrokerError(Code.BAD_REQUEST, f"unknown message type {declared}")
-        if pb.MessageType.Name(declared) != topic.message_type:
+        if declared_name != topic.message_type:
             raise BrokerError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                               f"topic {topic.name!r} accepts {topic.message_type} messages, "
-                              f"not {pb.MessageType.Name(declared)}")
+                              f"not {declared_name}")
         if topic.message_type == "FIFO" and not sp.message_group:
             raise BrokerError(Code.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message group")
         if topic.message_type == "DELAY" and deliver_at is None:
@@ -137,26 +145,31 @@ class SendService:
                 raise BrokerError(Code.UNSUPPORTED,
                                   "DELAY messages need the timer service, which is not running "
                                   "on this broker (timerWheelEnable)")
-            return self.timer.hold(msg, deliver_at)
-        return msg
+            return self.timer.hold(msg, deliver_at), size
+        return msg, size
 
     def complete(self, plan: SendPlan, results: list[EntryResult]) -> svc.SendMessageResponse:
         """The response for a stored plan, from the writer's per-entry results."""
-        entries: list[svc.SendResultEntry] = []
+        response = svc.SendMessageResponse()
+        add = response.entries.add  # built in place: a measurable share of a 16-message send
         sizes: list[int] = []
+        codes: set[int] = set()
+        first: pb.Status | None = None
         for message_id, size, r in zip(plan.message_ids, plan.sizes, results, strict=True):
             if r.ok and r.appended is not None:
-                entries.append(svc.SendResultEntry(status=ok_status(), message_id=message_id,
-                                                   offset=r.appended.queue_offset))
+                add(status=_OK, message_id=message_id, offset=r.appended.queue_offset)
                 sizes.append(size)
+                codes.add(Code.OK)
+                status = _OK
             else:
                 code, text = put_status(r.status)
-                entries.append(svc.SendResultEntry(status=ok_status(
-                    code, f"{text} ({r.error})" if r.error else text)))
+                status = ok_status(code, f"{text} ({r.error})" if r.error else text)
+                add(status=status)
+                codes.add(code)
+            first = first or status
         if sizes:
             self.metrics().on_send(plan.topic.name, sizes, time.perf_counter() - plan.started,
                                    plan.topic.message_type)
-        codes = {e.status.code for e in entries}
-        status = entries[0].status if len(codes) == 1 else ok_status(Code.MULTIPLE_RESULTS,
-                                                                     "MULTIPLE_RESULTS")
-        return svc.SendMessageResponse(status=status, entries=entries)
+        response.status.CopyFrom(first if len(codes) == 1 and first is not None else ok_status(
+            Code.MULTIPLE_RESULTS, "MULTIPLE_RESULTS"))
+        return response

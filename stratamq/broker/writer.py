@@ -1,22 +1,30 @@
 """The broker's single writer: puts from concurrent requests combined into one batch append.
 
-Every ``SendMessage`` hands its messages (converted and checked once) to ``GroupWriter.put``.
-One thread takes whatever puts are waiting, appends them with a single ``put_messages`` call
-and hands each put its own entries' results, the way group commit combines flushes: under
-load the batches grow by themselves, and the CommitLog's lock is taken once per batch instead
-of once per message from dozens of threads. A put's callback runs once its records are written
-and, under ``SYNC_FLUSH``, on disk (``put_messages`` waits for the flush before it returns).
+Every ``SendMessage`` hands its messages (converted and checked once) to ``GroupWriter``. The
+puts the event loop handled in one turn reach the writer together and are appended with a
+single ``put_messages`` call, the way group commit combines flushes: under load the batches
+grow by themselves, and the CommitLog's lock is taken once per batch instead of once per
+message. Each put is then answered with its own entries' results once its records are written
+and, when the store waits after an append (``SYNC_FLUSH``'s group commit, replication), once
+that wait is over.
+
+Who does what: the append itself (a copy into the mapped CommitLog, segments pre-allocated by
+the store) runs on the loop, in one callback per turn: handing every batch to another thread
+and back cost more than the append, because each hop waits for the GIL. Waiting (a flush, a
+slave) never runs on the loop: the writer thread does it (``MessageStore.wait_put``), while
+the loop goes on appending the next batches. Puts from threads (``put``, ``put_wait``) are
+appended and waited for on the writer thread.
 
 Per-entry results: the store answers one status for a batch, plus the prefix it wrote (a
 batch cut short by a full disk). Entries in that prefix are stored (``PUT_OK``, or the status
 a put waiter refused with, such as ``FLUSH_DISK_TIMEOUT``); the rest get the failure. A batch
 the store refuses before writing anything because of one message (``MESSAGE_ILLEGAL``,
-``PROPERTIES_SIZE_EXCEEDED``) is retried put by put, and a put by message, so only the entry at
-fault is refused, as when every message was put on its own.
+``PROPERTIES_SIZE_EXCEEDED``) is appended again put by put, and a put by message, so only the
+entry at fault is refused, as when every message was put on its own.
 
-Thread-safety: ``put`` from any thread (or an event loop); callbacks run on the writer thread,
-or on the loop passed to ``put`` (one ``call_soon_threadsafe`` per batch and loop, not per
-put). ``start``/``close`` from the owner. The writer owns nothing of the store's.
+Thread-safety: ``put_async`` on an event loop; ``put``/``put_wait`` from any other thread;
+callbacks run on the loop a put came from, or on the writer thread. ``start``/``close`` from
+the owner. The writer owns nothing of the store's.
 """
 
 from __future__ import annotations
@@ -35,11 +43,7 @@ from stratamq.store.results import AppendedMessage, PutMessageResult, PutMessage
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EntryResult", "GroupWriter"]
-
-# How many bytes of bodies one append may combine: enough to fill a batch under any load, small
-# enough that the first put of a batch does not wait long for the last one's copy.
-DEFAULT_MAX_BATCH_BYTES = 4 * 1024 * 1024
+__all__ = ["EntryResult", "GroupWriter", "split_result"]
 
 # Statuses a put waiter answers after the records were written (the records stay stored).
 _WAITER_STATUSES = frozenset({PutMessageStatus.FLUSH_DISK_TIMEOUT,
@@ -66,14 +70,24 @@ Done = Callable[[list[EntryResult]], None]
 
 
 class _Put:
-    __slots__ = ("messages", "done", "loop", "nbytes")
+    __slots__ = ("messages", "done", "loop")
 
     def __init__(self, messages: Sequence[Message], done: Done,
                  loop: asyncio.AbstractEventLoop | None) -> None:
         self.messages = messages
         self.done = done
         self.loop = loop
-        self.nbytes = sum(len(m.body) for m in messages)
+
+
+Part = tuple[_Put, int, int]  # a put's messages [start, stop) within one append
+
+
+class _Append(NamedTuple):
+    """One ``put_messages`` call: which puts' messages it held, in order, and its result."""
+
+    parts: list[Part]
+    messages: list[Message]
+    result: PutMessageResult
 
 
 def split_result(result: PutMessageResult, sizes: Sequence[int]) -> list[list[EntryResult]]:
@@ -83,60 +97,49 @@ def split_result(result: PutMessageResult, sizes: Sequence[int]) -> list[list[En
     failure = result.status
     if failure in _WAITER_STATUSES and len(written) < sum(sizes):
         failure = PutMessageStatus.UNKNOWN_ERROR  # the cut-short status was overwritten
-    stored_status = (result.status if result.status in _WAITER_STATUSES
-                     else PutMessageStatus.PUT_OK)
+    stored = (result.status if result.status in _WAITER_STATUSES else PutMessageStatus.PUT_OK)
+    stored_error = result.error if stored is not PutMessageStatus.PUT_OK else ""
     out: list[list[EntryResult]] = []
     i = 0
     for size in sizes:
-        entries = []
-        for j in range(i, i + size):
-            if j < len(written):
-                entries.append(EntryResult(stored_status, written[j], result.error
-                                           if stored_status is not PutMessageStatus.PUT_OK
-                                           else ""))
-            else:
-                entries.append(EntryResult(failure, None, result.error))
-        out.append(entries)
+        out.append([EntryResult(stored, written[j], stored_error) if j < len(written)
+                    else EntryResult(failure, None, result.error) for j in range(i, i + size)])
         i += size
     return out
 
 
 class GroupWriter:
-    """Combines concurrent puts into single appends on one thread; see the module docstring."""
+    """Combines concurrent puts into single appends; see the module docstring."""
 
-    def __init__(self, store: MessageWriter, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-                 name: str = "broker-writer") -> None:
+    def __init__(self, store: MessageWriter, name: str = "broker-writer") -> None:
         self._store = store
-        self._max_batch_bytes = max_batch_bytes
-        self._queue: deque[_Put] = deque()
-        self._cond = threading.Condition()
+        # Jobs for the writer thread: a put from a thread (append, then wait) or a list of
+        # appends made on a loop (wait only).
+        self._jobs: deque[_Put | list[_Append]] = deque()
+        self._lock = threading.Lock()
+        # Set to wake the writer; only when it sleeps (``_sleeping``), so a burst of jobs pays
+        # for one wake-up, not one each.
+        self._wake = threading.Event()
+        self._sleeping = False
         self._closed = False
+        # Puts made on an event loop during its current turn (see put_async); loop only.
+        self._from_loop: dict[asyncio.AbstractEventLoop, list[_Put]] = {}
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        # Figures for the benchmark and the tests: how much combining happened.
-        self.batches = 0
+        # How much combining happened (logged at close; read by tests).
+        self.appends = 0
         self.puts = 0
 
     def start(self) -> GroupWriter:
         self._thread.start()
         return self
 
-    def put(self, messages: Sequence[Message], done: Done,
-            loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Append ``messages`` (in order, after every put handed in earlier) and call
-        ``done(results)``, one ``EntryResult`` per message, once they are written."""
-        if not messages:
-            raise ValueError("a put needs at least one message")
-        put = _Put(messages, done, loop)
-        with self._cond:
-            if not self._closed:
-                self._queue.append(put)
-                self._cond.notify()
-                return
-        _deliver([(put, [EntryResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None,
-                                     "the broker is shutting down")] * len(messages))])
+    # -- from an event loop ---------------------------------------------------------------------
 
     def put_async(self, messages: Sequence[Message]) -> asyncio.Future[list[EntryResult]]:
-        """``put`` for a coroutine on the running loop: a future of the results."""
+        """Append ``messages`` (in order) with the other puts of this turn of the running
+        loop: a future of their results, one ``EntryResult`` per message."""
+        if not messages:
+            raise ValueError("a put needs at least one message")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[EntryResult]] = loop.create_future()
 
@@ -144,12 +147,47 @@ class GroupWriter:
             if not future.done():  # the caller went away: its messages are stored all the same
                 future.set_result(results)
 
-        self.put(messages, done, loop)
+        pending = self._from_loop.get(loop)
+        if pending is None:
+            pending = self._from_loop[loop] = []
+            loop.call_soon(self._append_turn, loop)  # after every task ready this turn
+        pending.append(_Put(messages, done, loop))
         return future
+
+    def _append_turn(self, loop: asyncio.AbstractEventLoop) -> None:
+        puts = self._from_loop.pop(loop, [])
+        if self._closed:
+            _deliver([(p, _refused(len(p.messages))) for p in puts])
+            return
+        try:
+            appends = self._append([(p, 0, len(p.messages)) for p in puts], wait=False)
+        except Exception as exc:  # a bug must fail these puts, not the loop
+            log.exception("batch put failed")
+            _deliver([(p, _failed(len(p.messages), exc)) for p in puts])
+            return
+        self.appends += len(appends)
+        self.puts += len(puts)
+        if self._store.waits_on_put and any(a.result.messages for a in appends):
+            if self._submit(appends):
+                return  # answered once the writer thread has waited
+            for a in appends:  # the writer has stopped (the broker is stopping): wait here
+                self._store.wait_put(a.result, a.messages)
+        _deliver(_results(appends))
+
+    # -- from threads ---------------------------------------------------------------------------
+
+    def put(self, messages: Sequence[Message], done: Done) -> None:
+        """From a thread: append ``messages`` and call ``done(results)`` (on the writer
+        thread) once they are written and waited for."""
+        if not messages:
+            raise ValueError("a put needs at least one message")
+        put = _Put(messages, done, None)
+        if not self._submit(put):
+            _deliver([(put, _refused(len(messages)))])
 
     def put_wait(self, messages: Sequence[Message], timeout: float | None = None
                  ) -> list[EntryResult]:
-        """``put`` for a thread: block until the results are in."""
+        """``put`` that blocks until the results are in."""
         ready = threading.Event()
         box: list[list[EntryResult]] = []
 
@@ -163,60 +201,103 @@ class GroupWriter:
         return box[0]
 
     def close(self, timeout: float = 30.0) -> bool:
-        """Write what is queued, then stop; later puts are answered SERVICE_NOT_AVAILABLE.
+        """Finish the queued jobs, then stop; later puts are answered SERVICE_NOT_AVAILABLE.
         False if the thread did not finish within ``timeout``."""
-        with self._cond:
+        with self._lock:
             self._closed = True
-            self._cond.notify()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        log.info("writer: %d puts in %d appends", self.puts, self.appends)
         return not self._thread.is_alive()
 
     # -- the writer thread ----------------------------------------------------------------------
 
+    def _submit(self, job: _Put | list[_Append]) -> bool:
+        with self._lock:
+            if self._closed and (isinstance(job, _Put) or not self._thread.is_alive()):
+                return False
+            self._jobs.append(job)
+            wake, self._sleeping = self._sleeping, False
+        if wake:
+            self._wake.set()
+        return True
+
+    def _take(self) -> list[_Put | list[_Append]]:
+        """Every job waiting; none (and asleep) when there are none."""
+        with self._lock:
+            if not self._jobs:
+                self._sleeping = not self._closed
+                self._wake.clear()
+                return []
+            jobs = list(self._jobs)
+            self._jobs.clear()
+            return jobs
+
     def _run(self) -> None:
         while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue:
+            jobs = self._take()
+            if not jobs:
+                if self._closed:
                     return
-                batch = [self._queue.popleft()]
-                nbytes = batch[0].nbytes
-                while self._queue and nbytes + self._queue[0].nbytes <= self._max_batch_bytes:
-                    put = self._queue.popleft()
-                    nbytes += put.nbytes
-                    batch.append(put)
-            try:
-                outcome = self._write(batch)
-            except Exception as exc:  # a bug must fail these puts, not stop every later one
-                log.exception("batch put failed")
-                outcome = [(p, [EntryResult(PutMessageStatus.UNKNOWN_ERROR, None,
-                                            f"{type(exc).__name__}: {exc}")] * len(p.messages))
-                           for p in batch]
-            self.batches += 1
-            self.puts += len(batch)
-            _deliver(outcome)
+                self._wake.wait()
+                continue
+            puts = [j for j in jobs if isinstance(j, _Put)]
+            waits = [a for j in jobs if not isinstance(j, _Put) for a in j]
+            for a in waits:  # appended on a loop: only the wait is left
+                self._store.wait_put(a.result, a.messages)
+            if waits:
+                _deliver(_results(waits))
+            if puts:
+                try:
+                    appends = self._append([(p, 0, len(p.messages)) for p in puts], wait=True)
+                    outcome = _results(appends)
+                except Exception as exc:
+                    log.exception("batch put failed")
+                    outcome = [(p, _failed(len(p.messages), exc)) for p in puts]
+                    appends = []
+                self.appends += len(appends)
+                self.puts += len(puts)
+                _deliver(outcome)
 
-    def _write(self, batch: list[_Put]) -> list[tuple[_Put, list[EntryResult]]]:
-        messages = (batch[0].messages if len(batch) == 1
-                    else [m for p in batch for m in p.messages])
-        result = self._store.put_messages(messages)
+    # -- appending ------------------------------------------------------------------------------
+
+    def _append(self, parts: list[Part], wait: bool) -> list[_Append]:
+        messages = [m for p, i, j in parts for m in p.messages[i:j]]
+        result = self._store.put_messages(messages, wait=wait)
         if not result.messages and result.status in _ONE_MESSAGE_REFUSALS and len(messages) > 1:
-            # One message spoiled the batch before anything was written: put again in smaller
-            # pieces so only the message at fault is refused.
-            if len(batch) > 1:
-                return [pair for p in batch for pair in self._write([p])]
-            put = batch[0]
-            return [(put, [self._write_one(m) for m in put.messages])]
-        return list(zip(batch, split_result(result, [len(p.messages) for p in batch])))
+            # One message spoiled the batch before anything was written: append again in
+            # smaller pieces so only the message at fault is refused.
+            if len(parts) > 1:
+                return [a for part in parts for a in self._append([part], wait)]
+            put, i, j = parts[0]
+            return [a for k in range(i, j) for a in self._append([(put, k, k + 1)], wait)]
+        return [_Append(parts, messages, result)]
 
-    def _write_one(self, message: Message) -> EntryResult:
-        return split_result(self._store.put_messages([message]), [1])[0][0]
+
+def _results(appends: list[_Append]) -> list[tuple[_Put, list[EntryResult]]]:
+    """Each put's entry results, assembled from the appends that held its messages."""
+    entries: dict[_Put, list[EntryResult]] = {}
+    for a in appends:
+        sizes = [j - i for _p, i, j in a.parts]
+        for (put, _i, _j), results in zip(a.parts, split_result(a.result, sizes)):
+            entries.setdefault(put, []).extend(results)
+    return list(entries.items())
+
+
+def _refused(count: int) -> list[EntryResult]:
+    return [EntryResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None,
+                        "the broker is shutting down")] * count
+
+
+def _failed(count: int, exc: Exception) -> list[EntryResult]:
+    return [EntryResult(PutMessageStatus.UNKNOWN_ERROR, None,
+                        f"{type(exc).__name__}: {exc}")] * count
 
 
 def _deliver(outcome: list[tuple[_Put, list[EntryResult]]]) -> None:
-    """Call each put's callback: directly, or on its loop in one hop per loop."""
+    """Call each put's callback: on its loop (one hop per loop, or directly when already
+    there), or here for puts from threads."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Done, list[EntryResult]]]] = {}
     for put, results in outcome:
         if put.loop is None:
@@ -224,8 +305,18 @@ def _deliver(outcome: list[tuple[_Put, list[EntryResult]]]) -> None:
         else:
             by_loop.setdefault(put.loop, []).append((put.done, results))
     for loop, calls in by_loop.items():
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
-            loop.call_soon_threadsafe(_call_all, calls)
+        if _running_loop() is loop:
+            _call_all(calls)
+        else:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                loop.call_soon_threadsafe(_call_all, calls)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _call_all(calls: list[tuple[Done, list[EntryResult]]]) -> None:
