@@ -30,7 +30,9 @@ Methods (request -> response):
   "dropped_inflight", "queues": [{"queue_id", "offset"}]}``: RocketMQ's resetOffsetByTime
 * ``BrokerStatus {}`` -> ``{"version", "broker_name", "cluster", "role", "endpoint", "store",
   "uptime_s", "disk": {"total", "used", "free", "used_ratio"}, "commitlog": {"min_offset",
-  "max_offset"}, "dispatch_behind_bytes", "connections", "topics", "groups"}``
+  "max_offset"}, "dispatch_behind_bytes", "connections", "topics", "groups", "long_polls",
+  "telemetry_streams"}``: ``long_polls`` receives and pulls waiting for messages now,
+  ``telemetry_streams`` clients' open Telemetry streams
 
 TOPIC is ``{"topic", "queues", "read_queues", "write_queues", "perm", "type", "messages"}``;
 GROUP is ``{"group", "retry_max_times", "max_delivery_attempts", "orderly",
@@ -259,7 +261,8 @@ class AdminService:
                               "max_offset": self.b.store.max_physical_offset},
                 "dispatch_behind_bytes": self.b.store.dispatch_behind_bytes(),
                 "connections": len(self.b.clients), "topics": len(self.b.meta.topics()),
-                "groups": len(self.b.meta.groups())}
+                "groups": len(self.b.meta.groups()), "long_polls": self.b.polls.total,
+                "telemetry_streams": self.b.telemetry_streams}
 
     def BrokerInfo(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"broker_name": self.b.config.broker_name,

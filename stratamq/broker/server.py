@@ -122,6 +122,11 @@ class Broker:
     def live_clients(self, group: str) -> list[dict[str, Any]]:
         return self.clients.live(group)
 
+    @property
+    def telemetry_streams(self) -> int:
+        """Telemetry streams open now (one per connected client)."""
+        return len(self.servicer.telemetry_tasks) if self.servicer is not None else 0
+
     # -- the event loop -------------------------------------------------------------------------
 
     def _start_loop(self) -> asyncio.AbstractEventLoop:
