@@ -106,6 +106,7 @@ class MetadataStore:
         self.path = Path(root) / METADATA_FILE
         self.read_only = read_only
         self._lock = threading.RLock()
+        self._persist_lock = threading.Lock()  # one writer of the file (and its .tmp) at a time
         self._topic_serial = -1
         self._topics: dict[str, TopicMetadata] = {}
         self._queues: dict[str, dict[int, QueueMetadata]] = {}
@@ -167,8 +168,9 @@ class MetadataStore:
     def persist(self, *, only_if_dirty: bool = False) -> None:
         if self.read_only or (only_if_dirty and not self._dirty):
             return
-        data = self.encode()
-        atomic_write(self.path, data, backup=True)
+        with self._persist_lock:
+            data = self.encode()
+            atomic_write(self.path, data, backup=True)
 
     def mark_dirty(self) -> None:
         self._dirty = True
