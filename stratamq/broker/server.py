@@ -751,6 +751,7 @@ class Broker:
         self._clients_lock = threading.Lock()
         self.server: grpc.Server | None = None
         self.store: MessageStore
+        self.tiered: Any = None  # stratamq.tiered.TieredStore when tieredBackendServiceProvider
         self.advertised: tuple[str, int] = (self.listen_host, self.listen_port)
         self.started_at = time.monotonic()
 
@@ -805,6 +806,10 @@ class Broker:
             port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
             log.info("Prometheus metrics on %s:%d/metrics", cfg.metrics_host, port)
         self.engine.on_dlq = self.metrics.on_dlq
+        if self.tiered is not None and hasattr(self.metrics, "registry"):
+            from stratamq.tiered.metrics import TierCollector
+
+            self.metrics.registry.register(TierCollector(self.tiered, self.metrics.node))
 
     def _tls_credentials(self) -> grpc.ServerCredentials | None:
         """TLS from ``tls.server.*`` when ``tlsEnable``; TlsConfigError says what is wrong."""
@@ -851,8 +856,14 @@ class Broker:
         self.advertised = (advertised, port)
         # The store host in every record and offset message id is this broker's real endpoint.
         self.store_config = replace(self.store_config, listen_port=port)
-        self.store = MessageStore(self.store_config).open()
+        self.store = MessageStore(self.store_config)
+        from stratamq.tiered import wire
+
+        self.tiered = wire(self.store, cluster=cfg.broker_cluster_name, broker=cfg.broker_name)
+        self.store.open()
         try:
+            if self.tiered is not None:
+                self.tiered.start()
             root = self.store_config.root
             self.meta = MetadataStore(root, cfg.default_retry_max_times)
             self.state = PopState(root / "config" / "popState", cfg.pop_state_sync_write)
@@ -861,14 +872,18 @@ class Broker:
             self.store.reput.listeners.append(self.notifier.on_dispatch)
             self._install_extensions()
             from stratamq.broker.admin import admin_handler
+            from stratamq.broker.tier_admin import tier_admin_handler
 
             service_pb2_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(self),
                                                                     self.server)
-            self.server.add_generic_rpc_handlers((admin_handler(self),))
+            self.server.add_generic_rpc_handlers((admin_handler(self),
+                                                  tier_admin_handler(self)))
             self.server.start()
         except BaseException:
             self._close_extensions()
             self.store.close()
+            if self.tiered is not None:
+                self.tiered.close()
             raise
         log.info("broker %s serving on %s", cfg.broker_name, self.endpoint)
         return self.endpoint
@@ -912,6 +927,8 @@ class Broker:
         step("closing the timer and metrics", self._close_extensions)
         step("closing the pop state", self.state.close)
         step("closing the store", self.store.close)
+        if self.tiered is not None:
+            step("closing the tier", self.tiered.close)
         if errors:
             raise BrokerStopError(errors)
         return stopped

@@ -24,7 +24,7 @@ from stratamq.tiered.flat_message_file import FlatFileStore, FlatMessageFile
 from stratamq.tiered.index_service import IndexStoreService
 from stratamq.tiered.metadata import MetadataCorrupt, MetadataStore
 from stratamq.tiered.read_ahead import memory_limit
-from stratamq.tiered.uploader import TierUploader
+from stratamq.tiered.uploader import TierUploader, is_filtered_topic
 
 if TYPE_CHECKING:
     from stratamq.store.message_store import MessageStore
@@ -112,25 +112,33 @@ class TieredStore:
             raise RuntimeError("a read-only tier cannot upload")
         return self.uploader.flush(timeout)
 
-    def status(self, local: Callable[[str, int], tuple[int, int] | None]
+    def status(self, local: Callable[[str, int], tuple[int, int] | None],
+               local_topics: Callable[[], dict[str, list[int]]] | None = None
                ) -> list[dict[str, Any]]:
-        """One row per topic/queue: local and tier offsets, tier bytes, upload lag."""
+        """One row per topic/queue the tier or the local store holds (topics that are never
+        tiered left out): local and tier offsets, tier bytes, upload lag."""
+        queues = {(f.topic, f.queue_id) for f in self.files.files()}
+        if local_topics is not None:
+            queues |= {(t, q) for t, ids in local_topics().items() for q in ids
+                       if not is_filtered_topic(t)}
         rows = []
-        for flat in sorted(self.files.files(), key=lambda f: (f.topic, f.queue_id)):
-            held = local(flat.topic, flat.queue_id)
-            lag_messages, lag_bytes = (self.uploader.lag(flat.topic, flat.queue_id)
+        for topic, queue_id in sorted(queues):
+            flat = self.files.get(topic, queue_id)
+            init = flat is not None and flat.is_init()
+            held = local(topic, queue_id)
+            lag_messages, lag_bytes = (self.uploader.lag(topic, queue_id)
                                        if self.uploader is not None else (0, 0))
-            committed = flat.commit_offset
+            committed = flat.commit_offset if flat is not None and init else None
             if held is not None:
-                lag_messages = max(lag_messages, held[1] - max(committed, held[0]))
+                lag_messages = max(lag_messages, held[1] - max(committed or 0, held[0]))
             rows.append({
-                "topic": flat.topic, "queue_id": flat.queue_id,
+                "topic": topic, "queue_id": queue_id,
                 "local_min_offset": None if held is None else held[0],
                 "local_max_offset": None if held is None else held[1],
-                "tier_min_offset": flat.min_offset() if flat.is_init() else None,
-                "tier_max_offset": flat.append_offset if flat.is_init() else None,
-                "tier_committed_offset": committed if flat.is_init() else None,
-                "tier_bytes": flat.committed_bytes(),
+                "tier_min_offset": flat.min_offset() if flat is not None and init else None,
+                "tier_max_offset": flat.append_offset if flat is not None and init else None,
+                "tier_committed_offset": committed,
+                "tier_bytes": flat.committed_bytes() if flat is not None else 0,
                 "lag_messages": lag_messages, "lag_bytes": lag_bytes,
             })
         return rows
