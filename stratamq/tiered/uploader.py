@@ -106,6 +106,9 @@ class TierUploader:
         self._lock = threading.Lock()
         self._progress = threading.Condition(self._lock)
         self._waiting: dict[tuple[str, int], _Waiting] = {}
+        # Per queue, the batch whose upload failed (appended, not committed): its keys go to
+        # the index when the retry lands. Touched only under the queue's file_lock.
+        self._failed: dict[tuple[str, int], list[tuple[int, int, bytes, int]]] = {}
         self._dispatched_end = metadata.durable_offset
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -298,8 +301,15 @@ class TierUploader:
                 if notes:
                     log.warning("tier queue %s recovered: %s", flat.file_path, "; ".join(notes))
                 self._catch_up_index(flat)
-            if flat.append_offset > flat.commit_offset and not flat.commit():
-                return False  # the last batch failed: retry it before anything new
+            if flat.append_offset > flat.commit_offset:
+                # The last batch failed: retry it, as it was, before anything new.
+                if not flat.commit():
+                    return False
+                batch = self._failed.pop((topic, queue_id), [])
+                if batch:
+                    self._index(flat, batch)
+                    self.uploaded_messages += len(batch)
+                    self.uploaded_bytes += sum(len(b[2]) for b in batch)
             return self._upload_batch(flat)
 
     def _upload_batch(self, flat: FlatMessageFile) -> bool:
@@ -313,9 +323,12 @@ class TierUploader:
             self._settle(key, flat.commit_offset, None)
             return False
         low, high = held
-        start = flat.commit_offset if flat.is_init() else low
-        if waiting is not None and waiting.next > start:
-            start = waiting.next  # past offsets found missing locally last time
+        if flat.is_init():
+            start = flat.commit_offset
+            if waiting is not None and waiting.next > start:
+                start = waiting.next  # past offsets found missing locally last time
+        else:  # a queue new to the tier: from what was dispatched, or all the store has
+            start = waiting.next if waiting is not None else low
         if start < low:
             self._skipped(flat, start, low, "the local store no longer has them")
             start = low
@@ -362,6 +375,7 @@ class TierUploader:
         if batch:
             if not flat.commit():
                 self.failed_uploads += 1
+                self._failed[key] = batch  # indexed once its retry lands
                 return False
             self._index(flat, batch)
             self.uploaded_messages += len(batch)
