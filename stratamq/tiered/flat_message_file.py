@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from stratamq import record as codec
-from stratamq.store.consume_queue_format import UNIT_SIZE
+from stratamq.store.consume_queue_format import UNIT, UNIT_SIZE
 from stratamq.tiered.drivers import AppendResult, FileSegmentFactory, TierIOError
 from stratamq.tiered.drivers.base import NO_TIMESTAMP
 from stratamq.tiered.flat_file import FlatCommitLogFile, FlatConsumeQueueFile
@@ -36,7 +36,27 @@ __all__ = ["FlatFileStore", "FlatMessageFile", "TierRecord"]
 
 log = logging.getLogger(__name__)
 
+UNIT_FORMAT = UNIT.format.lstrip(">")  # "qiq"
+
 _QUEUE_OFFSET = struct.Struct(">q")
+
+
+class _Units:
+    """Many ConsumeQueue units packed in one call (``consume_queue_format.UNIT``'s layout)."""
+
+    def __init__(self) -> None:
+        self._formats: dict[int, struct.Struct] = {}
+
+    def pack_many(self, units: list[tuple[int, int, int]]) -> bytes:
+        fmt = self._formats.get(len(units))
+        if fmt is None:
+            fmt = self._formats[len(units)] = struct.Struct(">" + UNIT_FORMAT * len(units))
+            if len(self._formats) > 64:
+                self._formats.clear()
+        return fmt.pack(*[v for unit in units for v in unit])
+
+
+_UNITS = _Units()
 HEADER_PEEK = 128  # bytes of a record that hold every header field up to the store time
 
 
@@ -143,6 +163,58 @@ class FlatMessageFile:
         flat_offset = self.commit_log.append_offset - len(record)
         return self.consume_queue.append_unit(flat_offset, len(record), tags_code,
                                               store_timestamp)
+
+    def append_batch(self, batch: list[tuple[int, bytes, int, int]]) -> list[int]:
+        """Buffer consecutive records (queue offset, record, tags code, store time) and their
+        units, a file's worth at a time (one buffer per file, not per record); returns the
+        records' flat CommitLog offsets, fewer than the batch when a full file could not be
+        committed before rolling over."""
+        if self.closed or not batch:
+            return []
+        first = batch[0][0]
+        if not self.is_init():
+            self.init_offset(first)
+        elif first != self.append_offset:
+            self.consume_queue.resume_at(first)
+        offsets: list[int] = []
+        cl, cq = self.commit_log, self.consume_queue
+        while len(offsets) < len(batch):
+            cl_room = cl.segments[-1].room()
+            cq_room = cq.segments[-1].room() // UNIT_SIZE
+            take, size = 0, 0
+            for _queue_offset, record, _code, _ts in batch[len(offsets):]:
+                if take >= cq_room or size + len(record) > cl_room:
+                    break
+                take += 1
+                size += len(record)
+            if take == 0:  # a file is full: commit it and start the next
+                if cl.segments[-1].append_position == 0 and cq_room:
+                    raise TierIOError(f"tier queue {self.file_path}: a record of "
+                                      f"{len(batch[len(offsets)][1])} bytes is larger than "
+                                      "tieredStoreCommitLogMaxSize")
+                for flat, full in ((cl, cl_room < len(batch[len(offsets)][1])),
+                                   (cq, cq_room < 1)):
+                    if not full:
+                        continue
+                    last = flat.segments[-1]
+                    if not flat.commit():
+                        return offsets
+                    flat.roll(last.append_offset)
+                continue
+            part = batch[len(offsets):len(offsets) + take]
+            base = cl.append_offset
+            units, at = [], base
+            for _queue_offset, record, code, _ts in part:
+                units.append((at, len(record), code))
+                offsets.append(at)
+                at += len(record)
+            times = [ts for *_rest, ts in part]
+            low, high = min(times), max(times)
+            if cl.segments[-1].append(b"".join(r for _q, r, _c, _t in part), low, high) \
+                    is not AppendResult.SUCCESS or cq.segments[-1].append(
+                        _UNITS.pack_many(units), low, high) is not AppendResult.SUCCESS:
+                raise TierIOError(f"tier queue {self.file_path}: append refused")
+        return offsets
 
     def commit(self) -> bool:
         """CommitLog data first, then the units pointing into it (RocketMQ's order): a unit

@@ -147,8 +147,9 @@ class UnsealedIndexFile:
         return self.item_count + keys >= self.max_items
 
     def put(self, hashes: list[int], topic_id: int, queue_id: int, offset: int, size: int,
-            timestamp: int) -> bool:
-        """Add one item per key hash; False (nothing added) when they do not all fit."""
+            timestamp: int, *, header: bool = True) -> bool:
+        """Add one item per key hash; False (nothing added) when they do not all fit.
+        ``header=False`` leaves the header to a later ``write_header`` (a batch)."""
         if self.is_full(len(hashes)):
             return False
         diff = (timestamp - self.begin_timestamp) // 1000
@@ -166,8 +167,12 @@ class UnsealedIndexFile:
         self.end_timestamp = max(self.end_timestamp, timestamp)
         self.min_timestamp = min(self.min_timestamp, timestamp)
         self.max_timestamp = max(self.max_timestamp, timestamp)
-        self._write_header()
+        if header:
+            self._write_header()
         return True
+
+    def write_header(self) -> None:
+        self._write_header()
 
     def query(self, h: int, begin_ms: int, end_ms: int, max_count: int) -> list[IndexItem]:
         found: list[IndexItem] = []

@@ -167,6 +167,27 @@ class IndexStoreService:
                               "file (tieredStoreIndexFileMaxIndexNum=%d)", len(hashes),
                               self.max_items)
 
+    def put_batch(self, topic: str, topic_id: int, queue_id: int,
+                  entries: list[tuple[set[str], int, int, int]]) -> None:
+        """``put_key`` for many messages of one queue: (keys, offset, size, store time)."""
+        with self._lock:
+            current = self.unsealed[-1] if self.unsealed else None
+            for keys, offset, size, timestamp in entries:
+                if not keys:
+                    continue
+                hashes = [topic_key_hash(topic, k) for k in keys]
+                if current is None or current.is_full(len(hashes)):
+                    if current is not None:
+                        current.write_header()
+                    current = self._new_file(timestamp)
+                if not current.put(hashes, topic_id, queue_id, offset, size, timestamp,
+                                   header=False):
+                    log.error("tier index: %d keys of one message do not fit an empty index "
+                              "file (tieredStoreIndexFileMaxIndexNum=%d)", len(hashes),
+                              self.max_items)
+            if current is not None:
+                current.write_header()
+
     def _new_file(self, timestamp: int) -> UnsealedIndexFile:
         taken = {int(f.path.name) for f in self.unsealed}
         name = max(timestamp, max(taken, default=0) + 1)

@@ -37,7 +37,7 @@ from stratamq.config import StoreConfig
 from stratamq.message import DispatchInfo, Prop
 from stratamq.store.consume_queue_format import is_blank_unit
 from stratamq.store.log_reader import CommitLogReader
-from stratamq.tiered.drivers import AppendResult, TierIOError
+from stratamq.tiered.drivers import TierIOError
 from stratamq.tiered.flat_message_file import HEADER_PEEK, FlatFileStore, FlatMessageFile
 from stratamq.tiered.index_service import IndexStoreService
 from stratamq.tiered.metadata import MetadataStore
@@ -340,16 +340,16 @@ class TierUploader:
         units = self.local.units(topic, queue_id, start,
                                  min(high - start, cfg.tiered_store_group_commit_count))
         assert self.reader is not None
-        batch: list[tuple[int, int, bytes, int]] = []  # queue offset, flat offset, record, ts
+        pending: list[tuple[int, bytes, int, int]] = []  # queue offset, record, code, ts
         total = 0
         offset = start
         missing_from = None
         for phys, size, code in units:
-            if batch and total + size > cfg.tiered_store_group_commit_size:
+            if pending and total + size > cfg.tiered_store_group_commit_size:
                 break
             data = None if is_blank_unit(phys, size, code) else self.reader.read_bytes(phys, size)
             if data is None:
-                if batch:
+                if pending:
                     break  # commit what comes before the gap first
                 if missing_from is None:
                     missing_from = offset
@@ -359,19 +359,18 @@ class TierUploader:
                 self._skipped(flat, missing_from, offset, "their records left the local "
                               "CommitLog before upload")
                 missing_from = None
-            ts = codec.record_store_timestamp(data, 0)
-            result = flat.append_message(data, offset, code, ts)
-            if result is not AppendResult.SUCCESS:
-                if result is not AppendResult.BUFFER_FULL:
-                    log.warning("tier queue %s: append at %d: %s", flat.file_path, offset,
-                                result.value)
-                break
-            batch.append((offset, flat.commit_log.append_offset - size, data, ts))
+            pending.append((offset, data, code, codec.record_store_timestamp(data, 0)))
             total += size
             offset += 1
         if missing_from is not None:
             self._skipped(flat, missing_from, offset, "their records left the local CommitLog "
                           "before upload")
+        flat_offsets = flat.append_batch(pending)
+        if len(flat_offsets) < len(pending):
+            offset = pending[len(flat_offsets)][0]
+            total = sum(len(r) for _q, r, _c, _t in pending[:len(flat_offsets)])
+        batch = [(q, flat_offset, data, ts) for (q, data, _c, ts), flat_offset
+                 in zip(pending, flat_offsets, strict=False)]
         if batch:
             if not flat.commit():
                 self.failed_uploads += 1
@@ -420,14 +419,15 @@ class TierUploader:
         always points at data in the tier)."""
         if self.index is None or not self.config.message_index_enable:
             return
+        entries = []
         for _queue_offset, flat_offset, data, ts in batch:
             props = codec.decode_dispatch_info(data, 0).properties
             keys = set(props.get(Prop.KEYS, "").split())
             uniq = props.get(Prop.UNIQ_KEY)
             if uniq:
                 keys.add(uniq)
-            self.index.put_key(flat.topic, flat.topic_id, flat.queue_id, keys, flat_offset,
-                               len(data), ts)
+            entries.append((keys, flat_offset, len(data), ts))
+        self.index.put_batch(flat.topic, flat.topic_id, flat.queue_id, entries)
         meta = flat.queue_meta
         if meta is not None:
             meta.indexedOffset = batch[-1][0] + 1

@@ -179,9 +179,11 @@ class FileSegment(ABC):
 
     # -- writing -------------------------------------------------------------------------------
 
-    def append(self, data: Buffer, timestamp: int) -> AppendResult:
-        """Buffer ``data`` for the next commit (nothing is uploaded here)."""
-        chunk = bytes(data)
+    def append(self, data: Buffer, timestamp: int,
+               last_timestamp: int | None = None) -> AppendResult:
+        """Buffer ``data`` (one or more whole records or units, stored from ``timestamp`` to
+        ``last_timestamp``) for the next commit; nothing is uploaded here."""
+        chunk = data if isinstance(data, bytes) else bytes(data)
         with self._file_lock:
             if self.closed:
                 return AppendResult.FILE_CLOSED
@@ -192,7 +194,13 @@ class FileSegment(ABC):
             self._buffers.append(chunk)
             self.append_position += len(chunk)
             self._note_time(timestamp)
+            if last_timestamp is not None:
+                self._note_time(last_timestamp)
         return AppendResult.SUCCESS
+
+    def room(self) -> int:
+        """Bytes the segment can still take."""
+        return self.max_size - self.append_position
 
     def commit(self) -> bool:
         """Upload what was appended; True once everything appended before the call is in the
