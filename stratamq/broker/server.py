@@ -58,6 +58,7 @@ from stratamq.broker.sending import SendService
 from stratamq.broker.writer import GroupWriter
 from stratamq.config import BrokerConfig, StoreConfig
 from stratamq.message import DispatchInfo
+from stratamq.store.layout import StoreLayout
 from stratamq.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class Broker:
         self.clients = ClientRegistry()
         self.server: grpc.aio.Server | None = None
         self.store: MessageStore
+        self.tiered: Any = None  # stratamq.tiered.TieredStore when tieredBackendServiceProvider
         self.advertised: tuple[str, int] = (self.listen_host, self.listen_port)
         self.started_at = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -198,6 +200,10 @@ class Broker:
             port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
             log.info("Prometheus metrics on %s:%d/metrics", cfg.metrics_host, port)
         self.engine.on_dlq = self.metrics.on_dlq
+        if self.tiered is not None and hasattr(self.metrics, "registry"):
+            from stratamq.tiered.metrics import TierCollector
+
+            self.metrics.registry.register(TierCollector(self.tiered, self.metrics.node))
 
     def _tls_credentials(self) -> grpc.ServerCredentials | None:
         """TLS from ``tls.server.*`` when ``tlsEnable``; TlsConfigError says what is wrong."""
@@ -232,10 +238,11 @@ class Broker:
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {address}: {exc}") from None
 
-    async def _serve(self, servicer: MessagingServicer, admin: grpc.GenericRpcHandler) -> None:
+    async def _serve(self, servicer: MessagingServicer,
+                     *admin: grpc.GenericRpcHandler) -> None:
         assert self.server is not None
         service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, self.server)
-        self.server.add_generic_rpc_handlers((admin,))
+        self.server.add_generic_rpc_handlers(admin)
         await self.server.start()
 
     def start(self) -> str:
@@ -259,12 +266,22 @@ class Broker:
         # The store host in every record and offset message id is this broker's real endpoint.
         self.store_config = replace(self.store_config, listen_port=port)
         try:
-            self.store = MessageStore(self.store_config).open()
+            self.store = MessageStore(self.store_config)
+            from stratamq.tiered import wire
+
+            # Plugged in before the open: its uploader replays from its own durable progress.
+            self.tiered = wire(self.store, cluster=cfg.broker_cluster_name,
+                               broker=cfg.broker_name)
+            self.store.open()
         except BaseException:
             self.server = None
             self._stop_loop()
+            if self.tiered is not None:
+                self.tiered.close()
             raise
         try:
+            if self.tiered is not None:
+                self.tiered.start()
             self._build(loop)
         except BaseException:
             self._abandon_start()
@@ -277,7 +294,7 @@ class Broker:
         cfg = self.config
         root = self.store_config.root
         self.meta = MetadataStore(root, cfg.default_retry_max_times)
-        self.state = PopState(root / "config" / "popState", cfg.pop_state_sync_write)
+        self.state = PopState(StoreLayout(root).pop_state_dir, cfg.pop_state_sync_write)
         self.polls = LongPolls(loop, max_total=cfg.max_pop_polling_size,
                                max_per_group=cfg.pop_polling_size,
                                max_per_client=cfg.pop_polling_size_per_client)
@@ -301,8 +318,10 @@ class Broker:
             writer=self.writer, run=self.run, metrics=lambda: self.metrics)
         self.servicer = MessagingServicer(services)
         from stratamq.broker.admin import admin_handler
+        from stratamq.broker.tier_admin import tier_admin_handler
 
-        self._on_loop(self._serve(self.servicer, admin_handler(self, self.run)))
+        self._on_loop(self._serve(self.servicer, admin_handler(self, self.run),
+                                  tier_admin_handler(self)))
 
     def _on_dispatch(self, info: DispatchInfo) -> None:
         self.polls.notify(info.topic)
@@ -324,6 +343,8 @@ class Broker:
             with _suppress_all():
                 self.state.close()
         self.store.close()
+        if self.tiered is not None:
+            self.tiered.close()
 
     async def _shutdown_server(self, grace: float) -> None:
         assert self.server is not None
@@ -392,6 +413,8 @@ class Broker:
         step("closing the timer and metrics", self._close_extensions)
         step("closing the pop state", self.state.close)
         step("closing the store", self.store.close)
+        if self.tiered is not None:
+            step("closing the tier", self.tiered.close)
         if errors:
             raise BrokerStopError(errors)
         return stopped
