@@ -7,7 +7,8 @@ One thread connects to ``haMasterAddress``, reports the log's end, and applies w
   waits for its rest, in memory only); after each read the new end is reported if it moved,
   and at least every ``haSendHeartbeatInterval`` anyway;
 * a check frame (before the log's end) is compared with the local bytes; if they differ the
-  log is cut back to the frame's offset (``ReplicaLog.truncate``) and the link reconnects;
+  log is cut back to the frame's offset (``ReplicaLog.truncate``) and the link reconnects (a
+  check below where this slave's copy starts has nothing to compare and passes);
 * a heartbeat before the log's end (the master lost a tail this slave has) cuts the log back
   to it; the stream then goes on from there;
 * a frame after the log's end (the master no longer holds what this slave needs), bytes that
@@ -210,6 +211,8 @@ class HAClient:
                 taken = replica.append(start, data)
                 tail.keep(start + taken, data[taken:])
             elif isinstance(event, Overlap):
+                if event.offset < self.reader.min_offset:
+                    continue  # this slave's copy starts later: nothing there to compare
                 local = self.reader.read_bytes(event.offset, len(event.body))
                 if local != event.body:
                     self._truncate(event.offset, "its bytes there differ from the master's (the "
