@@ -24,11 +24,11 @@ from stratamq.store.consume_queue_store import (
     STORE_TYPES,
     read_store_type,
 )
+from stratamq.store.inspect import UndispatchedScan
 from stratamq.store.layout import CONSUMEQUEUE_DIR
 from stratamq.store.mapped_file_queue import MappedFileQueue
 from stratamq.store.message_store import MessageStore, StoreLocked
 from stratamq.store.results import GetMessageStatus
-from stratamq.store.verify import UndispatchedScan
 
 
 def emit(obj: Any) -> None:
