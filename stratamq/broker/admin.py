@@ -247,7 +247,8 @@ class AdminService:
         root = self.b.store_config.root
         disk = shutil.disk_usage(root)
         return {"version": __version__, "broker_name": self.b.config.broker_name,
-                "cluster": self.b.config.broker_cluster_name, "role": "ASYNC_MASTER",
+                "cluster": self.b.config.broker_cluster_name,
+                "role": self.b.store_config.broker_role.value,
                 "endpoint": self.b.endpoint, "store": str(root),
                 "uptime_s": round(time.monotonic() - self.b.started_at, 1),
                 "disk": {"total": disk.total, "used": disk.used, "free": disk.free,
@@ -281,6 +282,9 @@ def admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
             try:
                 req = _loads(request)
                 broker._authorize(context, "Cluster", _ACTIONS[name])
+                refusal = broker.replication.refusal(name) if broker.replication else None
+                if refusal is not None:
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
                 return _dumps(method(req))
             except MetadataError as exc:
                 context.abort(_KIND_CODES[exc.kind], str(exc))

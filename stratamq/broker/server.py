@@ -106,7 +106,7 @@ from stratamq.broker.validate import (
     client_type_name,
     put_status,
 )
-from stratamq.config import BrokerConfig, StoreConfig
+from stratamq.config import BrokerConfig, BrokerRole, StoreConfig
 from stratamq.record import Host, Prop, tags_hash_code
 from stratamq.store.filter import TagFilter
 from stratamq.store.message_store import MessageStore
@@ -280,10 +280,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return pb.Endpoints(scheme=pb.IPv6 if ":" in host else pb.IPv4,
                             addresses=[pb.Address(host=host, port=port)])
 
-    def _message_queue(self, topic: TopicConfig, qid: int, endpoints: pb.Endpoints
-                       ) -> pb.MessageQueue:
+    def _message_queue(self, topic: TopicConfig, qid: int, endpoints: pb.Endpoints,
+                       may_write: bool = True) -> pb.MessageQueue:
         readable = qid < topic.read_queue_nums and topic.perm & 4
-        writable = qid < topic.write_queue_nums and topic.perm & 2
+        writable = may_write and qid < topic.write_queue_nums and topic.perm & 2
         perm = {(True, True): pb.READ_WRITE, (True, False): pb.READ,
                 (False, True): pb.WRITE}.get((bool(readable), bool(writable)), pb.NONE)
         return pb.MessageQueue(
@@ -321,9 +321,11 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def QueryRoute(self, request, context):
         self.b._authorize(context, f"Topic:{request.topic.name}", "Get")
         topic = self._topic(request.topic.name, create=True)
-        endpoints = self._endpoints(request.endpoints)
+        # A slave names its master while it reaches it, else itself, read-only (replication.py).
+        endpoints, writable = self.b.replication.route(self._endpoints(request.endpoints))
         return svc.QueryRouteResponse(status=_status(), message_queues=[
-            self._message_queue(topic, q, endpoints) for q in range(topic.queue_count)])
+            self._message_queue(topic, q, endpoints, writable)
+            for q in range(topic.queue_count)])
 
     @_unary(svc.HeartbeatResponse)
     def Heartbeat(self, request, context):
@@ -584,7 +586,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     @_unary(svc.QueryAssignmentResponse)
     def QueryAssignment(self, request, context):
         _, topic = self._subscription(context, request.group.name, request.topic.name)
-        mq = self._message_queue(topic, 0, self._endpoints(request.endpoints))
+        endpoints, writable = self.b.replication.route(self._endpoints(request.endpoints))
+        mq = self._message_queue(topic, 0, endpoints, writable)
         mq.id = -1  # "any queue": a receive pops across all of them
         return svc.QueryAssignmentResponse(status=_status(),
                                            assignments=[pb.Assignment(message_queue=mq)])
@@ -746,6 +749,7 @@ class Broker:
         self.acl: Any = None
         self.metrics: Any = NullMetrics()
         self.timer: Any = None
+        self.replication: Any = None  # broker/replication.py, made in start()
         self.server_credentials: grpc.ServerCredentials | None = None
         self.clients: dict[str, dict[str, Any]] = {}
         self._clients_lock = threading.Lock()
@@ -777,7 +781,8 @@ class Broker:
 
             self.acl = AclChecker.from_config(cfg.acl_file, cfg.acl_access_key,
                                               cfg.acl_secret_key, cfg.acl_signature_window_sec)
-        if self.timer is None and cfg.timer_enable:
+        if (self.timer is None and cfg.timer_enable
+                and self.store_config.broker_role is not BrokerRole.SLAVE):  # puts refused
             from stratamq.broker.timer import TimerMessageStore
 
             self.timer = TimerMessageStore(self.store,
@@ -861,12 +866,19 @@ class Broker:
             self.store.reput.listeners.append(self.notifier.on_dispatch)
             self._install_extensions()
             from stratamq.broker.admin import admin_handler
+            from stratamq.broker.replication import BrokerReplication, replication_handler
+
+            self.replication = BrokerReplication(self)
+            self.replication.start()
+            self.server.add_generic_rpc_handlers((replication_handler(self),))
 
             service_pb2_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(self),
                                                                     self.server)
             self.server.add_generic_rpc_handlers((admin_handler(self),))
             self.server.start()
         except BaseException:
+            if self.replication is not None:
+                self.replication.stop()
             self._close_extensions()
             self.store.close()
             raise
@@ -909,6 +921,8 @@ class Broker:
 
         step("stopping the gRPC server", stop_server)
         self.server = None
+        if self.replication is not None:
+            step("stopping replication", self.replication.stop)
         step("closing the timer and metrics", self._close_extensions)
         step("closing the pop state", self.state.close)
         step("closing the store", self.store.close)

@@ -321,7 +321,7 @@ class HAServer:
         self._listener = listener
         self.port = listener.getsockname()[1]
         self._acceptor.start()
-        log.info("replication (%s) listening on %s:%d", self.config.broker_role.value,
+        log.info("replication (%s) serves slaves on %s:%d", self.config.broker_role.value,
                  self.host, self.port)
         return self.port
 

@@ -210,6 +210,7 @@ class HAClient:
                     data, start = event.body, event.offset
                 taken = replica.append(start, data)
                 tail.keep(start + taken, data[taken:])
+                self.last_error = ""  # replicating again
             elif isinstance(event, Overlap):
                 if event.offset < self.reader.min_offset:
                     continue  # this slave's copy starts later: nothing there to compare
@@ -232,7 +233,7 @@ class HAClient:
                     "(this slave needs a new copy of the master's store)")
             else:  # Heartbeat
                 self.master_offset = event.offset
-
+                self.last_error = ""
     def _truncate(self, offset: int, reason: str) -> None:
         report = self.replica.truncate(offset, reason)
         self.last_truncation = report
