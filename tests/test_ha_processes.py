@@ -7,9 +7,11 @@ slave while the master is down."""
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -237,7 +239,8 @@ def test_sync_master_killed_under_load_loses_no_acknowledged_message(pairs):
 
 
 def test_a_killed_slave_restarts_and_catches_up(pairs):
-    pair = pairs().start()
+    metrics_port = free_port()
+    pair = pairs(metricsExporterType="PROM", metricsPromExporterPort=str(metrics_port)).start()
     channel = grpc.insecure_channel(pair.master.endpoint)
     stub = service_pb2_grpc.MessagingServiceStub(channel)
     send_batch(stub, [b"before-%d" % i for i in range(2000)])
@@ -249,6 +252,19 @@ def test_a_killed_slave_restarts_and_catches_up(pairs):
     wait_until(pair.caught_up, what="the restarted slave to catch up")
     wait_until(lambda: pair.slave.messages() == 12_000)
     channel.close()
+    # What an operator sees: ha status on both sides, and the lag gauges at zero.
+    status = pair.master.cli("ha", "status")
+    assert status.returncode == 0, status.stderr
+    master = json.loads(status.stdout)
+    assert master["master"] and master["inSyncSlaveNums"] == 1
+    assert [c["diff"] for c in master["haConnectionInfo"]] == [0]
+    slave = json.loads(pair.slave.cli("ha", "status").stdout)
+    assert slave["haClientRuntimeInfo"]["maxOffset"] == master["masterCommitLogMaxOffset"]
+    assert slave["haClientRuntimeInfo"]["state"] == "TRANSFER" and slave["masterReachable"]
+    scrape = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
+    lag = [line for line in scrape.splitlines()
+           if line.startswith("stratamq_replication_lag_bytes{")]
+    assert len(lag) == 1 and lag[0].endswith(" 0.0")
     pair.stop()
     assert_same_log(pair)
 
