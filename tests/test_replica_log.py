@@ -30,6 +30,7 @@ def _master(tmp_path, n: int = 300, size: int = 700) -> MessageStore:
         body = bytes(rng.randrange(256) for _ in range(rng.randrange(size // 2, size)))
         msg = Message("Repl", body + b"#%d" % i, i % 3, {"KEYS": f"k{i}"})
         assert store.put_message(msg).ok
+    assert store.wait_dispatched()
     store.flush()
     return store
 
@@ -210,3 +211,35 @@ def test_truncate_cuts_the_log_queues_and_dispatch_back_and_says_what_it_cut(tmp
     finally:
         master.close()
         slave.close()
+
+
+def test_large_chunks_are_checked_in_bulk_as_strictly(tmp_path):
+    """A slave catching up appends megabytes at once; those are checked in bulk (size chain,
+    magic codes, stored physical offsets) and refused just as a small chunk would be."""
+    from stratamq.store.replica import BULK_CHECK_BYTES
+
+    segment = 1024 * 1024
+    config = StoreConfig(store_path_root_dir=str(tmp_path / "big"),
+                         mapped_file_size_commit_log=segment)
+    with MessageStore(config) as master:
+        for i in range(600):
+            assert master.put_message(Message("Repl", b"%d|" % i + b"b" * 900, i % 3)).ok
+        data = master.log_reader.read_range(0, segment)
+    starts = []
+    pos = 0
+    while pos + 8 <= len(data):
+        size = codec.read_size_and_magic(data, pos)[0]
+        starts.append(pos)
+        pos += size
+    chunk = memoryview(data)[: starts[-1] + 100]  # ends inside the last record
+    assert len(chunk) >= BULK_CHECK_BYTES
+    assert whole_records(chunk, 0, segment) == starts[-1]
+    middle = starts[len(starts) // 2]
+    shifted = bytearray(chunk)
+    shifted[middle + codec.PHYSICAL_OFFSET_POS + 7] ^= 0x01  # its stored offset, off by one
+    with pytest.raises(ReplicaDataError, match=f"offset {middle}.*physical offset"):
+        whole_records(memoryview(shifted), 0, segment)
+    torn = bytearray(chunk)
+    torn[middle + 4] ^= 0xFF  # a magic code
+    with pytest.raises(ReplicaDataError, match=f"offset {middle}"):
+        whole_records(memoryview(torn), 0, segment)

@@ -44,6 +44,7 @@ __all__ = ["FlowMonitor", "HAServer", "SlaveLink"]
 log = logging.getLogger(__name__)
 
 DATA_WAIT = 0.1  # s: a writer with nothing to send looks again this often (RocketMQ: 100 ms)
+SEND_COALESCE = 1024 * 1024  # bytes of frames a writer hands to one sendmsg when behind
 
 
 class FlowMonitor:
@@ -247,11 +248,20 @@ class SlaveLink:
         sock.settimeout(server.config.ha_housekeeping_interval / 1000)
         while not self._closed.is_set():
             seen = server.data_seq  # before looking: an append after this wakes the wait
-            size = min(batch, self.flow.can_transfer())
-            data = reader.read_range(proto.sent_to, proto.sent_to + size) if size else b""
-            if data:
-                _send_all(sock, (proto.data_frame(len(data)), data))
+            # Frames of at most haTransferBatchSize, as RocketMQ sends them; while the slave is
+            # behind, several go out in one system call.
+            parts: list[bytes] = []
+            queued = 0
+            while queued < SEND_COALESCE:
+                size = min(batch, self.flow.can_transfer())
+                data = reader.read_range(proto.sent_to, proto.sent_to + size) if size else b""
+                if not data:
+                    break
+                parts += (proto.data_frame(len(data)), data)
                 self.flow.add(len(data) + 12)
+                queued += len(data)
+            if parts:
+                _send_all(sock, parts)
                 self.last_write = time.monotonic()
                 continue
             if proto.sent_to < reader.min_offset:

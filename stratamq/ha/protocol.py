@@ -83,17 +83,18 @@ class SlaveAck(NamedTuple):
 
 
 class Transfer(NamedTuple):
-    """Slave side: bytes that go at the end of the slave's log."""
+    """Slave side: bytes that go at the end of the slave's log (a view of what was read: see
+    ``SlaveConnection.receive_data``)."""
 
     offset: int
-    body: bytes
+    body: memoryview
 
 
 class Overlap(NamedTuple):
     """Slave side: bytes the master has at an offset the slave already holds: compare them."""
 
     offset: int
-    body: bytes
+    body: memoryview
 
 
 class MasterEnd(NamedTuple):
@@ -233,34 +234,61 @@ class SlaveConnection:
     def report(offset: int) -> bytes:
         return encode_report(offset)
 
-    def receive_data(self, data: bytes) -> list[SlaveEvent]:
-        buf = self._buf
-        buf += data
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[SlaveEvent]:
+        """Events for every whole frame read so far. Bodies are views of ``data`` (no copy per
+        frame; a caller reading into a reused buffer handles the events before the next read);
+        only a frame that spans two reads is copied whole."""
+        view = memoryview(data)
         events: list[SlaveEvent] = []
-        pos = 0
-        end = len(buf)
+        pos = self._complete(view, events)
+        end = len(view)
         unpack = TRANSFER_HEADER.unpack_from
         while end - pos >= TRANSFER_HEADER_SIZE:
-            offset, size = unpack(buf, pos)
-            if offset < 0 or not 0 <= size <= self.max_body:
-                raise ProtocolError(f"transfer frame for offset {offset} of {size} bytes")
+            offset, size = unpack(view, pos)
+            self._check(offset, size)
             body_at = pos + TRANSFER_HEADER_SIZE
             if end - body_at < size:
                 break
             pos = body_at + size
-            events.append(self._classify(offset, size, buf, body_at))
-        if pos:
-            del buf[:pos]
+            events.append(self._classify(offset, size, view, body_at))
+        if pos < end:
+            self._buf += view[pos:]
         return events
 
-    def _classify(self, offset: int, size: int, buf: bytearray, at: int) -> SlaveEvent:
+    def _check(self, offset: int, size: int) -> None:
+        if offset < 0 or not 0 <= size <= self.max_body:
+            raise ProtocolError(f"transfer frame for offset {offset} of {size} bytes")
+
+    def _complete(self, view: memoryview, events: list[SlaveEvent]) -> int:
+        """Finish the frame an earlier read began; return how much of ``view`` it took."""
+        buf = self._buf
+        if not buf:
+            return 0
+        pos = 0
+        if len(buf) < TRANSFER_HEADER_SIZE:
+            pos = min(TRANSFER_HEADER_SIZE - len(buf), len(view))
+            buf += view[:pos]
+            if len(buf) < TRANSFER_HEADER_SIZE:
+                return pos
+        offset, size = TRANSFER_HEADER.unpack_from(buf, 0)
+        self._check(offset, size)
+        take = min(TRANSFER_HEADER_SIZE + size - len(buf), len(view) - pos)
+        buf += view[pos : pos + take]
+        pos += take
+        if len(buf) == TRANSFER_HEADER_SIZE + size:
+            frame = memoryview(bytes(buf))
+            buf.clear()
+            events.append(self._classify(offset, size, frame, TRANSFER_HEADER_SIZE))
+        return pos
+
+    def _classify(self, offset: int, size: int, view: memoryview, at: int) -> SlaveEvent:
         expected = self.expected
         if size == 0:
             if offset < expected:
                 self.expected = offset  # the adapter cuts its log back to it
                 return MasterEnd(offset)
             return Heartbeat(offset)
-        body = bytes(buf[at : at + size])
+        body = view[at : at + size]
         if self.empty:
             self.empty = False
             self.expected = offset + size

@@ -52,7 +52,7 @@ READ_SIZE = 4 * 1024 * 1024  # RocketMQ's READ_MAX_BUFFER_SIZE
 
 class _Tail:
     """The head of a record whose rest comes in later frames (the master streams bytes, not
-    records). Chunks are joined only once the record can be whole, so a large record costs
+    records). Its chunks are joined only once the record can be whole, so a large record costs
     one copy, not one per frame."""
 
     def __init__(self) -> None:
@@ -70,13 +70,11 @@ class _Tail:
         self.size = len(rest)
         self.need = int.from_bytes(rest[:4], "big") if len(rest) >= 4 else 0
 
-    def add(self, body: bytes) -> bytes | None:
-        """Add a frame's body; the joined bytes once the record may be whole, else None."""
-        self.chunks.append(body)
-        self.size += len(body)
-        if self.size < self.need:
-            return None
-        return b"".join(self.chunks)
+    def extend(self, bodies: list[memoryview]) -> None:
+        """Keep frames' bodies (copied: they are views of a buffer the next read reuses)."""
+        for body in bodies:
+            self.chunks.append(bytes(body))
+            self.size += len(body)
 
 
 class _Reconnect(Exception):
@@ -106,6 +104,8 @@ class HAClient:
         self.last_truncation: TruncateReport | None = None
         self.connects = 0
         self._sock: socket.socket | None = None
+        self._scratch = bytearray()  # consecutive frames gathered for one append
+        self._read_buf = bytearray(READ_SIZE)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="ha-client")
 
@@ -176,19 +176,22 @@ class HAClient:
         last_read = time.monotonic()
         self._report(replica.end())
         tail = _Tail()
+        # One buffer for every read: a fresh 4 MiB object per read would fault in new pages each
+        # time. Events are views of it, handled before the next read.
+        buf = self._read_buf
         while not self._stop.is_set():
             try:
-                data = sock.recv(READ_SIZE)
+                n = sock.recv_into(buf)
             except TimeoutError:
-                data = None
+                n = -1
             now = time.monotonic()
-            if data == b"":
+            if n == 0:
                 raise _Reconnect("the master closed the connection")
-            if data:
+            if n > 0:
                 last_read = now
                 self.last_read_ms = int(time.time() * 1000)
-                self.flow.add(len(data))
-                self._apply(proto, proto.receive_data(data), tail)
+                self.flow.add(n)
+                self._apply(proto, proto.receive_data(memoryview(buf)[:n]), tail)
             elif now - last_read > housekeeping:
                 raise _Reconnect(f"nothing from the master for {housekeeping:.0f} s "
                                  "(haHousekeepingInterval)")
@@ -198,20 +201,22 @@ class HAClient:
 
     def _apply(self, proto: SlaveConnection, events: list, tail: _Tail) -> None:
         replica = self.replica
+        run: list[memoryview] = []  # bodies of consecutive frames, appended together
+        run_start = run_end = 0
         for event in events:
             if isinstance(event, Transfer):
-                self.master_offset = event.offset + len(event.body)
-                if tail.size:
-                    joined = tail.add(event.body)
-                    if joined is None:
-                        continue
-                    data, start = joined, tail.start
+                size = len(event.body)
+                self.master_offset = event.offset + size
+                if run and event.offset == run_end:
+                    run.append(event.body)
                 else:
-                    data, start = event.body, event.offset
-                taken = replica.append(start, data)
-                tail.keep(start + taken, data[taken:])
-                self.last_error = ""  # replicating again
-            elif isinstance(event, Overlap):
+                    self._append(run, run_start, tail)
+                    run, run_start = [event.body], event.offset
+                run_end = event.offset + size
+                continue
+            self._append(run, run_start, tail)
+            run = []
+            if isinstance(event, Overlap):
                 if event.offset < self.reader.min_offset:
                     continue  # this slave's copy starts later: nothing there to compare
                 local = self.reader.read_bytes(event.offset, len(event.body))
@@ -234,6 +239,46 @@ class HAClient:
             else:  # Heartbeat
                 self.master_offset = event.offset
                 self.last_error = ""
+        self._append(run, run_start, tail)
+
+    def _append(self, run: list[memoryview], start: int, tail: _Tail) -> None:
+        """Append consecutive frames' bytes in one go (a slave catching up reads many frames
+        at once: one check and one copy each, not one per frame)."""
+        if not run:
+            return
+        if tail.size:
+            if tail.size + sum(len(body) for body in run) < tail.need:
+                tail.extend(run)  # still inside one large record
+                return
+            pieces: list = [*tail.chunks, *run]
+            start = tail.start
+        else:
+            pieces = run
+        data: bytes | memoryview
+        if len(pieces) == 1:
+            data = pieces[0]
+        else:
+            # Gathered into one reused buffer: a fresh object per read would fault in new
+            # pages every time (as costly as the copy itself when catching up).
+            total = sum(len(piece) for piece in pieces)
+            if len(self._scratch) < total:
+                self._scratch = bytearray(total)  # rebound, never resized: views may live on
+            scratch = self._scratch
+            pos = 0
+            for piece in pieces:
+                scratch[pos : pos + len(piece)] = piece
+                pos += len(piece)
+            data = memoryview(scratch)[:total]
+        view = memoryview(data)
+        done = 0
+        while done < len(view):  # a run may cross into the next segment
+            taken = self.replica.append(start + done, view[done:])
+            if not taken:
+                break
+            done += taken
+        tail.keep(start + done, bytes(view[done:]))
+        self.last_error = ""  # replicating again
+
     def _truncate(self, offset: int, reason: str) -> None:
         report = self.replica.truncate(offset, reason)
         self.last_truncation = report
