@@ -497,8 +497,9 @@ class BrokerConfig:
         minimum=1, maximum=1024,
     )  # fmt: skip
     grpc_thread_pool_nums: int = _setting(
-        "grpcThreadPoolNums", 128, "threads",
-        "gRPC worker threads; each long poll and each client's telemetry stream holds one",
+        "grpcThreadPoolNums", 16, "threads",
+        "threads running the broker's blocking store calls (reads, pop-state writes); gRPC "
+        "itself is event-driven, so open streams and long polls hold none",
         minimum=1,
     )  # fmt: skip
     default_invisible_time_mills: int = _setting(
@@ -517,6 +518,23 @@ class BrokerConfig:
     max_long_polling_time_mills: int = _setting(
         "grpcClientConsumerMaxLongPollingTimeoutMillis", 20_000, "ms",
         "longest a receive or pull waits for messages",
+        minimum=0,
+    )  # fmt: skip
+    max_pop_polling_size: int = _setting(
+        "maxPopPollingSize", 100_000, "calls",
+        "receives and pulls waiting for messages at once; past it TOO_MANY_REQUESTS "
+        "(polling full)",
+        minimum=0,
+    )  # fmt: skip
+    pop_polling_size: int = _setting(
+        "popPollingSize", 1024, "calls",
+        "receives of one consumer group and topic waiting at once; past it TOO_MANY_REQUESTS",
+        minimum=0,
+    )  # fmt: skip
+    pop_polling_size_per_client: int = _setting(
+        "popPollingSizePerClient", 1024, "calls",
+        "receives and pulls of one client (x-mq-client-id) waiting at once (StrataMQ's own "
+        "key); past it TOO_MANY_REQUESTS",
         minimum=0,
     )  # fmt: skip
     default_retry_max_times: int = _setting(

@@ -233,27 +233,33 @@ class _RpcError(Exception):
         self.code = code
 
 
-def replication_handler(broker: Broker) -> grpc.GenericRpcHandler:
-    """``/stratamq.admin.v1.Replication/{HaStatus,SyncState}``."""
+def replication_handler(broker: Broker, run: Any) -> grpc.GenericRpcHandler:
+    """``/stratamq.admin.v1.Replication/{HaStatus,SyncState}`` as ``grpc.aio`` handlers; the
+    work runs in the broker's executor (``run(fn, *args)``)."""
     from stratamq.broker.errors import BrokerError
+    from stratamq.broker.ports import Call
+    from stratamq.broker.rpc import call_of
 
     actions = {"HaStatus": "Get", "SyncState": "Update"}
 
     def make(name: str) -> Any:
-        def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+        def work(request: bytes, call: Call) -> bytes:
+            broker.lookup.authorize(call, "Cluster", actions[name])
+            req = json.loads(request.decode("utf-8") or "{}")
+            reply = getattr(broker.replication, name)(req if isinstance(req, dict) else {})
+            return json.dumps(reply, separators=(",", ":")).encode()
+
+        async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             try:
-                broker._authorize(context, "Cluster", actions[name])
-                req = json.loads(request.decode("utf-8") or "{}")
-                reply = getattr(broker.replication, name)(req if isinstance(req, dict) else {})
-                return json.dumps(reply, separators=(",", ":")).encode()
+                return await run(work, request, call_of(context))
             except BrokerError as exc:
-                context.abort(grpc.StatusCode.UNAUTHENTICATED
-                              if exc.code == pb.Code.UNAUTHORIZED
-                              else grpc.StatusCode.PERMISSION_DENIED, exc.message)
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED
+                                    if exc.code == pb.Code.UNAUTHORIZED
+                                    else grpc.StatusCode.PERMISSION_DENIED, exc.message)
             except _RpcError as exc:
-                context.abort(exc.code, str(exc))
+                await context.abort(exc.code, str(exc))
             except ValueError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request body: {exc}")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request body: {exc}")
             raise AssertionError("unreachable")  # context.abort raises
 
         return grpc.unary_unary_rpc_method_handler(handle)

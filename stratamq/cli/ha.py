@@ -30,8 +30,7 @@ def ha_status(endpoint: Connection) -> None:
     from stratamq.broker.replication import SERVICE
     from stratamq.client.admin import AdminClient, AdminError
 
-    with AdminClient(endpoint.endpoint, access_key=endpoint.access_key,
-                     secret_key=endpoint.secret_key) as client:
+    with AdminClient(endpoint) as client:
         try:
             emit(client.call_service(SERVICE, "HaStatus"))
         except AdminError as exc:

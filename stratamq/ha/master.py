@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from stratamq.config import BrokerRole, StoreConfig
+from stratamq.config import StoreConfig
 from stratamq.ha.protocol import (
     HAConnectionState,
     MasterConnection,
@@ -405,8 +405,6 @@ class HAServer:
     def wait_for_slave(self, end: int) -> PutMessageStatus | None:
         """The put waiter: see the module docstring."""
         self.wake_writers()
-        if self.config.broker_role is not BrokerRole.SYNC_MASTER:
-            return None
         if self.push2slave_max_offset >= end:
             return None
         if self._stopped.is_set() or not self.is_slave_ok(end):

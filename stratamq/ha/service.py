@@ -1,9 +1,9 @@
 """``HAService``: replication for one store, by ``brokerRole``.
 
-* ASYNC_MASTER / SYNC_MASTER: records the start of this life in the epoch file, runs the
-  ``HAServer`` on ``haListenPort`` and plugs its put waiter into the store (under SYNC_MASTER
-  a put returns once a slave has its bytes; under ASYNC_MASTER the waiter only wakes the
-  senders).
+* ASYNC_MASTER / SYNC_MASTER: records the start of this life in the epoch file and runs the
+  ``HAServer`` on ``haListenPort``. Under SYNC_MASTER its put waiter goes into the store (a
+  put returns once a slave has its bytes, and wakes the senders at once); under ASYNC_MASTER
+  puts wait for nothing, and a dispatch listener wakes idle senders when records arrive.
 * SLAVE: runs the ``HAClient`` against ``haMasterAddress``; every cut of the log is recorded
   in the epoch file (should this node become a master, its slaves are checked there).
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stratamq.config import BrokerRole, StoreConfig
 from stratamq.ha.epochs import EpochFile
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from stratamq.store.message_store import MessageStore
 
 __all__ = ["HAService", "ReplicationConfigError"]
+
+Listener = Callable[[Any], None]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ class HAService:
                  *, epoch_file: Path, life_start: int,
                  store_time_at: Callable[[int], int | None],
                  add_put_waiter: Callable[[Callable[[int], PutMessageStatus | None]], None],
+                 dispatch_listeners: tuple[Callable[[Listener], None],
+                                           Callable[[Listener], None]] | None = None,
                  host: str = "127.0.0.1") -> None:
         if config.broker_role is BrokerRole.SLAVE and not config.ha_master_address:
             raise ReplicationConfigError(
@@ -58,6 +62,7 @@ class HAService:
         self.life_start = life_start
         self.store_time_at = store_time_at
         self.add_put_waiter = add_put_waiter
+        self.dispatch_listeners = dispatch_listeners  # (add, remove)
         self.host = host
         self.epochs: EpochFile | None = None
         self.server: HAServer | None = None
@@ -72,7 +77,9 @@ class HAService:
         life_start = store.recovery.end_offset if store.recovery is not None else 0
         return cls(cfg, store.log_reader, store.replica, epoch_file=epoch_file,
                    life_start=life_start, store_time_at=_store_time(store.log_reader),
-                   add_put_waiter=store.add_put_waiter, host=host)
+                   add_put_waiter=store.add_put_waiter,
+                   dispatch_listeners=(store.add_dispatch_listener,
+                                       store.remove_dispatch_listener), host=host)
 
     @property
     def is_master(self) -> bool:
@@ -87,7 +94,10 @@ class HAService:
             self.server = HAServer(self.config, self.reader, self.epochs.offsets,
                                    self.store_time_at, self.host)
             self.server.start()
-            self.add_put_waiter(self.server.wait_for_slave)
+            if self.role is BrokerRole.SYNC_MASTER:
+                self.add_put_waiter(self.server.wait_for_slave)  # also wakes the senders
+            if self.dispatch_listeners is not None:  # an ASYNC_MASTER's senders wake on these
+                self.dispatch_listeners[0](self._new_records)
         else:
             epochs = self.epochs
 
@@ -102,8 +112,14 @@ class HAService:
     def listen_port(self) -> int | None:
         return self.server.port if self.server is not None else None
 
+    def _new_records(self, _info: object) -> None:
+        if self.server is not None:
+            self.server.wake_writers()
+
     def shutdown(self) -> None:
         if self.server is not None:
+            if self.dispatch_listeners is not None:
+                self.dispatch_listeners[1](self._new_records)
             self.server.shutdown()
         if self.client is not None:
             self.client.shutdown()

@@ -172,7 +172,9 @@ class ReputService(ServiceThread):
         return count
 
     def _floor_of(self, topic: str, queue_id: int) -> int:
-        return min(d.replay_floor(topic, queue_id) for d in self.dispatchers)  # type: ignore[attr-defined]
+        floors: list[int] = [d.replay_floor(topic, queue_id)  # type: ignore[attr-defined]
+                             for d in self.dispatchers]
+        return min(floors)
 
     def _commit_round(self) -> None:
         """Let batching dispatchers write what this round gave them (group commit)."""
