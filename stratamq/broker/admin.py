@@ -64,7 +64,8 @@ log = logging.getLogger(__name__)
 
 _KIND_CODES = {"invalid": grpc.StatusCode.INVALID_ARGUMENT,
                "not_found": grpc.StatusCode.NOT_FOUND,
-               "exists": grpc.StatusCode.ALREADY_EXISTS}  # fmt: skip
+               "exists": grpc.StatusCode.ALREADY_EXISTS,
+               "precondition": grpc.StatusCode.FAILED_PRECONDITION}  # fmt: skip
 
 
 def _loads(data: bytes) -> dict[str, Any]:
@@ -252,7 +253,8 @@ class AdminService:
         root = self.b.store_config.root
         disk = shutil.disk_usage(root)
         return {"version": __version__, "broker_name": self.b.config.broker_name,
-                "cluster": self.b.config.broker_cluster_name, "role": "ASYNC_MASTER",
+                "cluster": self.b.config.broker_cluster_name,
+                "role": self.b.store_config.broker_role.value,
                 "endpoint": self.b.endpoint, "store": str(root),
                 "uptime_s": round(time.monotonic() - self.b.started_at, 1),
                 "disk": {"total": disk.total, "used": disk.used, "free": disk.free,
@@ -288,6 +290,9 @@ def admin_handler(broker: Broker, run: Run) -> grpc.GenericRpcHandler:
         def work(request: bytes, call: Call) -> bytes:
             req = _loads(request)
             broker.lookup.authorize(call, "Cluster", _ACTIONS[name])
+            refusal = broker.replication.refusal(name) if broker.replication else None
+            if refusal is not None:  # a slave's topics and groups are its master's
+                raise MetadataError("precondition", refusal)
             return _dumps(method(req))
 
         async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:

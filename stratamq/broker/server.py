@@ -56,7 +56,7 @@ from stratamq.broker.receiving import ReceiveService
 from stratamq.broker.rpc import MessagingServicer, Services
 from stratamq.broker.sending import SendService
 from stratamq.broker.writer import GroupWriter
-from stratamq.config import BrokerConfig, StoreConfig
+from stratamq.config import BrokerConfig, BrokerRole, StoreConfig
 from stratamq.message import DispatchInfo
 from stratamq.store.layout import StoreLayout
 from stratamq.store.message_store import MessageStore
@@ -103,6 +103,7 @@ class Broker:
         self.acl: Any = None
         self.metrics: Any = NullMetrics()
         self.timer: Any = None
+        self.replication: Any = None  # broker/replication.py, made in _build
         self.server_credentials: grpc.ServerCredentials | None = None
         self.clients = ClientRegistry()
         self.server: grpc.aio.Server | None = None
@@ -175,7 +176,8 @@ class Broker:
 
             self.acl = AclChecker.from_config(cfg.acl_file, cfg.acl_access_key,
                                               cfg.acl_secret_key, cfg.acl_signature_window_sec)
-        if self.timer is None and cfg.timer_enable:
+        if (self.timer is None and cfg.timer_enable
+                and self.store_config.broker_role is not BrokerRole.SLAVE):  # puts refused
             from stratamq.broker.timer import TimerMessageStore
 
             self.timer = TimerMessageStore(self.store,
@@ -239,10 +241,10 @@ class Broker:
             raise OSError(f"cannot listen on {address}: {exc}") from None
 
     async def _serve(self, servicer: MessagingServicer,
-                     *admin: grpc.GenericRpcHandler) -> None:
+                     *handlers: grpc.GenericRpcHandler) -> None:
         assert self.server is not None
         service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, self.server)
-        self.server.add_generic_rpc_handlers(admin)
+        self.server.add_generic_rpc_handlers(handlers)
         await self.server.start()
 
     def start(self) -> str:
@@ -305,11 +307,16 @@ class Broker:
                                             thread_name_prefix="broker-exec")
         self.writer = GroupWriter(self.store).start()
         self.lookup = Lookup(self.meta, cfg, self.acl)
+        from stratamq.broker.replication import BrokerReplication, replication_handler
+
+        self.replication = BrokerReplication(self)
+        self.replication.start()
         timer = self.timer if cfg.timer_enable else None
         services = Services(
             lookup=self.lookup,
             clients=ClientService(self.lookup, self.clients, cfg.broker_name, self.advertised,
-                                  self.store_config.max_message_size),
+                                  self.store_config.max_message_size,
+                                  route=self.replication.route),
             sending=SendService(self.lookup, self.store_config.max_message_size, timer,
                                 lambda: self.metrics),
             receiving=ReceiveService(self.lookup, self.engine, self.polls,
@@ -321,7 +328,7 @@ class Broker:
         from stratamq.broker.tier_admin import tier_admin_handler
 
         self._on_loop(self._serve(self.servicer, admin_handler(self, self.run),
-                                  tier_admin_handler(self)))
+                                  tier_admin_handler(self), replication_handler(self, self.run)))
 
     def _on_dispatch(self, info: DispatchInfo) -> None:
         self.polls.notify(info.topic)
@@ -337,6 +344,9 @@ class Broker:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self._stop_loop()
+        if self.replication is not None:
+            with _suppress_all():
+                self.replication.stop()
         with _suppress_all():
             self._close_extensions()
         if hasattr(self, "state"):
@@ -408,6 +418,8 @@ class Broker:
 
         step("stopping the gRPC server", stop_server)
         self.server = None
+        if self.replication is not None:
+            step("stopping replication", self.replication.stop)
         step("writing queued sends", stop_writer)
         step("stopping the executor and the event loop", stop_executor)
         step("closing the timer and metrics", self._close_extensions)

@@ -13,6 +13,7 @@ from stratamq.cli import (  # noqa: F401
     config,  # config show
     cq,  # store migrate-cq, bench cq
     demo,
+    ha,  # ha status
     message,  # message send, message consume, message get
     spark,  # spark export
     store,
