@@ -16,6 +16,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,12 +38,38 @@ class PipelineError(RuntimeError):
     """A pipeline cannot run or failed; the message says why and what to do."""
 
 
-def spark_session(app_name: str, master: str | None = None):
-    """A session using this interpreter on the workers; ``local[*]`` unless spark-submit (or
-    ``master``) says otherwise; Spark's own INFO/WARN lines (JVM class names) off."""
-    from stratamq.spark.export import spark_session as session
+LOG4J = Path(__file__).resolve().parents[2] / "data" / "spark-log4j2.properties"
 
-    return session(app_name=app_name, master=master)
+
+def spark_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None):
+    """A session using this interpreter on the workers; ``local[*]`` unless spark-submit (or
+    ``master``) says otherwise.
+
+    What a user reads carries no JVM class names: a JVM this process starts logs errors only,
+    without logger names (``data/spark-log4j2.properties``), and Spark's own progress bar is
+    shown on a terminal only (elsewhere its carriage returns turn a log into one long line;
+    the pipelines print a line per stage instead). Under spark-submit the JVM is already
+    running: its log level is set to errors once the application starts."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from stratamq.spark import register
+
+    builder = (SparkSession.builder.appName(app_name)
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower()))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    if master or "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
+        builder = builder.master(master or "local[*]")
+        if not os.environ.get("SPARK_CONF_DIR") and LOG4J.exists():
+            builder = builder.config("spark.driver.extraJavaOptions",
+                                     f"-Dlog4j2.configurationFile=file:{LOG4J}")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
 
 
 def store_dir(path: str) -> Path:
