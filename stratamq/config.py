@@ -21,16 +21,14 @@ from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any
 
+from stratamq.limits import CQ_UNIT_SIZE, INT_MAX, OS_PAGE_SIZE
 from stratamq.message import Host
+from stratamq.store.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
+from stratamq.store.index_file import file_size as index_file_size
 
 __all__ = ["BrokerConfig", "FlushDiskType", "InvalidSetting", "StoreConfig", "UnknownSettings",
            "load_broker_conf", "settings_table"]
 
-OS_PAGE_SIZE = 4096  # bytes; flush thresholds count dirty pages of this size
-CQ_UNIT_SIZE = 20  # bytes of one ConsumeQueue unit (docs/formats/consumequeue-unit.md)
-# RocketMQ reads these keys into Java ints and maps each file with one int-sized buffer, so a
-# larger value is neither a RocketMQ setting nor a file RocketMQ could open.
-INT_MAX = 2**31 - 1
 # The broker sizes gRPC's (int32) message limits at maxMessageSize + 1 MiB of headroom.
 MAX_MESSAGE_SIZE_LIMIT = 1024 * 1024 * 1024
 
@@ -310,12 +308,8 @@ class StoreConfig:
 
     def __post_init__(self) -> None:
         _validate(self)
-        # The index layout lives in index_file.py alone; imported here, not at the top, because
-        # the store package imports this module. An index file must fit one int-sized map like
-        # every RocketMQ file.
-        from stratamq.store.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
-        from stratamq.store.index_file import file_size as index_file_size
-
+        # The index layout lives in index_file.py alone. An index file must fit one int-sized
+        # map like every RocketMQ file.
         index_bytes = index_file_size(self.max_hash_slot_num, self.max_index_num)
         if index_bytes > INT_MAX:
             raise InvalidSetting(

@@ -50,6 +50,7 @@ from stratamq import record as codec
 from stratamq.broker.errors import BrokerError
 from stratamq.fileutil import atomic_write
 from stratamq.message import Message, Prop
+from stratamq.store.layout import StoreLayout
 from stratamq.store.message_store import MessageStore
 from stratamq.store.results import GetMessageStatus, PutMessageResult
 
@@ -132,8 +133,8 @@ class TimerMessageStore:
         self.flush_interval = flush_interval_ms / 1000
         self.batch_size = batch_size
         root = Path(root) if root is not None else store.layout.root
-        self.db_path = root / "timerdb"
-        self.check_path = root / "timercheck"
+        self.db_path = StoreLayout(root).timer_db
+        self.check_path = StoreLayout(root).timer_check
         self.db: Rdict | None = None
         self._wo = WriteOptions()
         # Like the RocksDB ConsumeQueue: the CommitLog is the log. (rocksdict's stub calls it a

@@ -25,12 +25,7 @@ from stratamq.store.checkpoint import StoreCheckpoint
 from stratamq.store.cleanup import CleanupService
 from stratamq.store.commitlog import CommitLog
 from stratamq.store.consume_queue_store import (
-    STORE_TYPE_FILES,
-    STORE_TYPE_ROCKSDB,
     ConsumeQueueStore,
-    open_consume_queue_store,
-    resolve_store_type,
-    write_store_type,
 )
 from stratamq.store.deleted_topics import DeletedTopics
 from stratamq.store.dispatch import Dispatcher, ReputService
@@ -38,9 +33,16 @@ from stratamq.store.filter import TagFilter
 from stratamq.store.flush import AsyncFlushService, ConsumeQueueFlushService, GroupCommitService
 from stratamq.store.index_service import IndexService
 from stratamq.store.layout import StoreLayout
+from stratamq.store.loader import (
+    dispatch_start,
+    open_consume_queue_stores,
+    open_index,
+    reindex,
+)
 from stratamq.store.local_source import LocalSource
 from stratamq.store.log_reader import CommitLogReader
 from stratamq.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
+from stratamq.store.parts import StoreParts
 from stratamq.store.read_chain import ReadChain, ReadRequest, ReadSource
 from stratamq.store.recovery import RecoveryReport, recover_commitlog
 from stratamq.store.results import (
@@ -152,7 +154,10 @@ class MessageStore:
         files = MappedFileQueue(self.layout.commitlog_dir, segment_size,
                                 allocator=self._allocator, read_only=self.read_only)
         files.load()
-        self._open_cq_stores(cfg, has_data=bool(files.files))
+        self.store_type, self.cq_stores = open_consume_queue_stores(
+            cfg, self.layout, has_data=bool(files.files), read_only=self.read_only,
+            force=self.force_store_type)
+        self.consume_queues = self.cq_stores[0]
 
         report = recover_commitlog(files, abnormal, self.checkpoint, cfg.check_crc_on_recover)
         dropped = []
@@ -169,14 +174,17 @@ class MessageStore:
             attach = getattr(plugged, "attach", None)
             if attach is not None:
                 attach(self.log_reader)
-        self.index = self._open_index(cfg, abnormal)
+        self.index = open_index(cfg, self.layout, self.checkpoint, abnormal=abnormal,
+                                read_only=self.read_only)
         # Adding a dispatcher (index, RocksDB ConsumeQueue, compaction, tier) is one line here.
         self._dispatchers: list[Dispatcher] = [*self.cq_stores]  # both with double write
         self._dispatchers.extend(self._plugged)
         if self.index is not None and not self.read_only:
             self._dispatchers.append(self.index)
-        self.reput = ReputService(files, self._dispatchers, self._dispatch_from(report),
-                                  cfg.dispatch_interval, recent=self.commitlog.recent_dispatch)
+        start = dispatch_start(self.cq_stores, self._plugged_progress(),
+                               self.commitlog.min_offset, report)
+        self.reput = ReputService(files, self._dispatchers, start, cfg.dispatch_interval,
+                                  recent=self.commitlog.recent_dispatch)
         self.deleted_topics = DeletedTopics(self.layout.deleted_topics, read_only=self.read_only)
         self.deleted_topics.prune(self.commitlog.min_offset)
         self.reput.deleted = self.deleted_topics
@@ -186,7 +194,7 @@ class MessageStore:
         for source, first in self._plugged_sources:
             self.read_chain.add(source, first=first)
         if not self.read_only:
-            self._reindex()
+            reindex(self.index, files, self.commitlog.min_offset)
             # Skips, undecoded, records every dispatcher has: most of them after a crash.
             replayed = self.reput.replay(skip_covered=True)
             if replayed:
@@ -203,41 +211,6 @@ class MessageStore:
         # so a store that fills its disk can still checkpoint and close cleanly.
         self.checkpoint.write(self.layout.checkpoint)
         self._start_services(cfg, files)
-
-    def _open_index(self, cfg: StoreConfig, abnormal: bool) -> IndexService | None:
-        if not cfg.message_index_enable:
-            return None
-        index = IndexService(self.layout.index_dir, cfg.max_hash_slot_num, cfg.max_index_num,
-                             read_only=self.read_only)
-        index.load(abnormal, self.checkpoint.index_msg_timestamp)
-        return index
-
-    def _reindex(self) -> None:
-        """Re-index, from the CommitLog, what the index files dropped on load held."""
-        index = self.index
-        if index is None or index.replay_from is None:
-            return
-        start = max(index.replay_from, self.commitlog.min_offset)
-        count = ReputService(self.commitlog.files, [index], start).replay()
-        log.info("re-indexed %d records from offset %d", count, start)
-
-    def _open_cq_stores(self, cfg: StoreConfig, *, has_data: bool) -> None:
-        """Build and load the ConsumeQueue store(s) by ``storeType`` (and record the type)."""
-        self.store_type = resolve_store_type(self.layout.root, cfg.store_type,
-                                             has_data=has_data, force=self.force_store_type)
-        types = [self.store_type]
-        if cfg.rocksdb_cq_double_write_enable:
-            types.append(STORE_TYPE_ROCKSDB if self.store_type == STORE_TYPE_FILES
-                         else STORE_TYPE_FILES)
-        self.cq_stores = []
-        for store_type in types:
-            cq_store = open_consume_queue_store(store_type, self.layout, cfg.cq_file_size,
-                                                read_only=self.read_only)
-            self.cq_stores.append(cq_store)
-            cq_store.load()
-        self.consume_queues = self.cq_stores[0]
-        if not self.read_only:
-            write_store_type(self.layout.root, self.store_type)
 
     def _close_cq_stores(self) -> None:
         for cq_store in self.cq_stores:
@@ -256,27 +229,23 @@ class MessageStore:
             raise RuntimeError("add dispatchers before the store is opened")
         self._plugged.append(dispatcher)
 
+    def parts(self) -> StoreParts:
+        """The open store's parts, for tools that work on them (verify, inspections)."""
+        return StoreParts(self.config, self.layout, self.read_only, self.commitlog,
+                          list(self.cq_stores), self.index, self.recovery, self._quiesce)
+
+    def _quiesce(self) -> None:
+        if self.read_only:
+            return
+        self.reput.shutdown()
+        if self.cleanup is not None:
+            self.cleanup.shutdown()
+
     def _plugged_progress(self) -> int | None:
         """The lowest ``durable_offset()`` of the plugged-in dispatchers (None: none says)."""
         offsets = [f() for d in self._plugged
                    if (f := getattr(d, "durable_offset", None)) is not None]
         return min(offsets) if offsets else None
-
-    def _dispatch_from(self, report: RecoveryReport) -> int:
-        """Where the ConsumeQueues stop being known-complete: the least any store covers, and
-        no later than where a plugged-in dispatcher's durable progress ends.
-
-        A RocksDB store without WAL may have lost its newest batches in a crash; its checkpoint
-        row says how far it got, which can be before the checkpoint's safe offset."""
-        known = min(max(s.max_physic_offset(), self.commitlog.min_offset)
-                    for s in self.cq_stores)
-        plugged = self._plugged_progress()
-        if plugged is not None:
-            known = min(known, max(plugged, self.commitlog.min_offset))
-        if report.abnormal:
-            # Replay is idempotent: units already present are kept.
-            return min(report.start_offset, known)
-        return min(known, report.end_offset)
 
     def _start_services(self, cfg: StoreConfig, files: MappedFileQueue) -> None:
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
