@@ -25,7 +25,7 @@ from stratamq.store.consume_queue_store import (
     read_store_type,
 )
 from stratamq.store.message_store import MessageStore
-from stratamq.store.rocksdb_consume_queue import OFFSET_CF, rocksdb_options
+from stratamq.store.rocksdb_cq_format import OFFSET_CF, rocksdb_options
 
 SEGMENT = 64 * 1024
 DERIVED = ("consumequeue", "index", "rocksdb")

@@ -28,7 +28,7 @@ from stratamq.spark.pipelines.common import PipelineError, is_name_error, write_
 from stratamq.spark.pipelines.dispatch_rows import UNIT_SCHEMA
 from stratamq.store.consume_queue_format import UNIT_SIZE
 from stratamq.store.layout import StoreLayout, segment_name
-from stratamq.store.rocksdb_consume_queue import (
+from stratamq.store.rocksdb_cq_format import (
     CHECKPOINT_KEY,
     CTRL_1,
     I64,

@@ -257,11 +257,8 @@ class _Job:
         store's own finishing step (the expiry watermark for a CommitLog that starts past 0)."""
         from rocksdict import IngestExternalFileOptions, Rdict
 
-        from stratamq.store.rocksdb_consume_queue import (
-            OFFSET_CF,
-            RocksDBConsumeQueueStore,
-            rocksdb_options,
-        )
+        from stratamq.store.rocksdb_consume_queue import RocksDBConsumeQueueStore
+        from stratamq.store.rocksdb_cq_format import OFFSET_CF, rocksdb_options
 
         path = self.p.staging / "rocksdb"
         opts = rocksdb_options()
