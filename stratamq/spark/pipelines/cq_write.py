@@ -46,6 +46,7 @@ CQ_ROW_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("code", ">i8"), ("ts
 KEY_TAIL_DTYPE = np.dtype([("ctrl", "u1"), ("offset", ">i8")])
 # Per queue: first record (phys, queue offset), last record (phys, queue offset, end).
 Summary = tuple[int, int, int, int, int]
+CHECKPOINT = (b"", -1)  # the summary key of each task's newest record: the checkpoint row
 
 
 def _table(batches: Iterable[pa.RecordBatch]) -> pa.Table:
@@ -160,6 +161,7 @@ def write_sst(batches: Iterable[pa.RecordBatch], out: Path, name: str,
     writer = SstFileWriter(options=rocksdb_options())
     writer.open(str(tmp))
     written = 0
+    newest: Summary | None = None
     for topic, qid, span in _queues_in_key_order(table):
         prefix = queue_prefix(topic.encode("utf-8"), qid)
         q, p = offsets[span], phys[span]
@@ -172,8 +174,11 @@ def write_sst(batches: Iterable[pa.RecordBatch], out: Path, name: str,
         written += int(last.sum())
         first_at, last_at = int(np.argmin(p)), int(np.argmax(p))
         end = int(p[last_at]) + int(sizes[span][last_at])
-        yield (topic.encode("utf-8"), qid), (int(p[first_at]), int(q[first_at]),
-                                             int(p[last_at]), int(q[last_at]), end)
+        summary = (int(p[first_at]), int(q[first_at]), int(p[last_at]), int(q[last_at]), end)
+        newest = summary if newest is None else merge_summaries(newest, summary)
+        yield (topic.encode("utf-8"), qid), summary
+    if newest is not None:  # the task's newest record, for the checkpoint row
+        yield CHECKPOINT, newest
     writer.finish()
     with open(tmp, "rb") as fh:
         os.fdatasync(fh.fileno())
@@ -205,18 +210,18 @@ def merge_summaries(a: Summary, b: Summary) -> Summary:
 
 
 def offset_rows(queue: tuple[bytes, int], summary: Summary) -> list[tuple[bytes, bytes]]:
-    """The offset table's ``max`` and ``min`` rows of a queue (value: phys, queue offset)."""
+    """The offset table's ``max`` and ``min`` rows of a queue (value: phys, queue offset); for
+    ``CHECKPOINT``, the checkpoint row (the end of the newest record a unit was written for,
+    as the dispatcher's batches record it)."""
+    if queue == CHECKPOINT:
+        return [(CHECKPOINT_KEY, I64.pack(summary[4]))]
     topic, qid = queue
     return [(offset_key(topic, qid, True), OFFSET_VALUE.pack(summary[2], summary[3])),
             (offset_key(topic, qid, False), OFFSET_VALUE.pack(summary[0], summary[1]))]
 
 
-def checkpoint_row(end: int) -> tuple[bytes, bytes]:
-    """The checkpoint row: the end of the newest record a unit was written for."""
-    return CHECKPOINT_KEY, I64.pack(end)
-
-
-def write_rows_sst(rows: Iterable[tuple[bytes, bytes]], out: Path, name: str) -> Iterator[int]:
+def write_rows_sst(rows: Iterable[tuple[bytes, bytes]], out: Path, name: str
+                   ) -> Iterator[int]:
     """Rows already in key order to the SST file ``out/name``; yields how many."""
     from rocksdict import SstFileWriter
 

@@ -27,6 +27,7 @@ the store's lock throughout: no broker may open the store meanwhile.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import logging
 import math
@@ -232,25 +233,26 @@ class _Job:
             return {"cq_files": sum(d[0] for d in done), "units": sum(d[1] for d in done),
                     "skipped_records": sum(d[2] for d in done)}
         sst = staging / "sst"
+        # The offset table's rows in key order (topic length, topic, max|min, queue): all rows
+        # of a topic go to one task, the tasks in topic order, so their SST files do not
+        # overlap. One job: the units' SST files are written in its first stage.
+        topics = sorted({b[:2] for b in bounds})
+
+        def topic_partition(key: bytes) -> int:
+            return bisect.bisect_right(topics, (int.from_bytes(key[:4], "big"),
+                                                key[5:5 + int.from_bytes(key[:4], "big")]))
+
         with self.bar.stage("write consumequeue", total_rows=units) as counters:
-            merged = (shuffled.mapPartitionsWithIndex(lambda i, it: cq_write.write_sst(
+            written = (shuffled.mapPartitionsWithIndex(lambda i, it: cq_write.write_sst(
                 (b for _, b in it), sst, f"cq-{i:05d}.sst", counters))
-                .reduceByKey(cq_write.merge_summaries, parts))
-            merged.persist()
-            queues = merged.count()
-        try:
-            with self.bar.stage("write offset table", total_rows=2 * queues + 1) as counters:
-                top = merged.map(lambda kv: (0, kv[1][4])).reduceByKey(max, 1).map(
-                    lambda kv: cq_write.checkpoint_row(kv[1]))
-                rows = merged.flatMap(lambda kv: cq_write.offset_rows(*kv)).union(top)
-                written = (rows.sortByKey(numPartitions=parts)
-                           .mapPartitionsWithIndex(lambda i, it: _counted(
-                               cq_write.write_rows_sst(it, sst, f"offset-{i:05d}.sst"),
-                               counters)).sum())
-        finally:
-            merged.unpersist()
+                .reduceByKey(cq_write.merge_summaries, parts)
+                .flatMap(lambda kv: cq_write.offset_rows(*kv))
+                .repartitionAndSortWithinPartitions(len(topics) + 1, topic_partition)
+                .mapPartitionsWithIndex(lambda i, it: cq_write.write_rows_sst(
+                    it, sst, f"offset-{i:05d}.sst"))
+                .sum())
         self._ingest(sst)
-        return {"queues": queues, "offset_rows": written}
+        return {"queues": (written - 1) // 2, "offset_rows": written}
 
     def _ingest(self, sst: Path) -> None:
         """A new RocksDB from the SST files the tasks wrote (moved in, not copied), then the
