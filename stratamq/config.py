@@ -21,16 +21,14 @@ from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any
 
+from stratamq.limits import CQ_UNIT_SIZE, INT_MAX, OS_PAGE_SIZE
 from stratamq.message import Host
+from stratamq.store.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
+from stratamq.store.index_file import file_size as index_file_size
 
 __all__ = ["BrokerConfig", "FlushDiskType", "InvalidSetting", "StoreConfig", "TieredStorageLevel",
            "UnknownSettings", "load_broker_conf", "settings_table", "tier_provider"]
 
-OS_PAGE_SIZE = 4096  # bytes; flush thresholds count dirty pages of this size
-CQ_UNIT_SIZE = 20  # bytes of one ConsumeQueue unit (docs/formats/consumequeue-unit.md)
-# RocketMQ reads these keys into Java ints and maps each file with one int-sized buffer, so a
-# larger value is neither a RocketMQ setting nor a file RocketMQ could open.
-INT_MAX = 2**31 - 1
 # The broker sizes gRPC's (int32) message limits at maxMessageSize + 1 MiB of headroom.
 MAX_MESSAGE_SIZE_LIMIT = 1024 * 1024 * 1024
 
@@ -520,12 +518,8 @@ class StoreConfig:
     def __post_init__(self) -> None:
         _validate(self)
         _check_tier(self)
-        # The index layout lives in index_file.py alone; imported here, not at the top, because
-        # the store package imports this module. An index file must fit one int-sized map like
-        # every RocketMQ file.
-        from stratamq.store.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
-        from stratamq.store.index_file import file_size as index_file_size
-
+        # The index layout lives in index_file.py alone. An index file must fit one int-sized
+        # map like every RocketMQ file.
         index_bytes = index_file_size(self.max_hash_slot_num, self.max_index_num)
         if index_bytes > INT_MAX:
             raise InvalidSetting(
@@ -634,8 +628,9 @@ class BrokerConfig:
         minimum=1, maximum=1024,
     )  # fmt: skip
     grpc_thread_pool_nums: int = _setting(
-        "grpcThreadPoolNums", 128, "threads",
-        "gRPC worker threads; each long poll and each client's telemetry stream holds one",
+        "grpcThreadPoolNums", 16, "threads",
+        "threads running the broker's blocking store calls (reads, pop-state writes); gRPC "
+        "itself is event-driven, so open streams and long polls hold none",
         minimum=1,
     )  # fmt: skip
     default_invisible_time_mills: int = _setting(
@@ -654,6 +649,23 @@ class BrokerConfig:
     max_long_polling_time_mills: int = _setting(
         "grpcClientConsumerMaxLongPollingTimeoutMillis", 20_000, "ms",
         "longest a receive or pull waits for messages",
+        minimum=0,
+    )  # fmt: skip
+    max_pop_polling_size: int = _setting(
+        "maxPopPollingSize", 100_000, "calls",
+        "receives and pulls waiting for messages at once; past it TOO_MANY_REQUESTS "
+        "(polling full)",
+        minimum=0,
+    )  # fmt: skip
+    pop_polling_size: int = _setting(
+        "popPollingSize", 1024, "calls",
+        "receives of one consumer group and topic waiting at once; past it TOO_MANY_REQUESTS",
+        minimum=0,
+    )  # fmt: skip
+    pop_polling_size_per_client: int = _setting(
+        "popPollingSizePerClient", 1024, "calls",
+        "receives and pulls of one client (x-mq-client-id) waiting at once (StrataMQ's own "
+        "key); past it TOO_MANY_REQUESTS",
         minimum=0,
     )  # fmt: skip
     default_retry_max_times: int = _setting(

@@ -26,9 +26,10 @@ from damage import patch, record_starts
 from stratamq.config import StoreConfig
 from stratamq.record import Message, decode, offset_msg_id
 from stratamq.store.consume_queue_format import BLANK_UNIT, UNIT
+from stratamq.store.inspect import index_gaps
 from stratamq.store.layout import segment_name
 from stratamq.store.message_store import MessageStore
-from stratamq.store.verify import index_gaps, verify_store
+from stratamq.store.verify import verify_store
 
 PROJECT = Path(__file__).resolve().parents[1]
 SEGMENT = 64 * 1024
@@ -299,18 +300,18 @@ def test_verify_rebuilds_index_files_missing_in_the_middle(tmp_path):
     cfg = small_config(root, **index_sizes)
 
     with MessageStore(cfg, read_only=True) as store:
-        (gap,) = index_gaps(store)
+        (gap,) = index_gaps(store.parts())
         missing = [w for w in written if gap.first <= w[0] <= gap.last]
         assert gap.records == len(missing) > 0
         assert store.query_messages(topic_of(missing[0][2]), missing[0][2]) == []
     with MessageStore(cfg) as store:
-        summary = verify_store(store)
+        summary = verify_store(store.parts())
     assert summary["ok"] is True, summary["problems"]
     assert summary["index"]["rebuilt"]["from_offset"] == gap.first
     assert files[2].name in summary["index"]["rebuilt"]["removed_files"]
     assert files[0].name not in summary["index"]["rebuilt"]["removed_files"]
     with MessageStore(cfg, read_only=True) as store:
-        assert index_gaps(store) == []
+        assert index_gaps(store.parts()) == []
         for phys, _, key in written:
             (hit,) = store.query_messages(topic_of(key), key)
             assert hit.physical_offset == phys
@@ -379,6 +380,6 @@ def test_verify_stops_the_clean_up_service_first(tmp_path):
     with MessageStore(small_config(tmp_path / "store")).open() as store:
         assert store.put_messages([Message("T", b"x" * 900, 0) for _ in range(300)]).ok
         assert store.wait_dispatched()
-        assert store.cleanup._thread.is_alive()
-        assert verify_store(store)["ok"]
-        assert not store.cleanup._thread.is_alive()
+        assert store.cleanup.running
+        assert verify_store(store.parts())["ok"]
+        assert not store.cleanup.running

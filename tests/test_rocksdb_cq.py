@@ -370,7 +370,7 @@ def test_expiry_watermark_survives_restart_and_skips_the_pass(tmp_path):
             mine = [b for t, qq, o, b in sent if (t, qq) == (topic, q) and o >= low]
             assert read_all(s, topic, q, low) == mine
             # The expired rows are really gone, not just hidden.
-            assert rocks._get(cq_key(queue_prefix(topic.encode(), q), low - 1)) is None
+            assert rocks.get_row(cq_key(queue_prefix(topic.encode(), q), low - 1)) is None
 
 
 def test_a_reading_thread_sees_every_write_after_its_iterator_was_made(tmp_path):
@@ -383,11 +383,11 @@ def test_a_reading_thread_sees_every_write_after_its_iterator_was_made(tmp_path)
     rocks.commit_dispatch()
     q = rocks.find("T", 0)
     assert q.get_units(0, 10) == [(0, 100, 7), (100, 100, 7), (200, 100, 7)]
-    it = rocks._iterator()
-    assert rocks._iterator() is it  # reused while nothing was written
+    it = rocks.reading_iterator()
+    assert rocks.reading_iterator() is it  # reused while nothing was written
     rocks.dispatch(DispatchInfo("T", 0, 3, 300, 100, 7, 1003, 0, {}))
     rocks.commit_dispatch()
-    assert rocks._iterator() is not it
+    assert rocks.reading_iterator() is not it
     assert q.get_units(2, 10) == [(200, 100, 7), (300, 100, 7)]
     # Reads stop at the queue's end and never run into the next queue's keys.
     rocks.dispatch(DispatchInfo("T", 1, 0, 400, 100, 9, 1004, 0, {}))

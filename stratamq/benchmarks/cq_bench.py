@@ -24,6 +24,7 @@ from stratamq.store.consume_queue_store import (
     allocated_bytes,
     apparent_bytes,
 )
+from stratamq.store.layout import CONSUMEQUEUE_DIR
 from stratamq.store.message_store import MessageStore
 from stratamq.store.results import GetMessageStatus
 
@@ -43,7 +44,7 @@ def queue_name(q: int) -> tuple[str, int]:
 
 
 def cq_path(root: Path, store_type: str) -> Path:
-    return root / (ROCKSDB_CQ_DIR if store_type == STORE_TYPE_ROCKSDB else "consumequeue")
+    return root / (ROCKSDB_CQ_DIR if store_type == STORE_TYPE_ROCKSDB else CONSUMEQUEUE_DIR)
 
 
 def run_cq_bench(*, queues: int, messages_per_queue: int, store_type: str,

@@ -27,6 +27,7 @@ from typing import Any
 
 from stratamq.fileutil import atomic_write
 from stratamq.names import NAME_CHARS, TOPIC_MAX_LENGTH, is_valid_name
+from stratamq.store.layout import StoreLayout
 
 __all__ = ["GroupConfig", "MetadataError", "MetadataStore", "TopicConfig", "MESSAGE_TYPES",
            "DEFAULT_RETRY_BACKOFF_MS", "dlq_topic", "retry_topic"]
@@ -302,11 +303,11 @@ class MetadataStore:
     """Topics and groups of one broker, persisted under ``<root>/config``."""
 
     def __init__(self, root: Path, default_retry_max_times: int = 16) -> None:
-        self.dir = Path(root) / "config"
+        self.dir = StoreLayout(root).config_dir
         self.default_retry_max_times = default_retry_max_times
-        self._topics = _JsonTable(self.dir / "topics.json", "topicConfigTable",
+        self._topics = _JsonTable(StoreLayout(root).topics_file, "topicConfigTable",
                                   TopicConfig.from_json, TopicConfig.to_json)
-        self._groups = _JsonTable(self.dir / "subscriptionGroup.json", "subscriptionGroupTable",
+        self._groups = _JsonTable(StoreLayout(root).groups_file, "subscriptionGroupTable",
                                   GroupConfig.from_json, GroupConfig.to_json)
 
     # -- topics ---------------------------------------------------------------------------------

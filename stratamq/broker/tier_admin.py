@@ -19,16 +19,23 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from stratamq.broker.admin import _dumps, _loads
 from stratamq.broker.errors import BrokerError
 from stratamq.broker.metadata import MetadataError
+from stratamq.broker.ports import Call
+from stratamq.broker.rpc import call_of
 from stratamq.client.admin import SERVICE
 
 if TYPE_CHECKING:
     from stratamq.broker.server import Broker
 
 __all__ = ["tier_admin_handler"]
+
+
+class _NoTier(Exception):
+    """The broker runs without a tier."""
 
 
 def _local(broker: Broker) -> Callable[[str, int], tuple[int, int] | None]:
@@ -55,21 +62,28 @@ def tier_admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
     methods = {"TierStatus": (status, "Get"), "TierFlush": (flush, "Update")}
 
     def make(method: Callable[[dict[str, Any]], dict[str, Any]], action: str) -> Callable:
-        def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+        def work(request: bytes, call: Call) -> bytes:
+            req = _loads(request)
+            broker.lookup.authorize(call, "Cluster", action)
+            if getattr(broker, "tiered", None) is None:
+                raise _NoTier()
+            return _dumps(method(req))
+
+        async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             try:
-                req = _loads(request)
-                broker._authorize(context, "Cluster", action)
-                if getattr(broker, "tiered", None) is None:
-                    context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                  "tiered storage is off on this broker "
-                                  "(tieredBackendServiceProvider is not set)")
-                return _dumps(method(req))
+                return await broker.run(work, request, call_of(context))
+            except _NoTier:
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                    "tiered storage is off on this broker "
+                                    "(tieredBackendServiceProvider is not set)")
             except MetadataError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except BrokerError as exc:
-                context.abort(grpc.StatusCode.PERMISSION_DENIED, exc.message)
+                code = (grpc.StatusCode.UNAUTHENTICATED if exc.code == pb.Code.UNAUTHORIZED
+                        else grpc.StatusCode.PERMISSION_DENIED)
+                await context.abort(code, exc.message)
             except OSError as exc:
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"tier: {exc}")
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"tier: {exc}")
             raise AssertionError("unreachable")  # context.abort raises
 
         return grpc.unary_unary_rpc_method_handler(handle)

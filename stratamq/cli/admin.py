@@ -15,6 +15,7 @@ import click
 from stratamq.cli.app import main
 from stratamq.cli.broker import broker
 from stratamq.cli.common import TIME, emit, emit_rows, output_option
+from stratamq.client.connection import BrokerEndpoint
 
 TYPES = click.Choice(["NORMAL", "FIFO", "DELAY", "TRANSACTION"], case_sensitive=False)
 
@@ -48,20 +49,17 @@ def endpoint_option(fn: Callable) -> Callable:
     return wrapper
 
 
-class Connection:
-    """Where and as whom to call the broker's admin service."""
+class Connection(BrokerEndpoint):
+    """Where and as whom to call the broker (``--endpoint``, ``--access-key``, ...)."""
 
     def __init__(self, endpoint: str, access_key: str | None, secret_key: str | None) -> None:
-        self.endpoint = endpoint
-        self.access_key = access_key
-        self.secret_key = secret_key
+        super().__init__(endpoint, access_key=access_key, secret_key=secret_key)
 
 
 def _call(conn: Connection, method: str, **request: object) -> dict:
     from stratamq.client.admin import AdminClient, AdminError
 
-    with AdminClient(conn.endpoint, access_key=conn.access_key,
-                     secret_key=conn.secret_key) as client:
+    with AdminClient(conn) as client:
         try:
             return client.call(method, **request)
         except AdminError as exc:

@@ -24,10 +24,11 @@ from stratamq.store.consume_queue_store import (
     STORE_TYPES,
     read_store_type,
 )
+from stratamq.store.inspect import UndispatchedScan
+from stratamq.store.layout import CONSUMEQUEUE_DIR
 from stratamq.store.mapped_file_queue import MappedFileQueue
 from stratamq.store.message_store import MessageStore, StoreLocked
 from stratamq.store.results import GetMessageStatus
-from stratamq.store.verify import UndispatchedScan
 from stratamq.tiered import TieredStore, tiering_enabled
 from stratamq.tiered import wire as wire_tier
 
@@ -177,7 +178,7 @@ def _refuse_missing_rocksdb(root: Path, forced: str | None) -> None:
         return
     if MappedFileQueue.size_on_disk(root / "commitlog") is None:
         return  # no data: nothing to miss
-    cq_dir = root / "consumequeue"
+    cq_dir = root / CONSUMEQUEUE_DIR
     has_files = cq_dir.is_dir() and any(cq_dir.iterdir())
     how = (f"it still has ConsumeQueue files: read them with --store-type {STORE_TYPE_FILES}, "
            f"or build the RocksDB store from the CommitLog: stratamq store migrate-cq --store "

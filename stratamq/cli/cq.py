@@ -30,6 +30,7 @@ from stratamq.store.consume_queue_store import (
     rebuild_from_commitlog,
     write_store_type,
 )
+from stratamq.store.layout import CONSUMEQUEUE_DIR
 
 TARGETS = {"rocksdb": STORE_TYPE_ROCKSDB, "files": STORE_TYPE_FILES}
 
@@ -50,7 +51,7 @@ def migrate_cq(store_dir: str, to: str, store_type: str | None, quiet: bool) -> 
         if s.store_type == target_type:
             raise click.ClickException(f"store {store_dir} already uses {target_type}")
         root = Path(store_dir)
-        stale = root / (ROCKSDB_CQ_DIR if target_type == STORE_TYPE_ROCKSDB else "consumequeue")
+        stale = root / (ROCKSDB_CQ_DIR if target_type == STORE_TYPE_ROCKSDB else CONSUMEQUEUE_DIR)
         if stale.exists():  # left from an earlier store of that type: built afresh
             shutil.rmtree(stale)
         target = open_consume_queue_store(target_type, s.layout, s.config.cq_file_size)

@@ -23,7 +23,7 @@ def message() -> None:
 def _client(conn: Connection) -> Any:
     from stratamq.client.messaging import MessagingClient
 
-    return MessagingClient(conn.endpoint, conn.access_key, conn.secret_key)
+    return MessagingClient(conn)
 
 
 def _fail(exc: Exception) -> click.ClickException:

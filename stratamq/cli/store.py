@@ -25,8 +25,9 @@ from stratamq.cli.common import (
 )
 from stratamq.cli.progress import JobProgress, quiet_option
 from stratamq.store.consume_queue_store import ROCKSDB_CQ_DIR, STORE_TYPE_ROCKSDB, STORE_TYPES
+from stratamq.store.inspect import queue_name, scan_undispatched
+from stratamq.store.layout import CONSUMEQUEUE_DIR
 from stratamq.store.mapped_file_queue import MappedFileQueue
-from stratamq.store.verify import queue_name, scan_undispatched
 
 MAX_LISTED_ERRORS = 20
 
@@ -58,7 +59,7 @@ def store_dump(store_dir: str, topic: str | None, queue_id: int | None) -> None:
                     f"topic {topic!r} has no queue {queue_id} (queues: {topics[topic]})")
             if topic is None and not any(queue_id in ids for ids in topics.values()):
                 raise click.ClickException(f"no topic in {store_dir} has queue {queue_id}")
-        scan = scan_undispatched(s)
+        scan = scan_undispatched(s.parts())
         # Only the queues asked for: other topics' stragglers are not missing from this dump.
         for key in list(scan.by_queue):
             if (topic is not None and key[0] != topic) or (queue_id is not None
@@ -89,7 +90,7 @@ def store_dump(store_dir: str, topic: str | None, queue_id: int | None) -> None:
 def _has_queues(root: Path, store_type: str) -> bool:
     if store_type == STORE_TYPE_ROCKSDB:
         return (root / ROCKSDB_CQ_DIR / "CURRENT").exists()
-    cq_dir = root / "consumequeue"
+    cq_dir = root / CONSUMEQUEUE_DIR
     return cq_dir.is_dir() and any(cq_dir.iterdir())
 
 
@@ -116,7 +117,7 @@ def store_verify(store_dir: str, quiet: bool) -> None:
                     bar.phase(phase, total, "bytes" if "CommitLog" in phase else "queues")
                 bar.update(done)
 
-            summary = verify_store(s, progress)
+            summary = verify_store(s.parts(), progress)
         rebuilt = [c.store_type for c in s.cq_stores if has_log and not had[c.store_type]]
     finally:
         s.close()
@@ -161,7 +162,7 @@ def store_stat(store_dir: str, full: bool) -> None:
                             "messages": sum(q["messages"] for q in queues)}
         scanned_from = (s.min_physical_offset if full or s.recovery is None
                         else s.recovery.start_offset)
-        scan = scan_undispatched(s, start=scanned_from)
+        scan = scan_undispatched(s.parts(), start=scanned_from)
         warnings = read_only_warnings(s, store_dir, scan)
         files = s.commitlog.files
         emit({

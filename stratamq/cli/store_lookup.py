@@ -15,8 +15,8 @@ import click
 from stratamq.cli.common import TIME, emit, message_json, open_store, store_options, warn
 from stratamq.cli.store import store
 from stratamq.record import parse_offset_msg_id
+from stratamq.store.inspect import IndexGap, index_gaps, record_problem_at
 from stratamq.store.message_store import MessageStore
-from stratamq.store.verify import IndexGap, index_gaps, record_problem_at
 
 NO_END = 2**63 - 1
 
@@ -30,7 +30,7 @@ def _index_warnings(s: MessageStore, store_dir: str, begin: int, end: int) -> li
         return gap.first_timestamp <= end and (gap.until_timestamp is None
                                                or gap.until_timestamp >= begin)
 
-    for gap in index_gaps(s, first_only=True):
+    for gap in index_gaps(s.parts(), first_only=True):
         if not overlaps(gap):
             continue
         until = ("to the end of the log" if gap.until_timestamp is None else
@@ -55,7 +55,7 @@ def _offset_id_problem(s: MessageStore, msg_id: str) -> str | None:
     # A unique client id has the same form: only trust it as an offset id of this store.
     if first is None or first.store_host != host:
         return None
-    return record_problem_at(s, phys)
+    return record_problem_at(s.parts(), phys)
 
 
 def _corrupt_hits(s: MessageStore, topics: list[str], key: str, begin: int, end: int,
@@ -69,7 +69,7 @@ def _corrupt_hits(s: MessageStore, topics: list[str], key: str, begin: int, end:
             if phys in found:
                 continue
             found.add(phys)
-            problem = record_problem_at(s, phys, known_start=True)
+            problem = record_problem_at(s.parts(), phys, known_start=True)
             if problem is not None:
                 out.append(f"an index entry for {key!r} in topic {topic!r} points at CommitLog "
                            f"offset {phys}: {problem}")

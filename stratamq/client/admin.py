@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from stratamq.signature import auth_metadata
+from stratamq.client.connection import BrokerEndpoint, check_endpoint
 
 __all__ = ["AdminClient", "AdminError", "check_endpoint"]
 
@@ -28,43 +28,25 @@ class AdminError(RuntimeError):
         self.message = message
 
 
-def check_endpoint(endpoint: str) -> str:
-    """``endpoint`` if it is HOST:PORT with a port 1..65535 (an IPv6 host in brackets).
-
-    Checked here because gRPC takes anything: an empty target prints C-core resolver errors,
-    and a missing or out-of-range port only shows up as "no broker reachable".
-    """
-    host, sep, port = endpoint.rpartition(":")
-    bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
-    if (not sep or host.strip("[]") == "" or bare_ipv6 or not port.isdigit()
-            or not 1 <= int(port) <= 65535):
-        raise ValueError(f"endpoint must be HOST:PORT with a port 1..65535, not {endpoint!r}")
-    return endpoint
-
-
 class AdminClient:
     """``AdminClient("127.0.0.1:10911").call("ListTopics")``; use as a context manager."""
 
-    def __init__(self, endpoint: str, timeout: float = 10.0,
+    def __init__(self, endpoint: str | BrokerEndpoint, timeout: float = 10.0,
                  credentials: grpc.ChannelCredentials | None = None,
                  access_key: str | None = None, secret_key: str | None = None) -> None:
-        if bool(access_key) != bool(secret_key):
-            raise ValueError("access key and secret key must be given together")
-        self.endpoint = check_endpoint(endpoint)
+        self.broker = (endpoint if isinstance(endpoint, BrokerEndpoint) else BrokerEndpoint(
+            check_endpoint(endpoint), access_key=access_key, secret_key=secret_key))
+        self.endpoint = self.broker.endpoint
         self.timeout = timeout
-        self.access_key = access_key or None
-        self.secret_key = secret_key or None
-        self.channel = (grpc.secure_channel(endpoint, credentials) if credentials
-                        else grpc.insecure_channel(endpoint))
+        self.channel = (grpc.secure_channel(self.endpoint, credentials) if credentials
+                        else self.broker.channel())
 
     def call(self, method: str, **request: Any) -> dict[str, Any]:
         stub = self.channel.unary_unary(f"/{SERVICE}/{method}")
         body = json.dumps({k: v for k, v in request.items() if v is not None}).encode()
         try:
             # Signed per call: the broker refuses stamps older than its signature window.
-            metadata = (auth_metadata(self.access_key, self.secret_key)
-                        if self.access_key and self.secret_key else None)
-            reply = stub(body, timeout=self.timeout, metadata=metadata)
+            reply = stub(body, timeout=self.timeout, metadata=self.broker.metadata() or None)
         except grpc.RpcError as exc:
             code = exc.code()
             name = code.name if code is not None else "UNKNOWN"

@@ -15,13 +15,11 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from stratamq.client.admin import check_endpoint
-from stratamq.signature import auth_metadata
+from stratamq.client.connection import BrokerEndpoint, check_endpoint
 
 __all__ = ["MessagingClient", "MessagingError"]
 
@@ -42,13 +40,14 @@ def _check(status: pb.Status, *allowed: int) -> None:
 class MessagingClient:
     """``with MessagingClient("127.0.0.1:10911") as c: c.send("Orders", b"hi")``."""
 
-    def __init__(self, endpoint: str, access_key: str | None = None,
+    def __init__(self, endpoint: str | BrokerEndpoint, access_key: str | None = None,
                  secret_key: str | None = None, timeout: float = 10.0) -> None:
-        self.endpoint = check_endpoint(endpoint)
-        self.access_key, self.secret_key = access_key, secret_key
+        self.broker = (endpoint if isinstance(endpoint, BrokerEndpoint) else BrokerEndpoint(
+            check_endpoint(endpoint), access_key=access_key, secret_key=secret_key))
+        self.endpoint = self.broker.endpoint
         self.timeout = timeout
         self.client_id = f"{socket.gethostname()}@{os.getpid()}@stratamq-cli"
-        self.channel = grpc.insecure_channel(endpoint)
+        self.channel = self.broker.channel()
         self.stub = service_pb2_grpc.MessagingServiceStub(self.channel)
 
     def __enter__(self) -> MessagingClient:
@@ -58,10 +57,8 @@ class MessagingClient:
         self.channel.close()
 
     def _metadata(self) -> list[tuple[str, str]]:
-        md = [("x-mq-client-id", self.client_id), ("x-mq-language", "PYTHON")]
-        if self.access_key and self.secret_key:
-            md.extend(auth_metadata(self.access_key, self.secret_key))
-        return md
+        return list(self.broker.metadata(("x-mq-client-id", self.client_id),
+                                         ("x-mq-language", "PYTHON")))
 
     def send(self, topic: str, body: bytes, *, tag: str | None = None,
              keys: Iterable[str] = (), properties: Mapping[str, str] | None = None,

@@ -20,7 +20,6 @@ from stratamq.record.codec import (
     STAMP_POSITIONS,
     STAMP_TIMESTAMP,
     EncodedRecord,
-    ScanResult,
     body_crc,
     check_record,
     decode,
@@ -37,8 +36,6 @@ from stratamq.record.codec import (
     record_property,
     record_store_timestamp,
     record_tags,
-    scan_records,
-    skip_covered,
     stamp,
     tags_hash_code,
 )
@@ -59,6 +56,7 @@ from stratamq.record.layout import (
     SYS_FLAG_POS,
     SysFlag,
 )
+from stratamq.record.scan import ScanResult, scan_records, skip_covered
 
 __all__ = [
     "BLANK_MAGIC_CODE", "END_FILE_MIN_BLANK_LENGTH", "HEADER_SIZE_V4", "MAX_PROPERTIES_LENGTH",

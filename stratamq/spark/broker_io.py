@@ -41,9 +41,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
+from stratamq.client.connection import BrokerEndpoint
 from stratamq.names import GROUP_MAX_LENGTH, is_valid_name
 from stratamq.record import PHYSICAL_OFFSET_POS, Message, Prop
-from stratamq.signature import auth_metadata
 from stratamq.spark.planning import OptionError, Queue, QueueSplit, bool_option, int_option
 
 log = logging.getLogger(__name__)
@@ -84,45 +84,22 @@ def endpoint_of(options: Mapping[str, str]) -> str:
     return raw
 
 
-class BrokerConnection:
-    """Where and how to reach the broker: its address, TLS trust, ACL credentials.
+class BrokerConnection(BrokerEndpoint):
+    """Where and how to reach the broker (``BrokerEndpoint``), with the Spark source's texts
+    for refusals and failures.
 
     Made on the driver by ``connection_of`` and pickled to executors inside every split and the
     writer. The CA file is read on the driver, and its PEM content travels here, so
     executors need not see the file (a CA certificate is public). The secret key travels too:
     executors sign their own calls, and a signature is only good for the broker's signature
-    window. It is left out of ``repr`` and of every message. Not changed after construction;
-    any thread may use it.
+    window. It is left out of ``repr`` and of every message.
     """
 
     def __init__(self, endpoint: str, *, access_key: str | None = None,
                  secret_key: str | None = None, tls: bool = False, ca_pem: bytes | None = None,
                  ca_file: str | None = None) -> None:
-        self.endpoint = endpoint
-        self.access_key, self.secret_key = access_key or None, secret_key or None
-        self.tls, self.ca_pem, self.ca_file = tls, ca_pem, ca_file
-
-    def __repr__(self) -> str:
-        parts = [f"endpoint={self.endpoint!r}", f"tls={self.tls}"]
-        if self.ca_file:
-            parts.append(f"tlsCaFile={self.ca_file!r}")
-        if self.access_key:
-            parts.append(f"accessKey={self.access_key!r}, secretKey=<hidden>")
-        return f"BrokerConnection({', '.join(parts)})"
-
-    def channel(self) -> grpc.Channel:
-        if not self.tls:
-            return grpc.insecure_channel(self.endpoint, options=_CHANNEL_OPTIONS)
-        # Without a CA file: gRPC's default roots (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, else the
-        # bundle shipped with grpcio).
-        creds = grpc.ssl_channel_credentials(root_certificates=self.ca_pem)
-        return grpc.secure_channel(self.endpoint, creds, options=_CHANNEL_OPTIONS)
-
-    def metadata(self, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
-        """``extra`` plus, with credentials, a signature stamped now (one per call)."""
-        if self.access_key and self.secret_key:
-            return (*extra, *auth_metadata(self.access_key, self.secret_key))
-        return tuple(extra)
+        super().__init__(endpoint, access_key=access_key, secret_key=secret_key, tls=tls,
+                         ca_pem=ca_pem, ca_file=ca_file, channel_options=_CHANNEL_OPTIONS)
 
     def refusal(self, code: str, message: str, doing: str) -> str | None:
         """The text for a broker's ACL refusal of ``doing``, naming the options to fix; None if

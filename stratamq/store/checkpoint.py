@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from stratamq.config import OS_PAGE_SIZE
+from stratamq.limits import OS_PAGE_SIZE
 
 _LAYOUT = struct.Struct(">qqqqq")
 FILE_SIZE = OS_PAGE_SIZE

@@ -48,8 +48,10 @@ from pathlib import Path
 from typing import Any
 
 from stratamq.config import StoreConfig
+from stratamq.store.layout import CONSUMEQUEUE_DIR
 from stratamq.store.mapped_file import MappedFile
 from stratamq.store.mapped_file_queue import MappedFileQueue
+from stratamq.store.service import ServiceThread
 
 __all__ = [
     "CleanupReport",
@@ -167,8 +169,8 @@ class CleanupService:
         self.clock = clock or (lambda: int(time.time() * 1000))
         self.put_check_interval_ms = PUT_CHECK_INTERVAL_MS
         self._pass_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._service = _CleanupThread(self)
+        self._stop = self._service._stop  # a pass in progress stops between two files
         self._hanging: list[MappedFile] = []  # deleted but still mapped by a reader
         self._last_cq_min = -1  # CommitLog min the ConsumeQueues were last cleaned for
         self._disk_full = False
@@ -195,7 +197,7 @@ class CleanupService:
         """The CommitLog's and the ConsumeQueues' directories (RocketMQ checks both; they are
         usually on one file system), falling back to the root while they do not exist."""
         paths = []
-        for p in (self.commitlog_files.directory, self.root / "consumequeue"):
+        for p in (self.commitlog_files.directory, self.root / CONSUMEQUEUE_DIR):
             paths.append(p if p.exists() else self.root)
         return list(dict.fromkeys(paths))
 
@@ -372,25 +374,34 @@ class CleanupService:
 
     def start(self) -> None:
         self.disk_used()
-        self._thread = threading.Thread(target=self._run, name="clean-up", daemon=True)
-        self._thread.start()
+        self._service.start()
 
-    def _run(self) -> None:
-        interval = max(self.config.clean_resource_interval, 1) / 1000
-        while not self._stop.wait(interval):
-            try:
-                self.run_once()
-            except Exception:  # keep cleaning on the next round; a failed pass deletes nothing
-                log.exception("clean-up pass failed")
+    @property
+    def running(self) -> bool:
+        return self._service.alive
 
     def shutdown(self) -> None:
         """Stop the thread (a pass in progress stops between two files)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self._service.shutdown()
         with self._pass_lock:
             # Files still held by readers at shutdown are unmapped when the store closes.
             for mf in self._hanging:
                 with contextlib.suppress(OSError):
                     mf.destroy(0)
             self._hanging = []
+
+
+class _CleanupThread(ServiceThread):
+    """Runs a clean-up pass every ``cleanResourceInterval``."""
+
+    def __init__(self, cleanup: CleanupService) -> None:
+        super().__init__("clean-up")
+        self.cleanup = cleanup
+
+    def run(self) -> None:
+        interval = max(self.cleanup.config.clean_resource_interval, 1) / 1000
+        while not self.wait(interval):
+            try:
+                self.cleanup.run_once()
+            except Exception:  # keep cleaning on the next round; a failed pass deletes nothing
+                log.exception("clean-up pass failed")

@@ -20,12 +20,11 @@ from typing import Protocol, runtime_checkable
 
 from stratamq.fileutil import atomic_write
 from stratamq.message import DispatchInfo
+from stratamq.store.layout import CONSUMEQUEUE_DIR, ROCKSDB_CQ_DIR, STORE_TYPE_FILE
 
 STORE_TYPE_FILES = "default"  # RocketMQ's storeType names
 STORE_TYPE_ROCKSDB = "defaultRocksDB"
 STORE_TYPES = (STORE_TYPE_FILES, STORE_TYPE_ROCKSDB)
-STORE_TYPE_FILE = Path("config") / "storeType"  # relative to the store root
-ROCKSDB_CQ_DIR = Path("rocksdb") / "consumequeue"  # relative to the store root
 
 Unit = tuple[int, int, int]  # (commitlog offset, size, tags code)
 
@@ -160,7 +159,7 @@ class StoreTypeMismatch(ValueError):
 def _store_exists(root: Path, store_type: str) -> bool:
     if store_type == STORE_TYPE_ROCKSDB:
         return (root / ROCKSDB_CQ_DIR / "CURRENT").exists()
-    cq = root / "consumequeue"
+    cq = root / CONSUMEQUEUE_DIR
     return cq.is_dir() and any(cq.iterdir())
 
 

@@ -21,6 +21,7 @@ from stratamq import record as codec
 from stratamq.message import DispatchInfo
 from stratamq.store.deleted_topics import DeletedTopics
 from stratamq.store.mapped_file_queue import MappedFileQueue
+from stratamq.store.service import ServiceThread
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Dispatcher(Protocol):
     def dispatch(self, info: DispatchInfo) -> None: ...
 
 
-class ReputService:
+class ReputService(ServiceThread):
     """RocketMQ's ReputMessageService: turns CommitLog bytes into dispatch calls."""
 
     def __init__(
@@ -64,6 +65,7 @@ class ReputService:
         idle_wait_ms: int = 1,
         recent: deque[DispatchInfo] | None = None,
     ) -> None:
+        super().__init__("reput")
         self.files = files
         self.dispatchers = dispatchers
         self.reput_from = reput_from
@@ -80,11 +82,8 @@ class ReputService:
         # the round is committed, so a woken reader finds what woke it (a batching dispatcher,
         # the RocksDB ConsumeQueue, makes units visible at commit).
         self._to_notify: dict[str, DispatchInfo] = {}
-        self._stop = threading.Event()
-        self._wake = threading.Event()
         self._caught_up = threading.Condition()
         self._idle = False
-        self._thread = threading.Thread(target=self._run, name="reput", daemon=True)
         self.error: BaseException | None = None
         self.skipped = 0  # records no ConsumeQueue could take (RECORD_ERRNOS); logged each
         # (topic bytes, queue id) -> replay floor, only while a skip_covered replay runs.
@@ -155,7 +154,9 @@ class ReputService:
         return count
 
     def _floor_of(self, topic: str, queue_id: int) -> int:
-        return min(d.replay_floor(topic, queue_id) for d in self.dispatchers)  # type: ignore[attr-defined]
+        floors: list[int] = [d.replay_floor(topic, queue_id)  # type: ignore[attr-defined]
+                             for d in self.dispatchers]
+        return min(floors)
 
     def _commit_round(self) -> None:
         """Let batching dispatchers write what this round gave them (group commit)."""
@@ -259,10 +260,7 @@ class ReputService:
             f"cannot dispatch {where}: {exc}. Fix the cause (disk space, permissions, open-file "
             "limit) and open the store again: dispatch resumes at this record") from exc
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
+    def run(self) -> None:
         while not self._stop.is_set():
             try:
                 progressed = self.replay() > 0
@@ -293,7 +291,4 @@ class ReputService:
     def shutdown(self, drain_timeout: float = 10.0) -> None:
         if self._thread.is_alive():
             self.wait_caught_up(drain_timeout)
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        super().shutdown()

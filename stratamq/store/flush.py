@@ -20,40 +20,9 @@ import time
 from collections.abc import Callable
 
 from stratamq.store.mapped_file_queue import MappedFileQueue
+from stratamq.store.service import ServiceThread
 
 log = logging.getLogger(__name__)
-
-
-class _ServiceThread:
-    def __init__(self, name: str) -> None:
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._guarded_run, name=name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def wakeup(self) -> None:
-        self._wake.set()
-
-    def _wait(self, seconds: float) -> None:
-        self._wake.wait(seconds)
-        self._wake.clear()
-
-    def _guarded_run(self) -> None:
-        try:
-            self.run()
-        except Exception:  # a dying service must say so, not vanish
-            log.exception("%s stopped by an error", self._thread.name)
-
-    def run(self) -> None:
-        raise NotImplementedError
-
-    def shutdown(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
 
 
 def _timed_flush(files: MappedFileQueue, least_pages: int,
@@ -69,7 +38,7 @@ def _timed_flush(files: MappedFileQueue, least_pages: int,
         observe(elapsed)
 
 
-class AsyncFlushService(_ServiceThread):
+class AsyncFlushService(ServiceThread):
     def __init__(
         self,
         files: MappedFileQueue,
@@ -90,7 +59,7 @@ class AsyncFlushService(_ServiceThread):
 
     def run(self) -> None:
         while not self._stop.is_set():
-            self._wait(self.interval)
+            self.wait(self.interval)
             least = self.least_pages
             now = time.monotonic()
             if now - self._last_thorough >= self.thorough_interval:
@@ -104,7 +73,7 @@ class AsyncFlushService(_ServiceThread):
             self.on_flushed()
 
 
-class GroupCommitService(_ServiceThread):
+class GroupCommitService(ServiceThread):
     def __init__(self, files: MappedFileQueue, on_flushed: Callable[[], None] | None = None,
                  observers: list[Callable[[float], None]] | None = None):
         super().__init__("flush-group-commit")
@@ -132,7 +101,7 @@ class GroupCommitService(_ServiceThread):
 
     def run(self) -> None:
         while not self._stop.is_set():
-            self._wait(0.01)
+            self.wait(0.01)
             target = self._requested
             # Up to two rounds: a request may end in the segment after the one flushed first.
             for _ in range(2):
@@ -150,7 +119,7 @@ class GroupCommitService(_ServiceThread):
             self.on_flushed()
 
 
-class ConsumeQueueFlushService(_ServiceThread):
+class ConsumeQueueFlushService(ServiceThread):
     """Flushes ConsumeQueues; on thorough rounds also persists the checkpoint."""
 
     def __init__(
@@ -180,7 +149,7 @@ class ConsumeQueueFlushService(_ServiceThread):
 
     def run(self) -> None:
         while not self._stop.is_set():
-            self._wait(self.interval)
+            self.wait(self.interval)
             now = time.monotonic()
             thorough = now - self._last_thorough >= self.thorough_interval
             if thorough:

@@ -23,15 +23,16 @@ import contextlib
 import mmap
 import os
 import struct
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from itertools import accumulate, repeat
-from operator import mul
 from pathlib import Path
 
-from stratamq.config import INT_MAX, OS_PAGE_SIZE
+from stratamq.javahash import POW31 as _POW31
+from stratamq.javahash import hash_u32 as _hash_u32
+from stratamq.javahash import java_string_hash
+from stratamq.javahash import to_signed as _to_signed
+from stratamq.limits import INT_MAX, OS_PAGE_SIZE
 from stratamq.store.mapped_file import RefCountedMap
 
 HEADER = struct.Struct(">qqqqii")
@@ -66,38 +67,7 @@ def file_size(hash_slot_num: int, index_num: int) -> int:
     return HEADER_SIZE + hash_slot_num * SLOT_SIZE + index_num * ENTRY_SIZE
 
 
-# 31**j mod 2**32: Java's hash is sum(unit[i] * 31**(n-1-i)) mod 2**32, so with the units
-# reversed it is a dot product with this table, done in C by ``map``/``sum`` (a Python loop
-# over the units costs ~100 ns a unit; the dispatcher hashes every key of every record).
-# Built by running products (one multiply per entry), not a ``pow`` per entry: every process
-# that imports the store builds it, and 65,536 ``pow`` calls took ~85 ms of each start-up.
-_POW31 = tuple(accumulate(repeat(31, (1 << 16) - 1), lambda p, b: p * b & 0xFFFFFFFF,
-                          initial=1))
-_POW31_NP = None  # the same as a numpy array, built on first batch use
-
-
-def _to_signed(h: int) -> int:
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
-def _hash_u32(text: str) -> tuple[int, int]:
-    """(Java hashCode as unsigned 32 bits, length in UTF-16 code units)."""
-    if text.isascii():
-        units: bytes | memoryview = text.encode("ascii")
-    else:
-        raw = text.encode("utf-16-le" if sys.byteorder == "little" else "utf-16-be")
-        units = memoryview(raw).cast("H")
-    if len(units) <= len(_POW31):
-        return sum(map(mul, reversed(units), _POW31)) & 0xFFFFFFFF, len(units)
-    h = 0
-    for unit in units:
-        h = (31 * h + unit) & 0xFFFFFFFF
-    return h, len(units)
-
-
-def java_string_hash(text: str) -> int:
-    """Java's ``String.hashCode()`` (signed 32 bits, over UTF-16 code units)."""
-    return _to_signed(_hash_u32(text)[0])
+_POW31_NP = None  # javahash.POW31 as a numpy array, built on first batch use
 
 
 def key_hash(key: str) -> int:

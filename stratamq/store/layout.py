@@ -8,6 +8,14 @@ The directory is RocketMQ's, so either system can open the other's store::
     <root>/checkpoint                                 flush timestamps (docs/formats/checkpoint.md)
     <root>/abort                                      present while a store is open: a crash marker
     <root>/lock                                       held with flock by the process that owns it
+    <root>/config/storeType                           which ConsumeQueue store the directory uses
+    <root>/rocksdb/consumequeue/                      RocksDB ConsumeQueues
+    <root>/config/topics.json, subscriptionGroup.json broker topics and groups
+    <root>/config/deletedTopics.json                  where deleted topics' records end
+    <root>/config/popState/                           broker in-flight and progress state
+    <root>/timerdb/  <root>/timercheck                DELAY messages by delivery time
+
+Every path under a store root is named here and nowhere else.
 """
 
 from __future__ import annotations
@@ -16,6 +24,10 @@ import errno
 from pathlib import Path
 
 SEGMENT_NAME_DIGITS = 20
+# Relative to the store root (also how messages name them).
+CONSUMEQUEUE_DIR = Path("consumequeue")
+STORE_TYPE_FILE = Path("config") / "storeType"
+ROCKSDB_CQ_DIR = Path("rocksdb") / "consumequeue"
 
 
 def segment_name(start_offset: int) -> str:
@@ -41,7 +53,7 @@ class StoreLayout:
 
     @property
     def consumequeue_dir(self) -> Path:
-        return self.root / "consumequeue"
+        return self.root / CONSUMEQUEUE_DIR
 
     def consume_queue_dir(self, topic: str, queue_id: int) -> Path:
         # A topic is one directory name: never a path out of consumequeue/ (records written
@@ -68,4 +80,36 @@ class StoreLayout:
 
     @property
     def deleted_topics(self) -> Path:
-        return self.root / "config" / "deletedTopics.json"
+        return self.config_dir / "deletedTopics.json"
+
+    @property
+    def config_dir(self) -> Path:
+        return self.root / "config"
+
+    @property
+    def store_type_file(self) -> Path:
+        return self.root / STORE_TYPE_FILE
+
+    @property
+    def rocksdb_cq_dir(self) -> Path:
+        return self.root / ROCKSDB_CQ_DIR
+
+    @property
+    def topics_file(self) -> Path:
+        return self.config_dir / "topics.json"
+
+    @property
+    def groups_file(self) -> Path:
+        return self.config_dir / "subscriptionGroup.json"
+
+    @property
+    def pop_state_dir(self) -> Path:
+        return self.config_dir / "popState"
+
+    @property
+    def timer_db(self) -> Path:
+        return self.root / "timerdb"
+
+    @property
+    def timer_check(self) -> Path:
+        return self.root / "timercheck"

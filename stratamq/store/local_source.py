@@ -16,7 +16,7 @@ from stratamq.message import Prop, StoredMessage
 from stratamq.record import record_tags
 from stratamq.store.commitlog import CommitLog
 from stratamq.store.consume_queue_format import is_blank_unit
-from stratamq.store.consume_queue_store import ConsumeQueueStore
+from stratamq.store.consume_queue_store import ConsumeQueueHandle, ConsumeQueueStore
 from stratamq.store.deleted_topics import DeletedTopics
 from stratamq.store.index_service import IndexService
 from stratamq.store.read_chain import QueueOffsets, ReadRequest
@@ -53,7 +53,7 @@ class LocalSource:
             return None
         return self._read_units(cq, request, min_offset, max_offset)
 
-    def _read_units(self, cq, request: ReadRequest, min_offset: int,
+    def _read_units(self, cq: ConsumeQueueHandle, request: ReadRequest, min_offset: int,
                     max_offset: int) -> GetMessageResult:
         offset, max_count, max_bytes, filt = (request.offset, request.max_count,
                                               request.max_bytes, request.filter)

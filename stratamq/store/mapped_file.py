@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from stratamq.config import OS_PAGE_SIZE
+from stratamq.limits import OS_PAGE_SIZE
 from stratamq.store.layout import parse_segment_name
 from stratamq.store.map_budget import budget
 

@@ -19,29 +19,26 @@ from pathlib import Path
 
 from stratamq.store.layout import parse_segment_name, segment_name
 from stratamq.store.mapped_file import ALLOCATE_AHEAD, MappedFile, MappedFileError
+from stratamq.store.service import ServiceThread
 
 log = logging.getLogger(__name__)
 
 
-class AllocateMappedFileService:
+class AllocateMappedFileService(ServiceThread):
     """Creates the next segment (and the one after it) in the background.
 
     The appender asks for the file it needs now plus the following one; the second is created
     while the first fills, so a roll-over rarely waits on ``fallocate`` and ``mmap``.
     """
 
+    join_timeout = 10.0
+
     def __init__(self) -> None:
+        super().__init__("allocate-mapped-file")
         self._requests: dict[Path, Future[MappedFile]] = {}
         self._sizes: dict[Path, int] = {}
         self._queue: queue.Queue[Path | None] = queue.Queue()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="allocate-mapped-file", daemon=True)
-        self._started = False
-
-    def start(self) -> None:
-        if not self._started:
-            self._started = True
-            self._thread.start()
 
     def _submit(self, path: Path, size: int) -> Future[MappedFile]:
         with self._lock:
@@ -62,7 +59,7 @@ class AllocateMappedFileService:
             with self._lock:
                 self._requests.pop(path, None)
 
-    def _run(self) -> None:
+    def run(self) -> None:
         while True:
             path = self._queue.get()
             if path is None:
@@ -77,11 +74,12 @@ class AllocateMappedFileService:
             except BaseException as exc:  # reported to whoever waits on the file
                 fut.set_exception(exc)
 
+    def on_shutdown(self) -> None:
+        self._queue.put(None)  # the thread waits on the queue, not on wakeup()
+
     def shutdown(self) -> None:
         """Stop the thread and remove pre-allocated files nobody took (they hold no data)."""
-        if self._started:
-            self._queue.put(None)
-            self._thread.join(timeout=10)
+        super().shutdown()
         with self._lock:
             pending = list(self._requests.values())
             self._requests.clear()

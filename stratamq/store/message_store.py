@@ -19,18 +19,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stratamq.config import FlushDiskType, StoreConfig
-from stratamq.names import invalid_characters, is_valid_name
-from stratamq.record import Message, Prop, StoredMessage, parse_offset_msg_id
+from stratamq.names import MAX_TOPIC_NAME_BYTES, topic_name_problem
+from stratamq.record import DispatchInfo, Message, Prop, StoredMessage, parse_offset_msg_id
 from stratamq.store.checkpoint import StoreCheckpoint
 from stratamq.store.cleanup import CleanupService
 from stratamq.store.commitlog import CommitLog
 from stratamq.store.consume_queue_store import (
-    STORE_TYPE_FILES,
-    STORE_TYPE_ROCKSDB,
     ConsumeQueueStore,
-    open_consume_queue_store,
-    resolve_store_type,
-    write_store_type,
 )
 from stratamq.store.deleted_topics import DeletedTopics
 from stratamq.store.dispatch import Dispatcher, ReputService
@@ -38,9 +33,16 @@ from stratamq.store.filter import TagFilter
 from stratamq.store.flush import AsyncFlushService, ConsumeQueueFlushService, GroupCommitService
 from stratamq.store.index_service import IndexService
 from stratamq.store.layout import StoreLayout
+from stratamq.store.loader import (
+    dispatch_start,
+    open_consume_queue_stores,
+    open_index,
+    reindex,
+)
 from stratamq.store.local_source import LocalSource
 from stratamq.store.log_reader import CommitLogReader
 from stratamq.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
+from stratamq.store.parts import StoreParts
 from stratamq.store.read_chain import ReadChain, ReadRequest, ReadSource
 from stratamq.store.recovery import RecoveryReport, recover_commitlog
 from stratamq.store.results import (
@@ -53,30 +55,6 @@ log = logging.getLogger(__name__)
 
 # A condition a put waits on after its append (see MessageStore.add_put_waiter).
 PutWaiter = Callable[[int], PutMessageStatus | None]
-
-# Characters of a topic name: RocketMQ's TopicValidator rule (its brokers and clients refuse any
-# other), which also keeps a name a single, harmless path component: a topic is the directory
-# name ``consumequeue/<topic>/`` (no "/", ".", "..", blanks).
-# Longest topic the store writes: a directory name is at most NAME_MAX (255) bytes. Topics over
-# 127 bytes are written as RocketMQ's message version 2 (two-byte topic length).
-MAX_TOPIC_NAME_BYTES = 255
-
-
-def topic_name_problem(topic: object, max_bytes: int = MAX_TOPIC_NAME_BYTES) -> str | None:
-    """Why ``topic`` cannot be stored (a sentence naming the rule it breaks), or None."""
-    if not isinstance(topic, str):
-        return f"topic must be a string, not {type(topic).__name__}"
-    if not topic:
-        return "topic is empty"
-    if not is_valid_name(topic):
-        bad = invalid_characters(topic)
-        return (f"topic {topic[:80]!r} contains {bad}: a topic name may only hold letters, "
-                "digits and % | _ - (RocketMQ's topic rule; a topic is also a directory name)")
-    if len(topic) > max_bytes:  # ASCII only by now: characters are bytes
-        return (f"topic {topic[:40]!r}... is {len(topic)} bytes, longer than {max_bytes} bytes "
-                "(a topic is a directory name, consumequeue/<topic>/)")
-    return None
-
 
 class StoreLocked(RuntimeError):
     """Another process has the store open."""
@@ -152,7 +130,10 @@ class MessageStore:
         files = MappedFileQueue(self.layout.commitlog_dir, segment_size,
                                 allocator=self._allocator, read_only=self.read_only)
         files.load()
-        self._open_cq_stores(cfg, has_data=bool(files.files))
+        self.store_type, self.cq_stores = open_consume_queue_stores(
+            cfg, self.layout, has_data=bool(files.files), read_only=self.read_only,
+            force=self.force_store_type)
+        self.consume_queues = self.cq_stores[0]
 
         report = recover_commitlog(files, abnormal, self.checkpoint, cfg.check_crc_on_recover)
         dropped = []
@@ -169,14 +150,17 @@ class MessageStore:
             attach = getattr(plugged, "attach", None)
             if attach is not None:
                 attach(self.log_reader)
-        self.index = self._open_index(cfg, abnormal)
+        self.index = open_index(cfg, self.layout, self.checkpoint, abnormal=abnormal,
+                                read_only=self.read_only)
         # Adding a dispatcher (index, RocksDB ConsumeQueue, compaction, tier) is one line here.
         self._dispatchers: list[Dispatcher] = [*self.cq_stores]  # both with double write
         self._dispatchers.extend(self._plugged)
         if self.index is not None and not self.read_only:
             self._dispatchers.append(self.index)
-        self.reput = ReputService(files, self._dispatchers, self._dispatch_from(report),
-                                  cfg.dispatch_interval, recent=self.commitlog.recent_dispatch)
+        start = dispatch_start(self.cq_stores, self._plugged_progress(),
+                               self.commitlog.min_offset, report)
+        self.reput = ReputService(files, self._dispatchers, start, cfg.dispatch_interval,
+                                  recent=self.commitlog.recent_dispatch)
         self.deleted_topics = DeletedTopics(self.layout.deleted_topics, read_only=self.read_only)
         self.deleted_topics.prune(self.commitlog.min_offset)
         self.reput.deleted = self.deleted_topics
@@ -186,7 +170,7 @@ class MessageStore:
         for source, first in self._plugged_sources:
             self.read_chain.add(source, first=first)
         if not self.read_only:
-            self._reindex()
+            reindex(self.index, files, self.commitlog.min_offset)
             # Skips, undecoded, records every dispatcher has: most of them after a crash.
             replayed = self.reput.replay(skip_covered=True)
             if replayed:
@@ -203,41 +187,6 @@ class MessageStore:
         # so a store that fills its disk can still checkpoint and close cleanly.
         self.checkpoint.write(self.layout.checkpoint)
         self._start_services(cfg, files)
-
-    def _open_index(self, cfg: StoreConfig, abnormal: bool) -> IndexService | None:
-        if not cfg.message_index_enable:
-            return None
-        index = IndexService(self.layout.index_dir, cfg.max_hash_slot_num, cfg.max_index_num,
-                             read_only=self.read_only)
-        index.load(abnormal, self.checkpoint.index_msg_timestamp)
-        return index
-
-    def _reindex(self) -> None:
-        """Re-index, from the CommitLog, what the index files dropped on load held."""
-        index = self.index
-        if index is None or index.replay_from is None:
-            return
-        start = max(index.replay_from, self.commitlog.min_offset)
-        count = ReputService(self.commitlog.files, [index], start).replay()
-        log.info("re-indexed %d records from offset %d", count, start)
-
-    def _open_cq_stores(self, cfg: StoreConfig, *, has_data: bool) -> None:
-        """Build and load the ConsumeQueue store(s) by ``storeType`` (and record the type)."""
-        self.store_type = resolve_store_type(self.layout.root, cfg.store_type,
-                                             has_data=has_data, force=self.force_store_type)
-        types = [self.store_type]
-        if cfg.rocksdb_cq_double_write_enable:
-            types.append(STORE_TYPE_ROCKSDB if self.store_type == STORE_TYPE_FILES
-                         else STORE_TYPE_FILES)
-        self.cq_stores = []
-        for store_type in types:
-            cq_store = open_consume_queue_store(store_type, self.layout, cfg.cq_file_size,
-                                                read_only=self.read_only)
-            self.cq_stores.append(cq_store)
-            cq_store.load()
-        self.consume_queues = self.cq_stores[0]
-        if not self.read_only:
-            write_store_type(self.layout.root, self.store_type)
 
     def _close_cq_stores(self) -> None:
         for cq_store in self.cq_stores:
@@ -256,27 +205,23 @@ class MessageStore:
             raise RuntimeError("add dispatchers before the store is opened")
         self._plugged.append(dispatcher)
 
+    def parts(self) -> StoreParts:
+        """The open store's parts, for tools that work on them (verify, inspections)."""
+        return StoreParts(self.config, self.layout, self.read_only, self.commitlog,
+                          list(self.cq_stores), self.index, self.recovery, self._quiesce)
+
+    def _quiesce(self) -> None:
+        if self.read_only:
+            return
+        self.reput.shutdown()
+        if self.cleanup is not None:
+            self.cleanup.shutdown()
+
     def _plugged_progress(self) -> int | None:
         """The lowest ``durable_offset()`` of the plugged-in dispatchers (None: none says)."""
         offsets = [f() for d in self._plugged
                    if (f := getattr(d, "durable_offset", None)) is not None]
         return min(offsets) if offsets else None
-
-    def _dispatch_from(self, report: RecoveryReport) -> int:
-        """Where the ConsumeQueues stop being known-complete: the least any store covers, and
-        no later than where a plugged-in dispatcher's durable progress ends.
-
-        A RocksDB store without WAL may have lost its newest batches in a crash; its checkpoint
-        row says how far it got, which can be before the checkpoint's safe offset."""
-        known = min(max(s.max_physic_offset(), self.commitlog.min_offset)
-                    for s in self.cq_stores)
-        plugged = self._plugged_progress()
-        if plugged is not None:
-            known = min(known, max(plugged, self.commitlog.min_offset))
-        if report.abnormal:
-            # Replay is idempotent: units already present are kept.
-            return min(report.start_offset, known)
-        return min(known, report.end_offset)
 
     def _start_services(self, cfg: StoreConfig, files: MappedFileQueue) -> None:
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
@@ -397,8 +342,12 @@ class MessageStore:
     def put_message(self, msg: Message) -> PutMessageResult:
         return self.put_messages([msg])
 
-    def put_messages(self, messages: Sequence[Message]) -> PutMessageResult:
-        """Append messages in order; under SYNC_FLUSH return once they are on disk."""
+    def put_messages(self, messages: Sequence[Message], *, wait: bool = True
+                     ) -> PutMessageResult:
+        """Append messages in order; under SYNC_FLUSH return once they are on disk.
+
+        ``wait=False``: return once they are appended; the caller then calls ``wait_put``
+        (from a thread that may block) before it acknowledges them."""
         if not self._opened or self.read_only:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     error="store is not open for writing")
@@ -421,6 +370,18 @@ class MessageStore:
             if not m.born_timestamp:  # none given: "now", not 1970 (RocketMQ's producer sets it)
                 m.born_timestamp = now or (now := int(time.time() * 1000))
         result = self.commitlog.append(messages)
+        return self.wait_put(result, messages) if wait else result
+
+    @property
+    def waits_on_put(self) -> bool:
+        """Whether a put may have to wait after its append (SYNC_FLUSH, put waiters)."""
+        return bool(self.put_waiters)
+
+    def wait_put(self, result: PutMessageResult, messages: Sequence[Message]
+                 ) -> PutMessageResult:
+        """What ``put_messages`` waits for after its append: each put waiter in turn (group
+        commit first under SYNC_FLUSH), unless every message said ``WAIT=false``; the first
+        refusal becomes ``result.status``. Returns ``result``."""
         if result.messages and self.put_waiters and any(
                 m.properties.get(Prop.WAIT_STORE_MSG_OK, "true") != "false" for m in messages):
             last = result.messages[-1]
@@ -590,6 +551,24 @@ class MessageStore:
     @property
     def is_open(self) -> bool:
         return self._opened
+
+    @property
+    def flushed_offset(self) -> int:
+        """CommitLog bytes below this offset are on disk."""
+        return self.commitlog.files.flushed_where
+
+    def add_dispatch_listener(self, listener: Callable[[DispatchInfo], None]) -> None:
+        """Call ``listener(info)`` on the dispatcher thread with the newest record of each topic
+        a dispatch round made readable (long-poll wake-ups). Open store only; keep it quick."""
+        if not self._opened:
+            raise RuntimeError("add dispatch listeners once the store is open")
+        self.reput.listeners.append(listener)
+
+    def remove_dispatch_listener(self, listener: Callable[[DispatchInfo], None]) -> None:
+        """Stop calling ``listener``; a listener never added (or a closed store) is fine."""
+        listeners = self.reput.listeners if self._opened else []
+        if listener in listeners:
+            listeners.remove(listener)
 
     def oldest_store_timestamp(self) -> int:
         """Store time of the oldest record still in the CommitLog (0 if none)."""

@@ -1,16 +1,9 @@
 """ConsumeQueues in one RocksDB (``storeType=defaultRocksDB``), on stock RocksDB via rocksdict.
 
-Spec: ``docs/formats/rocksdb-consumequeue.md`` (seed 003; RocketMQ's RocksDBConsumeQueueTable
-and RocksDBConsumeQueueOffsetTable). Two column families:
-
-* ``default`` (the ConsumeQueue table): key ``topicLen i32 | CTRL_1 | topic | CTRL_1 | queueId
-  i32 | CTRL_1 | queueOffset i64``, value ``phys i64 | size i32 | tagsCode i64 | storeTime i64``
-  (28 bytes). Big-endian numbers sort a queue's units in offset order, contiguously, so a read
-  is one seek plus ``next()`` and a whole queue or topic is one ``delete_range``.
-* ``offset`` (the offset table): key ``topicLen i32 | CTRL_1 | topic | CTRL_1 | "max"|"min" |
-  CTRL_1 | queueId i32``, value ``phys i64 | queueOffset i64`` of the queue's last (max) or first
-  (min) unit, plus one checkpoint row (topic ``CHECKPOINT_TOPIC``, max, queue 0) holding the end
-  of the newest dispatched CommitLog record.
+Spec: ``docs/formats/rocksdb-consumequeue.md`` (seed 003); the row layouts are in
+``rocksdb_cq_format.py``: a ``default`` column family of units (keys sort a queue's units in
+offset order, so a read is one seek plus ``next()``) and an ``offset`` column family of each
+queue's min/max rows plus one checkpoint row.
 
 Durability: writes go in a WriteBatch per dispatch round with the WAL disabled; the CommitLog is
 the log. RocksDB's own flushes (a full memtable) write both column families atomically
@@ -53,18 +46,13 @@ snapshot) cost more than the seek and the ``next()`` calls of a short read.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rocksdict import (
     AccessType,
-    BlockBasedOptions,
-    Cache,
     ColumnFamily,
-    DBCompressionType,
-    Options,
     Rdict,
     RdictIter,
     WriteBatch,
@@ -72,213 +60,40 @@ from rocksdict import (
 )
 
 from stratamq.record import DispatchInfo, SysFlag
-from stratamq.store.consume_queue_store import STORE_TYPE_ROCKSDB, Unit, allocated_bytes
+from stratamq.store.consume_queue_store import STORE_TYPE_ROCKSDB, allocated_bytes
+from stratamq.store.rocksdb_cq_format import (
+    BATCH_MAX,
+    CHECKPOINT_KEY,
+    CQ_VALUE,
+    EXPIRED_BELOW_KEY,
+    I32,
+    I64,
+    MAX_RECORD_SPAN,
+    OFFSET_CF,
+    OFFSET_VALUE,
+    SYSTEM_KEYS,
+    CqRow,
+    cq_key,
+    offset_key,
+    parse_offset_key,
+    queue_prefix,
+    queue_range,
+    rocksdb_options,
+    topic_head,
+    topic_range,
+)
+from stratamq.store.rocksdb_cq_queue import QueueOffsets, RocksDBConsumeQueue
 
 log = logging.getLogger(__name__)
 
-CTRL_0, CTRL_1, CTRL_2 = b"\x00", b"\x01", b"\x02"
-I32 = struct.Struct(">i")
-I64 = struct.Struct(">q")
-CQ_VALUE = struct.Struct(">qiqq")  # phys, size, tags code, store time
-assert CQ_VALUE.size == 28
-OFFSET_VALUE = struct.Struct(">qq")  # phys, queue offset
-assert OFFSET_VALUE.size == 16
-CQ_KEY_TAIL = 1 + I64.size  # CTRL_1 + queue offset, after the queue prefix
-MAX_MARK, MIN_MARK = b"max", b"min"
-OFFSET_CF = "offset"
-CHECKPOINT_TOPIC = "CHECKPOINT_TOPIC"  # RocketMQ's RMQ_SYS_ROCKSDB_OFFSET_TOPIC
-BATCH_MAX = 4096  # units per WriteBatch before it is written even mid-round
-CqRow = tuple[int, int, int, int]  # a decoded value: phys, size, tags code, store time
-MAX_RECORD_SPAN = 1 << 26  # bytes: more than any record (maxMessageSize is 4 MiB + header)
-
-
-# -- keys ---------------------------------------------------------------------------------------
-
-def topic_head(topic_bytes: bytes) -> bytes:
-    """``topicLen | CTRL_1 | topic | CTRL_1``: the start of every key of a topic."""
-    return I32.pack(len(topic_bytes)) + CTRL_1 + topic_bytes + CTRL_1
-
-
-def queue_prefix(topic_bytes: bytes, queue_id: int) -> bytes:
-    return topic_head(topic_bytes) + I32.pack(queue_id)
-
-
-def cq_key(prefix: bytes, queue_offset: int) -> bytes:
-    return prefix + CTRL_1 + I64.pack(queue_offset)
-
-
-def queue_range(prefix: bytes) -> tuple[bytes, bytes]:
-    """[start, end) holding exactly one queue's units (CTRL_0 < CTRL_1 < CTRL_2)."""
-    return prefix + CTRL_0, prefix + CTRL_2
-
-
-def topic_range(topic_bytes: bytes) -> tuple[bytes, bytes]:
-    """[start, end) holding every key of one topic, in either column family."""
-    head = I32.pack(len(topic_bytes)) + CTRL_1 + topic_bytes
-    return head + CTRL_0, head + CTRL_2
-
-
-def offset_key(topic_bytes: bytes, queue_id: int, is_max: bool) -> bytes:
-    return (topic_head(topic_bytes) + (MAX_MARK if is_max else MIN_MARK) + CTRL_1
-            + I32.pack(queue_id))
-
-
-def parse_offset_key(key: bytes) -> tuple[str, bool, int] | None:
-    """(topic, is_max, queue id) of an offset-table key, or None if it is malformed."""
-    if len(key) < 4 + 1 + 1 + 3 + 1 + 4:
-        return None
-    (n,) = I32.unpack_from(key, 0)
-    if n < 0 or len(key) != 4 + 1 + n + 1 + 3 + 1 + 4:
-        return None
-    mark = key[4 + 1 + n + 1: 4 + 1 + n + 4]
-    if mark not in (MAX_MARK, MIN_MARK):
-        return None
-    (queue_id,) = I32.unpack_from(key, len(key) - 4)
-    return key[5:5 + n].decode("utf-8", "replace"), mark == MAX_MARK, queue_id
-
-
-CHECKPOINT_KEY = offset_key(CHECKPOINT_TOPIC.encode(), 0, True)
-# The CommitLog min offset the last full expiry pass ran for (i64); see the module docstring.
-EXPIRED_BELOW_KEY = offset_key(CHECKPOINT_TOPIC.encode(), 0, False)
-SYSTEM_KEYS = (CHECKPOINT_KEY, EXPIRED_BELOW_KEY)
 _UNKNOWN = object()  # a cache miss (None is a cached "no such queue")
 OffsetRow = tuple[int, int]  # queue offset, phys
 
-
-def rocksdb_options() -> Options:
-    """Options for both column families, each chosen for rows of 28 or 16 bytes:
-
-    * no compression: a value is offsets and sizes (little to gain) and reads would pay to
-      decompress every block;
-    * a bloom filter (10 bits per key) so a ``get`` for a row that is not in a file skips it:
-      first use of a queue's offset rows, the binary searches of expiry and truncation, and
-      offset-by-time all ``get`` single keys. No prefix bloom: a prefix extractor needs a fixed
-      prefix length and a queue's prefix varies with its topic's length;
-    * a 64 MiB block cache shared by both column families, index and filter blocks included, so
-      a restart re-reads hot blocks from memory rather than through the page cache's syscalls.
-    """
-    opts = Options(raw_mode=True)
-    opts.set_compression_type(DBCompressionType.none())
-    table = BlockBasedOptions()
-    table.set_bloom_filter(10, False)
-    table.set_block_cache(_BLOCK_CACHE)
-    table.set_cache_index_and_filter_blocks(True)
-    opts.set_block_based_table_factory(table)
-    return opts
-
-
-_BLOCK_CACHE = Cache(64 * 1024 * 1024)
 
 # An offset table of at most this many rows (two per queue) is read whole on the first queue
 # miss instead of row by row: about 2 us a row (0.5 s for 125,000 queues) in one pass, against
 # 10-50 us per queue for point reads; a store with more queues stays lazy.
 FULL_LOAD_MAX_ROWS = 250_000
-
-
-class _QueueOffsets(dict):
-    """The CommitLog's (topic, queue id) -> next queue offset, filled from the offset table the
-    first time a queue is asked for (the CommitLog calls ``get`` under its own lock), so opening
-    a store does not build 100,000 entries. Queues the CommitLog assigns to are then plain dict
-    entries; a queue absent here has no message since the last dispatch, so the offset table's
-    ``max`` is its truth."""
-
-    def __init__(self, store: RocksDBConsumeQueueStore) -> None:
-        super().__init__()
-        self._store = store
-
-    def __missing__(self, key: tuple[str, int]) -> int:
-        row = self._store._max_row(key)
-        if row is None:
-            raise KeyError(key)
-        value = row[0] + 1
-        self[key] = value
-        return value
-
-    def get(self, key: tuple[str, int], default: int | None = None) -> int | None:  # type: ignore[override]
-        try:
-            return self[key]
-        except KeyError:
-            return default
-
-    def __contains__(self, key: object) -> bool:
-        return self.get(key) is not None  # type: ignore[arg-type]
-
-
-class RocksDBConsumeQueue:
-    """A handle on one queue: a name and a key prefix; all state lives in the store."""
-
-    __slots__ = ("store", "topic", "queue_id", "key", "prefix")
-
-    def __init__(self, store: RocksDBConsumeQueueStore, topic: str, queue_id: int) -> None:
-        self.store = store
-        self.topic = topic
-        self.queue_id = queue_id
-        self.key = (topic, queue_id)
-        self.prefix = queue_prefix(topic.encode("utf-8"), queue_id)
-
-    def max_offset(self) -> int:
-        row = self.store._max_row(self.key)
-        return row[0] + 1 if row is not None else 0
-
-    def min_offset(self) -> int:
-        return self.store._min_offset(self.key, self.prefix)
-
-    @property
-    def max_physic_offset(self) -> int:
-        row = self.store._max_row(self.key)
-        return row[1] if row is not None else -1
-
-    def get_units(self, queue_offset: int, max_units: int) -> list[Unit]:
-        """Consecutive units from ``queue_offset``: one seek, then ``next()`` within the queue."""
-        return [(p, s, c) for p, s, c, _ in self.get_units_with_time(queue_offset, max_units)]
-
-    def get_units_with_time(self, queue_offset: int,
-                            max_units: int) -> list[tuple[int, int, int, int]]:
-        out: list[tuple[int, int, int, int]] = []
-        end = self.max_offset()  # before the iterator: see RocksDBConsumeQueueStore._write
-        if max_units <= 0 or queue_offset >= end or queue_offset < 0:
-            return out
-        it = self.store._iterator()
-        if it is None:
-            return out
-        # No upper bound in ReadOptions (setting one per read cost as much as the read): the
-        # count stops at the queue's end, and each key is checked to be this queue's next one.
-        head = self.prefix + CTRL_1
-        stop = queue_offset + min(max_units, end - queue_offset)
-        it.seek(head + I64.pack(queue_offset))
-        expected = queue_offset
-        unpack = CQ_VALUE.unpack
-        while expected < stop and it.valid():
-            key = it.key()
-            if key[:-8] != head or I64.unpack_from(key, len(key) - 8)[0] != expected:
-                break  # a hole (expired below, or a gap) or the next queue: the range ends here
-            out.append(unpack(it.value()))
-            expected += 1
-            it.next()
-        return out
-
-    def store_time_at(self, queue_offset: int) -> int | None:
-        value = self.store._get(cq_key(self.prefix, queue_offset))
-        return CQ_VALUE.unpack(value)[3] if value is not None else None
-
-    def offset_by_time(self, timestamp: int,
-                       store_time_at: Callable[[int], int | None] | None = None) -> int:
-        """First offset stored at or after ``timestamp`` (ms), by binary search over the store
-        time kept in each value: no CommitLog read. The max offset if every unit is older."""
-        low, high = self.min_offset(), self.max_offset()
-        while low < high:
-            mid = (low + high) // 2
-            t = self.store_time_at(mid)
-            if t is None or t >= timestamp:
-                high = mid
-            else:
-                low = mid + 1
-        return low
-
-    def disk_bytes(self) -> int:
-        """Logical bytes of this queue's rows (RocksDB shares its files between queues)."""
-        return (self.max_offset() - self.min_offset()) * (len(self.prefix) + CQ_KEY_TAIL
-                                                          + CQ_VALUE.size)
 
 
 class RocksDBConsumeQueueStore:
@@ -412,7 +227,7 @@ class RocksDBConsumeQueueStore:
 
     # -- the offset table's cache ---------------------------------------------------------------
 
-    def _max_row(self, key: tuple[str, int]) -> OffsetRow | None:
+    def max_row(self, key: tuple[str, int]) -> OffsetRow | None:
         row = self._max.get(key, _UNKNOWN)
         if row is _UNKNOWN:
             return self._fill(key)[0]
@@ -511,7 +326,7 @@ class RocksDBConsumeQueueStore:
         self._generation += 1
         self._iters.clear()  # idle threads' iterators must not pin deleted files
 
-    def _iterator(self) -> RdictIter | None:
+    def reading_iterator(self) -> RdictIter | None:
         """This thread's iterator, made after the newest write."""
         ident = threading.get_ident()
         generation = self._generation
@@ -545,7 +360,7 @@ class RocksDBConsumeQueueStore:
             return
         key = (info.topic, info.queue_id)
         with self._lock:
-            last = self._pending_max.get(key) or self._max_row(key)
+            last = self._pending_max.get(key) or self.max_row(key)
             if last is not None and info.physical_offset <= last[1]:
                 return  # already have it: a replay after recovery
             if last is not None and info.queue_offset != last[0] + 1:
@@ -600,7 +415,7 @@ class RocksDBConsumeQueueStore:
         key = (topic, queue_id)
         handle = self._handles.get(key)
         if handle is None:
-            if self._max_row(key) is None:
+            if self.max_row(key) is None:
                 return None
             handle = self._handles.setdefault(key, RocksDBConsumeQueue(self, topic, queue_id))
         return handle
@@ -625,9 +440,9 @@ class RocksDBConsumeQueueStore:
         queue on first use (``_QueueOffsets``)."""
         if self._complete:
             return {key: row[0] + 1 for key, row in self._max.items() if row is not None}
-        return _QueueOffsets(self)
+        return QueueOffsets(self)
 
-    def _get(self, key: bytes) -> bytes | None:
+    def get_row(self, key: bytes) -> bytes | None:
         db = self._db
         return db.get(key) if db is not None else None
 
@@ -644,7 +459,7 @@ class RocksDBConsumeQueueStore:
         found_phys = -1
         while low < high:
             mid = (low + high) // 2
-            value = self._get(cq_key(prefix, mid))
+            value = self.get_row(cq_key(prefix, mid))
             unit = CQ_VALUE.unpack(value) if value is not None else None
             if unit is not None and predicate(unit):
                 high = mid
@@ -679,7 +494,7 @@ class RocksDBConsumeQueueStore:
                 batch.delete_range(cq_key(prefix, cut), queue_range(prefix)[1])
                 topic_bytes = key[0].encode("utf-8")
                 if cut > low:
-                    prev = CQ_VALUE.unpack(self._get(cq_key(prefix, cut - 1)) or b"")
+                    prev = CQ_VALUE.unpack(self.get_row(cq_key(prefix, cut - 1)) or b"")
                     new_max[key] = (cut - 1, prev[0])
                     batch.put(offset_key(topic_bytes, key[1], True),
                               OFFSET_VALUE.pack(prev[0], cut - 1), self._offset_cfh)
@@ -727,7 +542,7 @@ class RocksDBConsumeQueueStore:
         return removed
 
     def _expire_queue_locked(self, key: tuple[str, int], min_commitlog_offset: int) -> int:
-        min_row, max_row = self._min_row(key), self._max_row(key)
+        min_row, max_row = self._min_row(key), self.max_row(key)
         if min_row is None or max_row is None or min_row[1] >= min_commitlog_offset:
             return 0
         min_q = min_row[0]
@@ -745,7 +560,7 @@ class RocksDBConsumeQueueStore:
         self._min[key] = (new_min, phys)
         return new_min - min_q
 
-    def _min_offset(self, key: tuple[str, int], prefix: bytes) -> int:
+    def queue_min_offset(self, key: tuple[str, int], prefix: bytes) -> int:
         row = self._min_row(key)
         if row is None:
             return 0

@@ -1,0 +1,68 @@
+"""``BrokerEndpoint``: where and how to reach a broker (address, TLS trust, ACL keys), shared by
+every StrataMQ client of it: the admin CLI (``AdminClient``), the console producer/consumer
+(``MessagingClient``) and the Spark source (``spark.broker_io.BrokerConnection``).
+
+It makes channels and signs each call's metadata the way the official RocketMQ clients do
+(``stratamq.signature``), freshly stamped per call (the broker refuses stale stamps). It holds
+only plain values, so it pickles (Spark ships it to executors); the secret key is never in its
+``repr``. Not changed after construction; any thread may use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from stratamq.signature import auth_metadata
+
+__all__ = ["BrokerEndpoint", "check_endpoint"]
+
+
+def check_endpoint(endpoint: str) -> str:
+    """``endpoint`` if it is HOST:PORT with a port 1..65535 (an IPv6 host in brackets).
+
+    Checked here because gRPC takes anything: an empty target prints C-core resolver errors,
+    and a missing or out-of-range port only shows up as "no broker reachable".
+    """
+    host, sep, port = endpoint.rpartition(":")
+    bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
+    if (not sep or host.strip("[]") == "" or bare_ipv6 or not port.isdigit()
+            or not 1 <= int(port) <= 65535):
+        raise ValueError(f"endpoint must be HOST:PORT with a port 1..65535, not {endpoint!r}")
+    return endpoint
+
+
+class BrokerEndpoint:
+    def __init__(self, endpoint: str, *, access_key: str | None = None,
+                 secret_key: str | None = None, tls: bool = False, ca_pem: bytes | None = None,
+                 ca_file: str | None = None,
+                 channel_options: Sequence[tuple[str, int]] = ()) -> None:
+        if bool(access_key) != bool(secret_key):
+            raise ValueError("access key and secret key must be given together")
+        self.endpoint = endpoint
+        self.access_key, self.secret_key = access_key or None, secret_key or None
+        self.tls, self.ca_pem, self.ca_file = tls, ca_pem, ca_file
+        self.channel_options = list(channel_options)
+
+    def __repr__(self) -> str:
+        parts = [f"endpoint={self.endpoint!r}", f"tls={self.tls}"]
+        if self.ca_file:
+            parts.append(f"tlsCaFile={self.ca_file!r}")
+        if self.access_key:
+            parts.append(f"accessKey={self.access_key!r}, secretKey=<hidden>")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    def channel(self) -> grpc.Channel:
+        if not self.tls:
+            return grpc.insecure_channel(self.endpoint, options=self.channel_options)
+        # Without a CA: gRPC's default roots (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, else the bundle
+        # shipped with grpcio).
+        creds = grpc.ssl_channel_credentials(root_certificates=self.ca_pem)
+        return grpc.secure_channel(self.endpoint, creds, options=self.channel_options)
+
+    def metadata(self, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+        """``extra`` plus, with credentials, a signature stamped now (one per call)."""
+        if self.access_key and self.secret_key:
+            return (*extra, *auth_metadata(self.access_key, self.secret_key))
+        return tuple(extra)
