@@ -26,8 +26,8 @@ from stratamq.message import Host
 from stratamq.store.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
 from stratamq.store.index_file import file_size as index_file_size
 
-__all__ = ["BrokerConfig", "FlushDiskType", "InvalidSetting", "StoreConfig", "UnknownSettings",
-           "load_broker_conf", "settings_table"]
+__all__ = ["BrokerConfig", "FlushDiskType", "InvalidSetting", "StoreConfig", "TieredStorageLevel",
+           "UnknownSettings", "load_broker_conf", "settings_table", "tier_provider"]
 
 # The broker sizes gRPC's (int32) message limits at maxMessageSize + 1 MiB of headroom.
 MAX_MESSAGE_SIZE_LIMIT = 1024 * 1024 * 1024
@@ -137,6 +137,75 @@ def _range_text(f: dataclasses.Field) -> str:
         return "true|false"
     return ""
 
+
+
+# -- tiered storage (issue 15) helpers ----------------------------------------------------------
+TIERED_MESSAGE_STORE = "org.apache.rocketmq.tieredstore.TieredMessageStore"
+TIERED_METADATA_STORE = "org.apache.rocketmq.tieredstore.metadata.DefaultMetadataStore"
+# tieredBackendServiceProvider values -> the driver (stratamq/tiered/drivers/).
+TIER_PROVIDERS = {
+    "memory": "memory",
+    "posix": "posix",
+    "s3": "s3",
+    "org.apache.rocketmq.tieredstore.provider.MemoryFileSegment": "memory",
+    "org.apache.rocketmq.tieredstore.provider.PosixFileSegment": "posix",
+}
+
+
+class TieredStorageLevel(StrEnum):
+    """RocketMQ's read policies (``MessageStoreConfig.TieredStorageLevel``), weakest first."""
+
+    DISABLE = "DISABLE"
+    NOT_IN_DISK = "NOT_IN_DISK"
+    NOT_IN_MEM = "NOT_IN_MEM"
+    FORCE = "FORCE"
+
+
+def _tier_provider(value: Any) -> str | None:
+    if value == "" or value in TIER_PROVIDERS:
+        return None
+    return "must be '' (no tier), memory, posix, s3, or RocketMQ's " \
+           "org.apache.rocketmq.tieredstore.provider.MemoryFileSegment / PosixFileSegment"
+
+
+def _rate(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        return "must be a number in (0, 1]"
+    return None
+
+
+def tier_provider(config: StoreConfig) -> str | None:
+    """The tier driver a config asks for (memory / posix / s3), or None when tiering is off.
+
+    ``messageStorePlugIn`` alone turns it on too: the driver then follows
+    ``tieredStoreFilePath`` (a URL: s3; a directory: posix)."""
+    chosen = config.tiered_backend_service_provider
+    if chosen:
+        return TIER_PROVIDERS[chosen]
+    if config.message_store_plug_in != TIERED_MESSAGE_STORE:
+        return None
+    path = config.tiered_store_file_path
+    return "s3" if path.startswith("s3://") else "posix" if path else None
+
+
+def _check_tier(config: StoreConfig) -> None:
+    provider = tier_provider(config)
+    path = config.tiered_store_file_path
+    if config.message_store_plug_in and provider is None:
+        raise InvalidSetting(
+            f"messageStorePlugIn={config.message_store_plug_in} turns tiered storage on, but "
+            "neither tieredBackendServiceProvider nor tieredStoreFilePath says where the tier is "
+            "(RocketMQ would keep it in memory and lose it at exit)")
+    if provider in ("posix", "s3") and not path:
+        raise InvalidSetting(
+            f"tieredBackendServiceProvider={config.tiered_backend_service_provider} needs "
+            "tieredStoreFilePath (a directory or s3://bucket/prefix)")
+    if provider == "posix" and "://" in path:
+        raise InvalidSetting(f"tieredStoreFilePath={path!r} is a URL: the posix tier needs a "
+                             "directory (use tieredBackendServiceProvider=s3 for a URL)")
+    if provider == "s3" and "://" not in path:
+        raise InvalidSetting(f"tieredStoreFilePath={path!r} is not a URL: the s3 tier needs "
+                             "s3://bucket/prefix")
 
 @dataclass
 class StoreConfig:
@@ -292,6 +361,146 @@ class StoreConfig:
     )  # fmt: skip
 
     # -- tiered storage (issue 15; seed 000): tieredBackendServiceProvider, tieredStore* keys ----
+    # RocketMQ's tieredstore MessageStoreConfig keys and defaults (stratamq/tiered/; the store
+    # never reads them: the tier plugs into it from outside). Tiering is on when
+    # tieredBackendServiceProvider is set, or messageStorePlugIn names RocketMQ's
+    # TieredMessageStore.
+    message_store_plug_in: str = _setting(
+        "messageStorePlugIn", "", "class",
+        "RocketMQ's store plug-in chain: org.apache.rocketmq.tieredstore.TieredMessageStore "
+        "turns tiered storage on (the only plug-in StrataMQ has)",
+        check=_one_of("", TIERED_MESSAGE_STORE),
+    )  # fmt: skip
+    tiered_backend_service_provider: str = _setting(
+        "tieredBackendServiceProvider", "", "memory|posix|s3",
+        "where tiered history goes ('' = no tier unless messageStorePlugIn is set): memory (lost "
+        "at exit; tests), posix (a directory), s3 (fsspec/s3fs; other fsspec URLs work too); "
+        "RocketMQ's MemoryFileSegment / PosixFileSegment class names are accepted",
+        check=_tier_provider,
+    )  # fmt: skip
+    tiered_metadata_service_provider: str = _setting(
+        "tieredMetadataServiceProvider", TIERED_METADATA_STORE, "class",
+        "tier metadata store: <storePathRootDir>/config/tieredStoreMetadata.json "
+        "(docs/formats/tier-metadata.md)",
+        check=_one_of(TIERED_METADATA_STORE),
+    )  # fmt: skip
+    tiered_store_file_path: str = _setting(
+        "tieredStoreFilePath", "", "path|url",
+        "tier root: a directory (posix) or a URL such as s3://bucket/prefix (s3)",
+    )  # fmt: skip
+    tiered_store_s3_endpoint: str = _setting(
+        "tieredStoreS3Endpoint", "", "url",
+        "endpoint of an S3-compatible server (http://host:port); '' = AWS. Credentials come "
+        "from the standard AWS environment variables and files",
+    )  # fmt: skip
+    tiered_storage_level: TieredStorageLevel = _setting(
+        "tieredStorageLevel", TieredStorageLevel.NOT_IN_DISK,
+        "DISABLE|NOT_IN_DISK|NOT_IN_MEM|FORCE",
+        "which reads the tier serves: none, offsets the local store no longer has (default), "
+        "also those not in memory (accessMessageInMemoryMaxRatio), or every offset it holds",
+    )  # fmt: skip
+    access_message_in_memory_max_ratio: int = _setting(
+        "accessMessageInMemoryMaxRatio", 40, "%",
+        "NOT_IN_MEM: a record is in memory when it is within this share of physical memory "
+        "from the CommitLog's end",
+        minimum=0, maximum=100,
+    )  # fmt: skip
+    tiered_store_file_reserved_time: int = _setting(
+        "tieredStoreFileReservedTime", 72, "hours",
+        "tier files whose newest message is older than this are deleted (independent of "
+        "fileReservedTime)",
+        minimum=0,
+    )  # fmt: skip
+    tiered_store_delete_file_enable: bool = _setting(
+        "tieredStoreDeleteFileEnable", True, "bool", "delete expired tier files"
+    )
+    tiered_store_delete_file_interval: int = _setting(
+        "tieredStoreDeleteFileInterval", 3_600_000, "ms",
+        "how often expired tier files are looked for",
+        minimum=1,
+    )  # fmt: skip
+    commit_log_rolling_interval: int = _setting(
+        "commitLogRollingInterval", 24, "hours",
+        "a queue's tier CommitLog file older than this rolls to a new file",
+        minimum=0,
+    )  # fmt: skip
+    commit_log_rolling_minimum_size: int = _setting(
+        "commitLogRollingMinimumSize", 16 * 1024 * 1024, "bytes",
+        "...but only once it holds at least this much",
+        minimum=0,
+    )  # fmt: skip
+    tiered_store_commit_log_max_size: int = _setting(
+        "tieredStoreCommitLogMaxSize", 1024 * 1024 * 1024, "bytes",
+        "size at which a queue's tier CommitLog file rolls",
+        minimum=OS_PAGE_SIZE, maximum=2**62,
+    )  # fmt: skip
+    tiered_store_consume_queue_max_size: int = _setting(
+        "tieredStoreConsumeQueueMaxSize", 100 * 1024 * 1024, "bytes",
+        "size at which a queue's tier ConsumeQueue file rolls (whole 20-byte units)",
+        minimum=CQ_UNIT_SIZE, maximum=2**62,
+    )  # fmt: skip
+    tiered_store_group_commit: bool = _setting(
+        "tieredStoreGroupCommit", True, "bool", "batch uploads (false: upload every scan)"
+    )
+    tiered_store_group_commit_timeout: int = _setting(
+        "tieredStoreGroupCommitTimeout", 30_000, "ms",
+        "a queue's batch goes once its oldest waiting message is this old",
+        minimum=0,
+    )  # fmt: skip
+    tiered_store_group_commit_count: int = _setting(
+        "tieredStoreGroupCommitCount", 4096, "messages",
+        "a queue's batch goes once this many messages wait",
+        minimum=1,
+    )  # fmt: skip
+    tiered_store_group_commit_size: int = _setting(
+        "tieredStoreGroupCommitSize", 32 * 1024 * 1024, "bytes",
+        "a queue's batch goes once this many bytes wait (and is at most this large)",
+        minimum=1,
+    )  # fmt: skip
+    tiered_store_max_group_commit_count: int = _setting(
+        "tieredStoreMaxGroupCommitCount", 10_000, "messages",
+        "most messages one tier file buffers before an upload must drain it",
+        minimum=1,
+    )  # fmt: skip
+    tiered_store_max_pending_limit: int = _setting(
+        "tieredStoreMaxPendingLimit", 10_000, "uploads",
+        "most tier uploads queued or running at once (more wait for one to finish)",
+        minimum=1,
+    )  # fmt: skip
+    tiered_store_index_file_max_hash_slot_num: int = _setting(
+        "tieredStoreIndexFileMaxHashSlotNum", 5_000_000, "slots",
+        "hash slots of one tier index file (docs/formats/tier-index.md)",
+        minimum=1, maximum=(INT_MAX - 28) // 8,
+    )  # fmt: skip
+    tiered_store_index_file_max_index_num: int = _setting(
+        "tieredStoreIndexFileMaxIndexNum", 20_000_000, "entries",
+        "entries of one tier index file before it is sealed and a new one started",
+        minimum=2, maximum=(INT_MAX - 28) // 32,
+    )  # fmt: skip
+    read_ahead_cache_enable: bool = _setting(
+        "readAheadCacheEnable", True, "bool",
+        "cache what one ranged tier read brought in, for the reads that follow it"
+    )
+    read_ahead_message_count_threshold: int = _setting(
+        "readAheadMessageCountThreshold", 4096, "messages",
+        "most messages one read-ahead brings in",
+        minimum=1,
+    )  # fmt: skip
+    read_ahead_message_size_threshold: int = _setting(
+        "readAheadMessageSizeThreshold", 16 * 1024 * 1024, "bytes",
+        "most bytes one read-ahead brings in",
+        minimum=1,
+    )  # fmt: skip
+    read_ahead_cache_expire_duration: int = _setting(
+        "readAheadCacheExpireDuration", 15_000, "ms",
+        "a read-ahead entry not read or written for this long is dropped",
+        minimum=1,
+    )  # fmt: skip
+    read_ahead_cache_size_threshold_rate: float = _setting(
+        "readAheadCacheSizeThresholdRate", 0.3, "ratio",
+        "read-ahead cache size as a share of the memory the process may use (0..1]",
+        check=_rate,
+    )  # fmt: skip
 
     # -- ConsumeQueue store (issue 4; seed 003) ---------------------------------------------------
     store_type: str = _setting(
@@ -308,6 +517,7 @@ class StoreConfig:
 
     def __post_init__(self) -> None:
         _validate(self)
+        _check_tier(self)
         # The index layout lives in index_file.py alone. An index file must fit one int-sized
         # map like every RocketMQ file.
         index_bytes = index_file_size(self.max_hash_slot_num, self.max_index_num)
@@ -349,6 +559,11 @@ def _convert(f: dataclasses.Field, raw: str) -> Any:
             return int(raw)
         except ValueError:
             raise ValueError(f"{f.metadata['key']} must be an integer, not {raw!r}") from None
+    if isinstance(default, float):
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"{f.metadata['key']} must be a number, not {raw!r}") from None
     if isinstance(default, Enum):
         try:
             return type(default)(raw)
@@ -413,8 +628,9 @@ class BrokerConfig:
         minimum=1, maximum=1024,
     )  # fmt: skip
     grpc_thread_pool_nums: int = _setting(
-        "grpcThreadPoolNums", 128, "threads",
-        "gRPC worker threads; each long poll and each client's telemetry stream holds one",
+        "grpcThreadPoolNums", 16, "threads",
+        "threads running the broker's blocking store calls (reads, pop-state writes); gRPC "
+        "itself is event-driven, so open streams and long polls hold none",
         minimum=1,
     )  # fmt: skip
     default_invisible_time_mills: int = _setting(
@@ -433,6 +649,23 @@ class BrokerConfig:
     max_long_polling_time_mills: int = _setting(
         "grpcClientConsumerMaxLongPollingTimeoutMillis", 20_000, "ms",
         "longest a receive or pull waits for messages",
+        minimum=0,
+    )  # fmt: skip
+    max_pop_polling_size: int = _setting(
+        "maxPopPollingSize", 100_000, "calls",
+        "receives and pulls waiting for messages at once; past it TOO_MANY_REQUESTS "
+        "(polling full)",
+        minimum=0,
+    )  # fmt: skip
+    pop_polling_size: int = _setting(
+        "popPollingSize", 1024, "calls",
+        "receives of one consumer group and topic waiting at once; past it TOO_MANY_REQUESTS",
+        minimum=0,
+    )  # fmt: skip
+    pop_polling_size_per_client: int = _setting(
+        "popPollingSizePerClient", 1024, "calls",
+        "receives and pulls of one client (x-mq-client-id) waiting at once (StrataMQ's own "
+        "key); past it TOO_MANY_REQUESTS",
         minimum=0,
     )  # fmt: skip
     default_retry_max_times: int = _setting(

@@ -18,6 +18,7 @@ from stratamq.cli import (  # noqa: F401
     store,
     store_clean,  # store clean
     store_lookup,  # store query, store offset-by-time
+    tier,  # tier status, tier flush
 )
 from stratamq.cli.app import main
 
