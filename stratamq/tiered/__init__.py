@@ -148,6 +148,7 @@ class TieredStore:
         open) and save the metadata. Call after the store's close."""
         if self.uploader is not None:
             self.uploader.close()
+        self.fetcher.close()
         if self.index is not None:
             self.index.close()
         self.files.close()

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from stratamq import record as codec
@@ -35,7 +37,7 @@ from stratamq.store.results import GetMessageResult, GetMessageStatus, SelectedR
 from stratamq.tiered.flat_message_file import FlatFileStore, FlatMessageFile
 from stratamq.tiered.index_service import IndexStoreService
 from stratamq.tiered.metadata import MetadataStore
-from stratamq.tiered.read_ahead import CachedMessage, ReadAheadCache, memory_limit
+from stratamq.tiered.read_ahead import Chunk, ReadAheadCache, memory_limit
 
 __all__ = ["LocalView", "TierFetcher"]
 
@@ -70,9 +72,17 @@ class TierFetcher:
         self.cache = ReadAheadCache(
             int(memory_limit() * config.read_ahead_cache_size_threshold_rate),
             config.read_ahead_cache_expire_duration)
-        self.tier_reads = 0  # ranged reads of tier CommitLog spans
+        self.tier_reads = 0  # read-aheads (each: a ranged read of units, one of records)
+        self._flight_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="tier-read-ahead")
+        self._closed = False
         self.served = 0  # messages handed to readers
         self._phys_ranges: dict[tuple[str, int], tuple[int, int, int, int]] = {}
+
+    def close(self) -> None:
+        with self._flight_lock:
+            self._closed = True
+        self._pool.shutdown(wait=True)
 
     @property
     def first(self) -> bool:
@@ -133,16 +143,69 @@ class TierFetcher:
             low, high = min(low, held[0]), max(high, held[1])
         return GetMessageResult(status, next_offset, low, high)
 
-    def _fetch(self, flat: FlatMessageFile, offset: int, count: int, max_bytes: int,
-               *, cache: bool) -> int:
-        """Read ahead from the tier into the cache; returns how many messages came."""
-        records = flat.records(offset, count, max_bytes)
+    def _load(self, flat: FlatMessageFile, offset: int, count: int) -> Chunk:
+        """One read-ahead from the tier (two ranged reads: units, then their records)."""
+        records = flat.records(offset, count, self.config.read_ahead_message_size_threshold)
         self.tier_reads += 1
-        if cache:
-            for r in records:
-                self.cache.put((flat.topic, flat.queue_id, r.queue_offset),
-                               CachedMessage(r.data, r.tags_code))
-        return len(records)
+        chunk = Chunk(offset, [r.data for r in records], [r.tags_code for r in records],
+                      sum(len(r.data) for r in records))
+        self.cache.put(flat.topic, flat.queue_id, chunk)
+        return chunk
+
+    def _chunk_at(self, flat: FlatMessageFile, offset: int, count: int) -> Chunk | None:
+        """The cached chunk holding ``offset``, read (or waited for, when a read-ahead of it
+        is in flight) on a miss."""
+        found = self.cache.find(flat.topic, flat.queue_id, offset)
+        if found is not None:
+            return found
+        key = (flat.topic, flat.queue_id, offset)
+        with self._flight_lock:
+            future = self.cache.in_flight.get(key)
+            owner = future is None
+            if owner:
+                future = self.cache.in_flight[key] = Future()
+        assert future is not None
+        if not owner:
+            chunk = future.result(timeout=120)
+            if chunk is None:  # that read-ahead failed: read it here
+                chunk = self._load(flat, offset, count)
+        else:
+            try:
+                chunk = self._load(flat, offset, count)
+                future.set_result(chunk)
+            except BaseException as exc:
+                future.set_exception(exc)
+                raise
+            finally:
+                with self._flight_lock:
+                    self.cache.in_flight.pop(key, None)
+        return chunk if offset < chunk.end else None
+
+    def _prefetch(self, flat: FlatMessageFile, chunk: Chunk, position: int) -> None:
+        """Past the middle of a chunk: read the next one in the background."""
+        nxt = chunk.end
+        if position - chunk.start < len(chunk.messages) // 2 or \
+                nxt >= flat.consume_queue.segment_end_queue_offset(chunk.start):
+            return
+        key = (flat.topic, flat.queue_id, nxt)
+        with self._flight_lock:
+            if key in self.cache.in_flight or self._closed:
+                return
+            future: Future = Future()
+            self.cache.in_flight[key] = future
+        count = self.config.read_ahead_message_count_threshold
+
+        def run() -> None:
+            try:
+                future.set_result(self._load(flat, nxt, count))
+            except BaseException as exc:  # the reader that needs it reads it again
+                future.set_result(None)
+                log.debug("tier read-ahead of %s at %d failed: %s", flat.file_path, nxt, exc)
+            finally:
+                with self._flight_lock:
+                    self.cache.in_flight.pop(key, None)
+
+        self._pool.submit(run)
 
     def _read_records(self, flat: FlatMessageFile, request: ReadRequest, low: int,
                       high: int) -> GetMessageResult:
@@ -150,48 +213,52 @@ class TierFetcher:
         topic, queue_id = flat.topic, flat.queue_id
         filt = request.filter
         use_cache = cfg.read_ahead_cache_enable and not self.cache.busy()
-        direct: dict[int, CachedMessage] = {}
-        if use_cache:
-            if self.cache.get((topic, queue_id, request.offset)) is None:
-                # Pop consumers read one message at a time, at random: read less ahead.
-                count = 32 if request.max_count == 1 else cfg.read_ahead_message_count_threshold
-                self._fetch(flat, request.offset, count, cfg.read_ahead_message_size_threshold,
-                            cache=True)
-        else:
-            for r in flat.records(request.offset, max(request.max_count, 1), request.max_bytes):
-                direct[r.queue_offset] = CachedMessage(r.data, r.tags_code)
-            self.tier_reads += 1
+        # Pop consumers read one message at a time, at random: read less ahead for them.
+        count = 32 if request.max_count == 1 else cfg.read_ahead_message_count_threshold
         end = flat.consume_queue.segment_end_queue_offset(request.offset)
         result = self._result(GetMessageStatus.NO_MATCHED_MESSAGE, request.offset, low, high,
                               topic, queue_id)
         total = 0
         offset = request.offset
         scan = request.max_count if filt.accepts_all else max(request.max_count, 800)
-        while offset < end and offset - request.offset < scan:
+        chunk: Chunk | None = None
+        done = False
+        while not done and offset < end and offset - request.offset < scan:
             if use_cache:
-                msg = self.cache.get((topic, queue_id, offset))
-                if msg is None:
-                    if not self._fetch(flat, offset, cfg.read_ahead_message_count_threshold,
-                                       cfg.read_ahead_message_size_threshold, cache=True):
-                        break
-                    msg = self.cache.get((topic, queue_id, offset))
-                    if msg is None:
-                        break
+                chunk = self._chunk_at(flat, offset, count)
             else:
-                msg = direct.get(offset)
-                if msg is None:
-                    break
-            if len(result.records) >= request.max_count or (
-                    result.records and total + len(msg.data) > request.max_bytes):
+                records = flat.records(offset, max(request.max_count, 1), request.max_bytes)
+                self.tier_reads += 1
+                chunk = Chunk(offset, [r.data for r in records],
+                              [r.tags_code for r in records], 0)
+            if chunk is None or not chunk.messages:
                 break
-            offset += 1
-            if not filt.matches_code(msg.tags_code):
-                continue
-            if filt.tags is not None and not filt.matches_tags(codec.record_tags(msg.data, 0)):
-                continue
-            phys = _PHYS.unpack_from(msg.data, codec.PHYSICAL_OFFSET_POS)[0]
-            result.records.append(SelectedRecord(memoryview(msg.data), phys, offset - 1))
-            total += len(msg.data)
+            served = 0
+            out, max_count, max_bytes = result.records, request.max_count, request.max_bytes
+            last = request.offset + scan
+            unpack, phys_pos, everything = _PHYS.unpack_from, codec.PHYSICAL_OFFSET_POS, \
+                filt.accepts_all
+            at = offset - chunk.start
+            for data, code in zip(chunk.views[at:], chunk.codes[at:], strict=True):
+                if offset >= last or len(out) >= max_count or (
+                        out and total + len(data) > max_bytes):
+                    done = True
+                    break
+                offset += 1
+                served += 1
+                if not everything and (not filt.matches_code(code) or (
+                        filt.tags is not None and
+                        not filt.matches_tags(codec.record_tags(data, 0)))):
+                    continue
+                # A view of its own: a result's release() must not release the cache's.
+                out.append(SelectedRecord(data[:], unpack(data, phys_pos)[0], offset - 1))
+                total += len(data)
+            if use_cache and served > 1:
+                self.cache.count_hits(served - 1)
+            if not use_cache:
+                break
+        if use_cache and chunk is not None and chunk.messages:
+            self._prefetch(flat, chunk, offset)
         result.next_begin_offset = offset
         if result.records:
             result.status = GetMessageStatus.FOUND

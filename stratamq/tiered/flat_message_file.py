@@ -64,7 +64,7 @@ class TierRecord(NamedTuple):
     queue_offset: int
     flat_offset: int  # in the queue's tier CommitLog
     tags_code: int
-    data: bytes  # the whole record, as stored locally
+    data: memoryview  # the whole record, as stored locally (a view of one ranged read)
 
 
 class FlatMessageFile:
@@ -89,7 +89,11 @@ class FlatMessageFile:
         self.file_lock = threading.RLock()
         self.recovered = False
         self.closed = False
-        self._first_queue_offset: tuple[int, int] | None = None  # (CL min offset, its queue off)
+        # (CL min offset, queue offset of its first record), read once per CommitLog head;
+        # seeded from the metadata (its minOffset was computed for the head it recorded).
+        self._first_queue_offset: tuple[int, int] | None = None
+        if queue_meta is not None and queue_meta.minOffset >= 0 and self.commit_log.segments:
+            self._first_queue_offset = (self.commit_log.min_offset, queue_meta.minOffset)
 
     @property
     def topic_id(self) -> int:
@@ -208,7 +212,9 @@ class FlatMessageFile:
                 units.append((at, len(record), code))
                 offsets.append(at)
                 at += len(record)
-            times = [ts for *_rest, ts in part]
+            # Store times grow along the log: a part's first and last bound it (the uploader
+            # fills in only the batch's ends; zeros elsewhere are not times).
+            times = [ts for *_rest, ts in part if ts] or [batch[0][3] or batch[-1][3]]
             low, high = min(times), max(times)
             if cl.segments[-1].append(b"".join(r for _q, r, _c, _t in part), low, high) \
                     is not AppendResult.SUCCESS or cq.segments[-1].append(
@@ -318,7 +324,7 @@ class FlatMessageFile:
             keep += 1
         units = units[:keep]
         span_end = units[-1][0] + units[-1][1]
-        data = self.commit_log.read(first, span_end - first)
+        data = memoryview(self.commit_log.read(first, span_end - first))  # views, no copies
         out = []
         for i, (flat, size, code) in enumerate(units):
             at = flat - first

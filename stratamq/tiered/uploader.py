@@ -359,12 +359,16 @@ class TierUploader:
                 self._skipped(flat, missing_from, offset, "their records left the local "
                               "CommitLog before upload")
                 missing_from = None
-            pending.append((offset, data, code, codec.record_store_timestamp(data, 0)))
+            pending.append((offset, data, code, 0))
             total += size
             offset += 1
         if missing_from is not None:
             self._skipped(flat, missing_from, offset, "their records left the local CommitLog "
                           "before upload")
+        if pending:  # store times only where a file's time range needs them: its ends
+            for i in (0, len(pending) - 1):
+                q, data, code, _ts = pending[i]
+                pending[i] = (q, data, code, codec.record_store_timestamp(data, 0))
         flat_offsets = flat.append_batch(pending)
         if len(flat_offsets) < len(pending):
             offset = pending[len(flat_offsets)][0]
@@ -420,13 +424,13 @@ class TierUploader:
         if self.index is None or not self.config.message_index_enable:
             return
         entries = []
-        for _queue_offset, flat_offset, data, ts in batch:
-            props = codec.decode_dispatch_info(data, 0).properties
-            keys = set(props.get(Prop.KEYS, "").split())
-            uniq = props.get(Prop.UNIQ_KEY)
+        prop, store_time = codec.record_property, codec.record_store_timestamp
+        for _queue_offset, flat_offset, data, _ts in batch:
+            keys = set((prop(data, Prop.KEYS) or "").split())
+            uniq = prop(data, Prop.UNIQ_KEY)
             if uniq:
                 keys.add(uniq)
-            entries.append((keys, flat_offset, len(data), ts))
+            entries.append((keys, flat_offset, len(data), store_time(data, 0)))
         self.index.put_batch(flat.topic, flat.topic_id, flat.queue_id, entries)
         meta = flat.queue_meta
         if meta is not None:
@@ -445,8 +449,8 @@ class TierUploader:
             records = flat.records(start, min(end - start, 1024), 16 * 1024 * 1024)
             if not records:
                 break
-            self._index(flat, [(r.queue_offset, r.flat_offset, r.data,
-                                codec.record_store_timestamp(r.data, 0)) for r in records])
+            self._index(flat, [(r.queue_offset, r.flat_offset, bytes(r.data), 0)
+                               for r in records])
             start = records[-1].queue_offset + 1
         if meta.indexedOffset < end:
             meta.indexedOffset = end
