@@ -13,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,spark]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,spark,s3]'
 	touch $(STAMP)
 
 run: setup

@@ -1,119 +1,250 @@
-"""Broker benchmark: the official Python client against the real broker and against a
-do-nothing gRPC server, in the same run, so the ratio is the broker's own cost.
+"""Broker benchmark: a raw asynchronous gRPC load generator against the broker and against a
+do-nothing gRPC server in the same run, so the ratio is the broker's own cost; then the
+connections a broker holds while it keeps serving; then the official Python client's figures.
 
-    python bench/broker.py [--quick] [--producers N] [--messages M] [--body-size B]
+    python bench/broker.py [--quick] [--seconds S] [--rounds R] [--inflight N]
+                           [--idle-clients C] [--idle-channels K] [--pending-polls P]
+                           [--skip-official]
 
 Prints one JSON object per line:
 
-* ``env``: interpreter, counts;
-* ``send`` per target (``broker``, ``baseline``): messages/s over all producer processes, p50
-  and p99 send latency (ms) of the client's synchronous ``Producer.send``;
-* ``receive_ack`` per target: messages/s for one SimpleConsumer receiving (batch 32) and
-  acking each message;
-* ``ratio``: broker over baseline (throughput: < 1 means slower; latency: > 1 means slower).
+* ``env``: interpreter, CPUs, the settings of the run.
+* ``load`` per target and workload: ``target`` is ``broker`` (ASYNC_FLUSH), ``broker_sync``
+  (SYNC_FLUSH), ``null`` (a do-nothing ``grpc.aio`` server that parses the same requests and
+  answers OK, a ready batch of 32, or OK per ack entry) or ``null_threads`` (the same on a
+  thread-pool server); ``workload`` is ``send1`` / ``send16`` (SendMessage with 1 or 16
+  messages of ``--body-size`` bytes, ``--inflight`` RPCs in flight) or ``receive_ack``
+  (ReceiveMessage batch 32, then one AckMessage for what came). msgs/s and p50/p99 latency
+  (ms) of the RPC (receive + ack together for receive_ack), medians over ``--rounds``.
+* ``ratio``: broker over null per workload (throughput: < 1 is slower), each the median of
+  the per-round ratios (rounds alternate the targets, so a noisy neighbour hits both), with
+  the issue's target; and SYNC_FLUSH over ASYNC_FLUSH for send16.
+* ``connections``: ``--idle-clients`` clients each holding an open Telemetry stream (over
+  ``--idle-channels`` TCP connections) and ``--pending-polls`` 20-second long polls on an
+  empty topic, while one producer sends 1 message per RPC, one at a time: its p50/p99 with
+  and without the idle load, the broker's resident memory before and after, and per idle
+  client, and how many polls came back early (should be 0).
+* ``official``: the official client (``rocketmq-python-client``): producer processes sending
+  synchronously and one SimpleConsumer receiving (32) and acking, against the broker and the
+  null server (the client is the bottleneck; kept for comparison).
 
-The baseline server (``--null-server PORT``, run as its own process like the broker) answers
-QueryRoute with one queue, Heartbeat/Telemetry/NotifyClientTermination with OK, SendMessage
-with OK without storing anything, ReceiveMessage with a ready batch of 32 messages and
-AckMessage with OK. Both servers run on this machine with the clients, so they share the
-CPUs (2 here): treat figures as relative.
+Everything runs on this machine (the load generator included), so figures are relative.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing as mp
 import os
 import platform
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from concurrent import futures
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from stratamq.benchmarks.grpc_load import (  # noqa: E402
+    idle_clients,
+    percentile,
+    receive_ack_load,
+    send_load,
+)
 
 TOPIC = "BenchTopic"
 GROUP = "BenchGroup"
+TARGETS = {"send1": 0.7, "send16": 0.5, "receive_ack": 0.5}  # broker/null, from the issue
+SYNC_TARGET = 0.7  # SYNC_FLUSH over ASYNC_FLUSH, send16
 
 
-# -- the do-nothing server ---------------------------------------------------------------------
+def emit(obj: dict) -> None:
+    print(json.dumps(obj), flush=True)
 
 
-def serve_null(port: int) -> None:
-    import grpc
-    from rocketmq.grpc_protocol import definition_pb2 as pb
-    from rocketmq.grpc_protocol import service_pb2 as svc
-    from rocketmq.grpc_protocol import service_pb2_grpc
-
-    ok = pb.Status(code=pb.Code.OK, message="OK")
-    endpoints = pb.Endpoints(scheme=pb.IPv4, addresses=[pb.Address(host="127.0.0.1",
-                                                                   port=port)])
-    broker = pb.Broker(name="null", id=0, endpoints=endpoints)
-    body = b"x" * 1024
-
-    class Null(service_pb2_grpc.MessagingServiceServicer):
-        def QueryRoute(self, request, context):
-            queue = pb.MessageQueue(topic=request.topic, id=0, permission=pb.READ_WRITE,
-                                    broker=broker, accept_message_types=[pb.NORMAL])
-            return svc.QueryRouteResponse(status=ok, message_queues=[queue])
-
-        def QueryAssignment(self, request, context):
-            queue = pb.MessageQueue(topic=request.topic, id=-1, permission=pb.READ_WRITE,
-                                    broker=broker, accept_message_types=[pb.NORMAL])
-            return svc.QueryAssignmentResponse(status=ok, assignments=[
-                pb.Assignment(message_queue=queue)])
-
-        def Heartbeat(self, request, context):
-            return svc.HeartbeatResponse(status=ok)
-
-        def NotifyClientTermination(self, request, context):
-            return svc.NotifyClientTerminationResponse(status=ok)
-
-        def Telemetry(self, request_iterator, context):
-            for command in request_iterator:
-                if command.HasField("settings"):
-                    yield svc.TelemetryCommand(status=ok, settings=command.settings)
-
-        def SendMessage(self, request, context):
-            entries = [svc.SendResultEntry(status=ok, message_id=m.system_properties.message_id,
-                                           offset=0) for m in request.messages]
-            return svc.SendMessageResponse(status=ok, entries=entries)
-
-        def ReceiveMessage(self, request, context):
-            yield svc.ReceiveMessageResponse(status=ok)
-            for i in range(request.batch_size):
-                sp = pb.SystemProperties(message_id=f"null-{time.time_ns()}-{i}",
-                                         body_encoding=pb.IDENTITY, message_type=pb.NORMAL,
-                                         receipt_handle=f"h{i}", queue_id=0, delivery_attempt=1,
-                                         born_host="127.0.0.1")
-                sp.born_timestamp.GetCurrentTime()
-                sp.store_timestamp.GetCurrentTime()
-                yield svc.ReceiveMessageResponse(message=pb.Message(
-                    topic=request.message_queue.topic, body=body, system_properties=sp))
-            ts = svc.ReceiveMessageResponse()
-            ts.delivery_timestamp.GetCurrentTime()
-            yield ts
-
-        def AckMessage(self, request, context):
-            return svc.AckMessageResponse(status=ok, entries=[
-                svc.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle,
-                                          status=ok) for e in request.entries])
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
-    service_pb2_grpc.add_MessagingServiceServicer_to_server(Null(), server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    print(f"null server listening on 127.0.0.1:{port}", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: server.stop(0))
-    server.wait_for_termination()
+# -- processes -----------------------------------------------------------------------------------
 
 
-# -- client workloads (each in its own process) ------------------------------------------------
+class Server:
+    """A server subprocess that prints ``listening on HOST:PORT`` once serving."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env)
+        assert self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{cmd} exited before serving")
+            if "listening on" in line:
+                self.endpoint = line.split("listening on", 1)[1].split()[0]
+                break
+        # Drain the rest: a full pipe would stall the server on a log line mid-run.
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the server process used so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def start_broker(workdir: Path, name: str, settings: str = "") -> Server:
+    from stratamq.broker.metadata import MetadataStore
+
+    store = workdir / name
+    meta = MetadataStore(store)
+    for topic in (TOPIC, f"{TOPIC}16", "IdleTopic"):
+        meta.create_topic(topic, 8, "NORMAL")
+    conf = workdir / f"{name}.conf"
+    conf.write_text("mappedFileSizeCommitLog=268435456\n" + settings)
+    return Server([sys.executable, "-m", "stratamq.cli", "broker", "start", "--config",
+                   str(conf), "--store", str(store), "--listen", "127.0.0.1:0"])
+
+
+def start_null(kind: str) -> Server:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return Server([sys.executable, "-c", "from stratamq.benchmarks.grpc_load import "
+                   f"serve_null; serve_null({port}, {kind!r})"])
+
+
+# -- raw load ------------------------------------------------------------------------------------
+
+
+def run_load(workload: str, server: Server, args: argparse.Namespace) -> dict:
+    endpoint = server.endpoint
+    if workload == "receive_ack":
+        coro = receive_ack_load(endpoint, f"{TOPIC}16", args.seconds, args.inflight)
+    else:
+        per_rpc = int(workload.removeprefix("send"))
+        topic = TOPIC if per_rpc == 1 else f"{TOPIC}16"
+        coro = send_load(endpoint, topic, per_rpc, args.seconds, args.inflight, args.body_size)
+    cpu = server.cpu_seconds()
+    stats = asyncio.run(coro)
+    cpu = server.cpu_seconds() - cpu  # includes the warm-up: a little high for short runs
+    stats["server_cpu_us_per_msg"] = round(cpu / max(1, stats["messages"]) * 1e6, 1)
+    return stats
+
+
+def summarize(target: str, workload: str, runs: list[dict]) -> dict:
+    return {"kind": "load", "target": target, "workload": workload, "rounds": len(runs),
+            "msgs_per_s": statistics.median(r["msgs_per_s"] for r in runs),
+            "p50_ms": statistics.median(r["p50_ms"] for r in runs),
+            "p99_ms": statistics.median(r["p99_ms"] for r in runs),
+            "failed_rpcs": sum(r["failed_rpcs"] for r in runs),
+            "server_cpu_us_per_msg": statistics.median(r["server_cpu_us_per_msg"] for r in runs),
+            "per_round_msgs_per_s": [r["msgs_per_s"] for r in runs]}
+
+
+def raw_load(args: argparse.Namespace, workdir: Path) -> None:
+    servers = {"broker": start_broker(workdir, "broker"), "null": start_null("aio"),
+               "null_threads": start_null("sync"),
+               "broker_sync": start_broker(workdir, "broker_sync", "flushDiskType=SYNC_FLUSH\n")}
+    try:
+        plan = [("send1", ["broker", "null", "null_threads"]),
+                ("send16", ["broker", "broker_sync", "null", "null_threads"]),
+                # After the sends: the broker's 16-message topic holds what it receives.
+                ("receive_ack", ["broker", "null", "null_threads"])]
+        for workload, targets in plan:
+            runs: dict[str, list[dict]] = {t: [] for t in targets}
+            for _ in range(args.rounds):
+                for target in targets:
+                    runs[target].append(run_load(workload, servers[target], args))
+            for target in targets:
+                emit(summarize(target, workload, runs[target]))
+            for base in ("null", "null_threads"):
+                ratios = [b["msgs_per_s"] / n["msgs_per_s"]
+                          for b, n in zip(runs["broker"], runs[base]) if n["msgs_per_s"]]
+                emit({"kind": "ratio", "workload": workload, "of": f"broker/{base}",
+                      "msgs_per_s": round(statistics.median(ratios), 3),
+                      "per_round": [round(r, 3) for r in ratios],
+                      "target": TARGETS[workload] if base == "null" else None})
+            if "broker_sync" in runs:
+                ratios = [s["msgs_per_s"] / b["msgs_per_s"]
+                          for s, b in zip(runs["broker_sync"], runs["broker"])]
+                emit({"kind": "ratio", "workload": workload, "of": "broker_sync/broker",
+                      "msgs_per_s": round(statistics.median(ratios), 3),
+                      "per_round": [round(r, 3) for r in ratios], "target": SYNC_TARGET})
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+# -- connections ---------------------------------------------------------------------------------
+
+
+async def _producer(endpoint: str, seconds: float) -> list[float]:
+    """One producer sending 1 message per RPC, one at a time: its latencies (s)."""
+    stats = await send_load(endpoint, TOPIC, 1, seconds, inflight=1, channels=1)
+    return [stats["p50_ms"], stats["p99_ms"], stats["msgs_per_s"]]
+
+
+async def _connections(broker: Server, args: argparse.Namespace) -> dict:
+    endpoint = broker.endpoint
+    alone = await _producer(endpoint, args.seconds)
+    rss_before = broker.rss_bytes()
+    held, ready = asyncio.Event(), asyncio.Event()
+    counts: dict[str, int] = {}
+    idle = asyncio.ensure_future(idle_clients(endpoint, args.idle_clients, args.idle_channels,
+                                              args.pending_polls, "IdleTopic", held, ready,
+                                              counts))
+    started = time.monotonic()
+    await asyncio.wait({idle, asyncio.ensure_future(ready.wait())},
+                       return_when=asyncio.FIRST_COMPLETED)
+    if idle.done():
+        idle.result()  # raises what went wrong
+    opened_s = time.monotonic() - started
+    await asyncio.sleep(1.0)  # let the broker register the polls it was sent
+    rss_after = broker.rss_bytes()
+    loaded = await _producer(endpoint, args.seconds)
+    held.set()
+    await idle
+    per_client = (rss_after - rss_before) / max(1, args.idle_clients)
+    return {"kind": "connections", "idle_clients": args.idle_clients,
+            "idle_channels": args.idle_channels, "pending_polls": args.pending_polls,
+            "streams_answered": counts["streams"], "polls_sent": counts["polls"],
+            "polls_back_early": counts["early"], "open_s": round(opened_s, 2),
+            "send_alone": {"p50_ms": alone[0], "p99_ms": alone[1], "msgs_per_s": alone[2]},
+            "send_with_idle": {"p50_ms": loaded[0], "p99_ms": loaded[1],
+                               "msgs_per_s": loaded[2]},
+            "p99_target_ms": 50, "rss_before_mib": round(rss_before / 2**20, 1),
+            "rss_after_mib": round(rss_after / 2**20, 1),
+            "bytes_per_idle_client": round(per_client)}
+
+
+def connections(args: argparse.Namespace, workdir: Path) -> None:
+    broker = start_broker(workdir, "broker_conn", "popPollingSize=100000\n"
+                          "popPollingSizePerClient=100000\n")
+    try:
+        emit(asyncio.run(_connections(broker, args)))
+    finally:
+        broker.stop()
+
+
+# -- the official client (each workload in its own process) --------------------------------------
 
 
 def _quiet_client_logs() -> None:
@@ -165,13 +296,8 @@ def consume(endpoint: str, count: int, out: mp.Queue) -> None:
     out.put({"start": start, "end": end, "count": got})
 
 
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
-def run_target(name: str, endpoint: str, producers: int, messages: int, body_size: int
-               ) -> tuple[dict, dict]:
+def official_target(name: str, endpoint: str, producers: int, messages: int,
+                    body_size: int) -> None:
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
     ready = ctx.Barrier(producers)
@@ -185,104 +311,66 @@ def run_target(name: str, endpoint: str, producers: int, messages: int, body_siz
     total = producers * messages
     lat = [x for r in results for x in r["latencies"]]
     span = max(r["end"] for r in results) - min(r["start"] for r in results)
-    send = {"kind": "send", "target": name, "producers": producers, "messages": total,
-            "body_size": body_size, "msgs_per_s": round(total / span, 1),
-            "p50_ms": round(_pct(lat, 0.50) * 1000, 3),
-            "p99_ms": round(_pct(lat, 0.99) * 1000, 3),
-            "mean_ms": round(statistics.fmean(lat) * 1000, 3)}
-    # Everything sent (plus the warm-up sends) is there to receive on the broker.
+    emit({"kind": "official", "workload": "send", "target": name, "producers": producers,
+          "messages": total, "msgs_per_s": round(total / span, 1),
+          "p50_ms": round(percentile(lat, 0.50) * 1000, 3),
+          "p99_ms": round(percentile(lat, 0.99) * 1000, 3)})
     consumer = ctx.Process(target=consume, args=(endpoint, total, out))
     consumer.start()
     r = out.get(timeout=900)
     consumer.join()
     span = r["end"] - r["start"]
-    recv = {"kind": "receive_ack", "target": name, "messages": r["count"],
-            "msgs_per_s": round(r["count"] / span, 1) if span else 0.0}
-    return send, recv
+    emit({"kind": "official", "workload": "receive_ack", "target": name,
+          "messages": r["count"], "msgs_per_s": round(r["count"] / span, 1) if span else 0.0})
 
 
-def _start(cmd: list[str], marker: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
-    while True:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"{cmd[0]} exited before serving")
-        if marker in line:
-            # Drain the rest: a full pipe would stall the server on a log line mid-run.
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, line.split(marker, 1)[1].split()[0]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def official(args: argparse.Namespace, workdir: Path) -> None:
+    for name, starter in (("broker", lambda: start_broker(workdir, "broker_official")),
+                          ("null", lambda: start_null("aio"))):
+        server = starter()
+        try:
+            official_target(name, server.endpoint, args.producers, args.messages,
+                            args.body_size)
+        finally:
+            server.stop()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small counts (under a minute)")
-    parser.add_argument("--producers", type=int, default=None)
-    parser.add_argument("--messages", type=int, default=None, help="per producer")
+    parser.add_argument("--quick", action="store_true", help="short runs (a few minutes)")
+    parser.add_argument("--seconds", type=float, default=None, help="per measured run")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds")
+    parser.add_argument("--inflight", type=int, default=64)
     parser.add_argument("--body-size", type=int, default=1024)
-    parser.add_argument("--null-server", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--idle-clients", type=int, default=None)
+    parser.add_argument("--idle-channels", type=int, default=None)
+    parser.add_argument("--pending-polls", type=int, default=None)
+    parser.add_argument("--producers", type=int, default=None, help="official client")
+    parser.add_argument("--messages", type=int, default=None, help="official, per producer")
+    parser.add_argument("--skip-official", action="store_true")
+    parser.add_argument("--only", choices=("load", "connections", "official"), default=None)
     args = parser.parse_args()
-    if args.null_server is not None:
-        serve_null(args.null_server)
-        return
-    producers = args.producers or (2 if args.quick else 4)
-    messages = args.messages or (200 if args.quick else 2000)
-    print(json.dumps({"kind": "env", "python": platform.python_version(),
-                      "cpus": os.cpu_count(), "producers": producers,
-                      "messages_per_producer": messages, "body_size": args.body_size}),
-          flush=True)
-
+    quick = args.quick
+    args.seconds = args.seconds or (3.0 if quick else 6.0)
+    args.rounds = args.rounds or (3 if quick else 5)
+    args.idle_clients = args.idle_clients or (1000 if quick else 5000)
+    args.idle_channels = args.idle_channels or (50 if quick else 250)
+    args.pending_polls = args.pending_polls if args.pending_polls is not None else (
+        200 if quick else 1000)
+    args.producers = args.producers or 2
+    args.messages = args.messages or (200 if quick else 1000)
+    emit({"kind": "env", "python": platform.python_version(), "cpus": os.cpu_count(),
+          "load_average": os.getloadavg(), **{k: v for k, v in vars(args).items()}})
     workdir = Path(tempfile.mkdtemp(prefix="stratamq-bench-broker-"))
-    figures = {}
     try:
-        from stratamq.broker.metadata import MetadataStore
-
-        store = workdir / "store"
-        MetadataStore(store).create_topic(TOPIC, 1, "NORMAL")
-        conf = workdir / "broker.conf"
-        conf.write_text("mappedFileSizeCommitLog=67108864\n")
-        root = Path(__file__).resolve().parents[1]
-        env = {**os.environ, "PYTHONPATH": str(root)}
-        broker, endpoint = _start([sys.executable, "-m", "stratamq.cli", "broker", "start",
-                                   "--config", str(conf), "--store", str(store), "--listen",
-                                   "127.0.0.1:0"], "listening on", env)
-        try:
-            figures["broker"] = run_target("broker", endpoint, producers, messages,
-                                           args.body_size)
-        finally:
-            _stop(broker)
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        null, endpoint = _start([sys.executable, __file__, "--null-server", str(port)],
-                                "listening on", env)
-        try:
-            figures["baseline"] = run_target("baseline", endpoint, producers, messages,
-                                             args.body_size)
-        finally:
-            _stop(null)
+        if args.only in (None, "load"):
+            raw_load(args, workdir)
+        if args.only in (None, "connections"):
+            connections(args, workdir)
+        if args.only == "official" or (args.only is None and not args.skip_official):
+            official(args, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    for target in ("broker", "baseline"):
-        for line in figures[target]:
-            print(json.dumps(line), flush=True)
-    (bs, br), (ns, nr) = figures["broker"], figures["baseline"]
-    print(json.dumps({"kind": "ratio", "of": "broker/baseline",
-                      "send_msgs_per_s": round(bs["msgs_per_s"] / ns["msgs_per_s"], 3),
-                      "send_p50": round(bs["p50_ms"] / ns["p50_ms"], 3),
-                      "send_p99": round(bs["p99_ms"] / ns["p99_ms"], 3),
-                      "receive_ack_msgs_per_s": round(br["msgs_per_s"] / nr["msgs_per_s"], 3)
-                      if nr["msgs_per_s"] else None}), flush=True)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ from stratamq.message import Host
 from stratamq.store.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
 from stratamq.store.index_file import file_size as index_file_size
 
-__all__ = ["BrokerConfig", "FlushDiskType", "InvalidSetting", "StoreConfig", "UnknownSettings",
-           "load_broker_conf", "settings_table"]
+__all__ = ["BrokerConfig", "BrokerRole", "FlushDiskType", "InvalidSetting", "StoreConfig",
+           "TieredStorageLevel", "UnknownSettings", "load_broker_conf", "settings_table",
+           "tier_provider"]
 
 # The broker sizes gRPC's (int32) message limits at maxMessageSize + 1 MiB of headroom.
 MAX_MESSAGE_SIZE_LIMIT = 1024 * 1024 * 1024
@@ -36,6 +37,15 @@ MAX_MESSAGE_SIZE_LIMIT = 1024 * 1024 * 1024
 class FlushDiskType(StrEnum):
     ASYNC_FLUSH = "ASYNC_FLUSH"
     SYNC_FLUSH = "SYNC_FLUSH"
+
+
+class BrokerRole(StrEnum):
+    """RocketMQ's ``brokerRole``: a master (replies once its own store has a put, or once a
+    slave has it too) or a slave (copies a master's CommitLog, refuses puts)."""
+
+    ASYNC_MASTER = "ASYNC_MASTER"
+    SYNC_MASTER = "SYNC_MASTER"
+    SLAVE = "SLAVE"
 
 
 class UnknownSettings(ValueError):
@@ -88,6 +98,15 @@ def _ip(value: Any) -> str | None:
     return None
 
 
+def _host_port_or_empty(value: Any) -> str | None:
+    if value == "":
+        return None
+    host, sep, port = str(value).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        return "must be host:port (e.g. 10.0.0.5:10912)"
+    return None
+
+
 def _hours(value: Any) -> str | None:
     # RocketMQ's isItTimeToDo skips entries it cannot parse, so "99" or "4am" would silently
     # mean "never delete expired files"; refuse them instead.
@@ -137,6 +156,75 @@ def _range_text(f: dataclasses.Field) -> str:
         return "true|false"
     return ""
 
+
+
+# -- tiered storage (issue 15) helpers ----------------------------------------------------------
+TIERED_MESSAGE_STORE = "org.apache.rocketmq.tieredstore.TieredMessageStore"
+TIERED_METADATA_STORE = "org.apache.rocketmq.tieredstore.metadata.DefaultMetadataStore"
+# tieredBackendServiceProvider values -> the driver (stratamq/tiered/drivers/).
+TIER_PROVIDERS = {
+    "memory": "memory",
+    "posix": "posix",
+    "s3": "s3",
+    "org.apache.rocketmq.tieredstore.provider.MemoryFileSegment": "memory",
+    "org.apache.rocketmq.tieredstore.provider.PosixFileSegment": "posix",
+}
+
+
+class TieredStorageLevel(StrEnum):
+    """RocketMQ's read policies (``MessageStoreConfig.TieredStorageLevel``), weakest first."""
+
+    DISABLE = "DISABLE"
+    NOT_IN_DISK = "NOT_IN_DISK"
+    NOT_IN_MEM = "NOT_IN_MEM"
+    FORCE = "FORCE"
+
+
+def _tier_provider(value: Any) -> str | None:
+    if value == "" or value in TIER_PROVIDERS:
+        return None
+    return "must be '' (no tier), memory, posix, s3, or RocketMQ's " \
+           "org.apache.rocketmq.tieredstore.provider.MemoryFileSegment / PosixFileSegment"
+
+
+def _rate(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        return "must be a number in (0, 1]"
+    return None
+
+
+def tier_provider(config: StoreConfig) -> str | None:
+    """The tier driver a config asks for (memory / posix / s3), or None when tiering is off.
+
+    ``messageStorePlugIn`` alone turns it on too: the driver then follows
+    ``tieredStoreFilePath`` (a URL: s3; a directory: posix)."""
+    chosen = config.tiered_backend_service_provider
+    if chosen:
+        return TIER_PROVIDERS[chosen]
+    if config.message_store_plug_in != TIERED_MESSAGE_STORE:
+        return None
+    path = config.tiered_store_file_path
+    return "s3" if path.startswith("s3://") else "posix" if path else None
+
+
+def _check_tier(config: StoreConfig) -> None:
+    provider = tier_provider(config)
+    path = config.tiered_store_file_path
+    if config.message_store_plug_in and provider is None:
+        raise InvalidSetting(
+            f"messageStorePlugIn={config.message_store_plug_in} turns tiered storage on, but "
+            "neither tieredBackendServiceProvider nor tieredStoreFilePath says where the tier is "
+            "(RocketMQ would keep it in memory and lose it at exit)")
+    if provider in ("posix", "s3") and not path:
+        raise InvalidSetting(
+            f"tieredBackendServiceProvider={config.tiered_backend_service_provider} needs "
+            "tieredStoreFilePath (a directory or s3://bucket/prefix)")
+    if provider == "posix" and "://" in path:
+        raise InvalidSetting(f"tieredStoreFilePath={path!r} is a URL: the posix tier needs a "
+                             "directory (use tieredBackendServiceProvider=s3 for a URL)")
+    if provider == "s3" and "://" not in path:
+        raise InvalidSetting(f"tieredStoreFilePath={path!r} is not a URL: the s3 tier needs "
+                             "s3://bucket/prefix")
 
 @dataclass
 class StoreConfig:
@@ -227,6 +315,72 @@ class StoreConfig:
     )  # fmt: skip
 
     # -- master/slave replication (issue 17; seed 004 section 1.6): brokerRole, ha* keys -----------
+    broker_role: BrokerRole = _setting(
+        "brokerRole", BrokerRole.ASYNC_MASTER, "ASYNC_MASTER|SYNC_MASTER|SLAVE",
+        "SYNC_MASTER: a put returns once a slave has its bytes; SLAVE: copy haMasterAddress's "
+        "CommitLog and refuse puts",
+    )  # fmt: skip
+    ha_listen_port: int = _setting(
+        "haListenPort", 10912, "port", "a master's replication port (0: any free port)",
+        minimum=0, maximum=65535,
+    )  # fmt: skip
+    ha_master_address: str = _setting(
+        "haMasterAddress", "", "host:port", "a slave's master: its haListenPort",
+        check=_host_port_or_empty,
+    )  # fmt: skip
+    ha_send_heartbeat_interval: int = _setting(
+        "haSendHeartbeatInterval", 5_000, "ms",
+        "a slave reports its offset at least this often (and the master sends an empty frame "
+        "when idle this long); a lost link is retried after this long",
+        minimum=1,
+    )  # fmt: skip
+    ha_housekeeping_interval: int = _setting(
+        "haHousekeepingInterval", 20_000, "ms",
+        "a replication link silent for this long is closed (and reconnected by the slave)",
+        minimum=1,
+    )  # fmt: skip
+    ha_transfer_batch_size: int = _setting(
+        "haTransferBatchSize", 32 * 1024, "bytes", "most CommitLog bytes in one transfer frame",
+        minimum=1, maximum=4 * 1024 * 1024,
+    )  # fmt: skip
+    ha_max_gap_not_in_sync: int = _setting(
+        "haMaxGapNotInSync", 256 * 1024 * 1024, "bytes",
+        "SYNC_MASTER: a slave further behind than this is not in sync, and with none in sync "
+        "puts answer SLAVE_NOT_AVAILABLE",
+        minimum=1,
+    )  # fmt: skip
+    ha_flow_control_enable: bool = _setting(
+        "haFlowControlEnable", False, "bool",
+        "limit each slave's transfer to maxHaTransferByteInSecond",
+    )  # fmt: skip
+    max_ha_transfer_byte_in_second: int = _setting(
+        "maxHaTransferByteInSecond", 100 * 1024 * 1024, "bytes/s",
+        "with haFlowControlEnable, most bytes sent to one slave per second",
+        minimum=1, maximum=2**62,
+    )  # fmt: skip
+    ha_new_slave_transfer_from: str = _setting(
+        "haNewSlaveTransferFrom", "LAST_SEGMENT", "LAST_SEGMENT|MIN_OFFSET",
+        "where a master starts an empty slave (one reporting offset 0): the start of its last "
+        "CommitLog segment (RocketMQ, seed 004) or its oldest byte (copy everything it holds)",
+        check=_one_of("LAST_SEGMENT", "MIN_OFFSET"),
+    )  # fmt: skip
+    store_path_epoch_file: str = _setting(
+        "storePathEpochFile", "", "path",
+        "where each start of a new master life (and each slave truncation) is recorded, so a "
+        "slave that diverged from its master is found and cut (default <root>/epochFileCheckpoint)",
+    )  # fmt: skip
+    ha_master_endpoint: str = _setting(
+        "haMasterEndpoint", "", "host:port",
+        "a slave's master's client (gRPC) endpoint, for state sync and routes (default: "
+        "haMasterAddress's host and port - 1, RocketMQ's listenPort/haListenPort pairing)",
+        check=_host_port_or_empty,
+    )  # fmt: skip
+    ha_state_sync_interval: int = _setting(
+        "haStateSyncInterval", 3_000, "ms",
+        "a slave broker copies its master's topics, groups, consumer offsets and pop state "
+        "this often (the most progress a consumer moving to the slave can repeat)",
+        minimum=100,
+    )  # fmt: skip
 
     # -- index (issue 3; docs/formats/index-file.md) --------------------------------------------
     message_index_enable: bool = _setting(
@@ -292,6 +446,146 @@ class StoreConfig:
     )  # fmt: skip
 
     # -- tiered storage (issue 15; seed 000): tieredBackendServiceProvider, tieredStore* keys ----
+    # RocketMQ's tieredstore MessageStoreConfig keys and defaults (stratamq/tiered/; the store
+    # never reads them: the tier plugs into it from outside). Tiering is on when
+    # tieredBackendServiceProvider is set, or messageStorePlugIn names RocketMQ's
+    # TieredMessageStore.
+    message_store_plug_in: str = _setting(
+        "messageStorePlugIn", "", "class",
+        "RocketMQ's store plug-in chain: org.apache.rocketmq.tieredstore.TieredMessageStore "
+        "turns tiered storage on (the only plug-in StrataMQ has)",
+        check=_one_of("", TIERED_MESSAGE_STORE),
+    )  # fmt: skip
+    tiered_backend_service_provider: str = _setting(
+        "tieredBackendServiceProvider", "", "memory|posix|s3",
+        "where tiered history goes ('' = no tier unless messageStorePlugIn is set): memory (lost "
+        "at exit; tests), posix (a directory), s3 (fsspec/s3fs; other fsspec URLs work too); "
+        "RocketMQ's MemoryFileSegment / PosixFileSegment class names are accepted",
+        check=_tier_provider,
+    )  # fmt: skip
+    tiered_metadata_service_provider: str = _setting(
+        "tieredMetadataServiceProvider", TIERED_METADATA_STORE, "class",
+        "tier metadata store: <storePathRootDir>/config/tieredStoreMetadata.json "
+        "(docs/formats/tier-metadata.md)",
+        check=_one_of(TIERED_METADATA_STORE),
+    )  # fmt: skip
+    tiered_store_file_path: str = _setting(
+        "tieredStoreFilePath", "", "path|url",
+        "tier root: a directory (posix) or a URL such as s3://bucket/prefix (s3)",
+    )  # fmt: skip
+    tiered_store_s3_endpoint: str = _setting(
+        "tieredStoreS3Endpoint", "", "url",
+        "endpoint of an S3-compatible server (http://host:port); '' = AWS. Credentials come "
+        "from the standard AWS environment variables and files",
+    )  # fmt: skip
+    tiered_storage_level: TieredStorageLevel = _setting(
+        "tieredStorageLevel", TieredStorageLevel.NOT_IN_DISK,
+        "DISABLE|NOT_IN_DISK|NOT_IN_MEM|FORCE",
+        "which reads the tier serves: none, offsets the local store no longer has (default), "
+        "also those not in memory (accessMessageInMemoryMaxRatio), or every offset it holds",
+    )  # fmt: skip
+    access_message_in_memory_max_ratio: int = _setting(
+        "accessMessageInMemoryMaxRatio", 40, "%",
+        "NOT_IN_MEM: a record is in memory when it is within this share of physical memory "
+        "from the CommitLog's end",
+        minimum=0, maximum=100,
+    )  # fmt: skip
+    tiered_store_file_reserved_time: int = _setting(
+        "tieredStoreFileReservedTime", 72, "hours",
+        "tier files whose newest message is older than this are deleted (independent of "
+        "fileReservedTime)",
+        minimum=0,
+    )  # fmt: skip
+    tiered_store_delete_file_enable: bool = _setting(
+        "tieredStoreDeleteFileEnable", True, "bool", "delete expired tier files"
+    )
+    tiered_store_delete_file_interval: int = _setting(
+        "tieredStoreDeleteFileInterval", 3_600_000, "ms",
+        "how often expired tier files are looked for",
+        minimum=1,
+    )  # fmt: skip
+    commit_log_rolling_interval: int = _setting(
+        "commitLogRollingInterval", 24, "hours",
+        "a queue's tier CommitLog file older than this rolls to a new file",
+        minimum=0,
+    )  # fmt: skip
+    commit_log_rolling_minimum_size: int = _setting(
+        "commitLogRollingMinimumSize", 16 * 1024 * 1024, "bytes",
+        "...but only once it holds at least this much",
+        minimum=0,
+    )  # fmt: skip
+    tiered_store_commit_log_max_size: int = _setting(
+        "tieredStoreCommitLogMaxSize", 1024 * 1024 * 1024, "bytes",
+        "size at which a queue's tier CommitLog file rolls",
+        minimum=OS_PAGE_SIZE, maximum=2**62,
+    )  # fmt: skip
+    tiered_store_consume_queue_max_size: int = _setting(
+        "tieredStoreConsumeQueueMaxSize", 100 * 1024 * 1024, "bytes",
+        "size at which a queue's tier ConsumeQueue file rolls (whole 20-byte units)",
+        minimum=CQ_UNIT_SIZE, maximum=2**62,
+    )  # fmt: skip
+    tiered_store_group_commit: bool = _setting(
+        "tieredStoreGroupCommit", True, "bool", "batch uploads (false: upload every scan)"
+    )
+    tiered_store_group_commit_timeout: int = _setting(
+        "tieredStoreGroupCommitTimeout", 30_000, "ms",
+        "a queue's batch goes once its oldest waiting message is this old",
+        minimum=0,
+    )  # fmt: skip
+    tiered_store_group_commit_count: int = _setting(
+        "tieredStoreGroupCommitCount", 4096, "messages",
+        "a queue's batch goes once this many messages wait",
+        minimum=1,
+    )  # fmt: skip
+    tiered_store_group_commit_size: int = _setting(
+        "tieredStoreGroupCommitSize", 32 * 1024 * 1024, "bytes",
+        "a queue's batch goes once this many bytes wait (and is at most this large)",
+        minimum=1,
+    )  # fmt: skip
+    tiered_store_max_group_commit_count: int = _setting(
+        "tieredStoreMaxGroupCommitCount", 10_000, "messages",
+        "most messages one tier file buffers before an upload must drain it",
+        minimum=1,
+    )  # fmt: skip
+    tiered_store_max_pending_limit: int = _setting(
+        "tieredStoreMaxPendingLimit", 10_000, "uploads",
+        "most tier uploads queued or running at once (more wait for one to finish)",
+        minimum=1,
+    )  # fmt: skip
+    tiered_store_index_file_max_hash_slot_num: int = _setting(
+        "tieredStoreIndexFileMaxHashSlotNum", 5_000_000, "slots",
+        "hash slots of one tier index file (docs/formats/tier-index.md)",
+        minimum=1, maximum=(INT_MAX - 28) // 8,
+    )  # fmt: skip
+    tiered_store_index_file_max_index_num: int = _setting(
+        "tieredStoreIndexFileMaxIndexNum", 20_000_000, "entries",
+        "entries of one tier index file before it is sealed and a new one started",
+        minimum=2, maximum=(INT_MAX - 28) // 32,
+    )  # fmt: skip
+    read_ahead_cache_enable: bool = _setting(
+        "readAheadCacheEnable", True, "bool",
+        "cache what one ranged tier read brought in, for the reads that follow it"
+    )
+    read_ahead_message_count_threshold: int = _setting(
+        "readAheadMessageCountThreshold", 4096, "messages",
+        "most messages one read-ahead brings in",
+        minimum=1,
+    )  # fmt: skip
+    read_ahead_message_size_threshold: int = _setting(
+        "readAheadMessageSizeThreshold", 16 * 1024 * 1024, "bytes",
+        "most bytes one read-ahead brings in",
+        minimum=1,
+    )  # fmt: skip
+    read_ahead_cache_expire_duration: int = _setting(
+        "readAheadCacheExpireDuration", 15_000, "ms",
+        "a read-ahead entry not read or written for this long is dropped",
+        minimum=1,
+    )  # fmt: skip
+    read_ahead_cache_size_threshold_rate: float = _setting(
+        "readAheadCacheSizeThresholdRate", 0.3, "ratio",
+        "read-ahead cache size as a share of the memory the process may use (0..1]",
+        check=_rate,
+    )  # fmt: skip
 
     # -- ConsumeQueue store (issue 4; seed 003) ---------------------------------------------------
     store_type: str = _setting(
@@ -339,6 +633,7 @@ class StoreConfig:
 
     def __post_init__(self) -> None:
         _validate(self)
+        _check_tier(self)
         # The index layout lives in index_file.py alone. An index file must fit one int-sized
         # map like every RocketMQ file.
         index_bytes = index_file_size(self.max_hash_slot_num, self.max_index_num)
@@ -380,6 +675,11 @@ def _convert(f: dataclasses.Field, raw: str) -> Any:
             return int(raw)
         except ValueError:
             raise ValueError(f"{f.metadata['key']} must be an integer, not {raw!r}") from None
+    if isinstance(default, float):
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"{f.metadata['key']} must be a number, not {raw!r}") from None
     if isinstance(default, Enum):
         try:
             return type(default)(raw)
@@ -444,8 +744,9 @@ class BrokerConfig:
         minimum=1, maximum=1024,
     )  # fmt: skip
     grpc_thread_pool_nums: int = _setting(
-        "grpcThreadPoolNums", 128, "threads",
-        "gRPC worker threads; each long poll and each client's telemetry stream holds one",
+        "grpcThreadPoolNums", 16, "threads",
+        "threads running the broker's blocking store calls (reads, pop-state writes); gRPC "
+        "itself is event-driven, so open streams and long polls hold none",
         minimum=1,
     )  # fmt: skip
     default_invisible_time_mills: int = _setting(
@@ -464,6 +765,23 @@ class BrokerConfig:
     max_long_polling_time_mills: int = _setting(
         "grpcClientConsumerMaxLongPollingTimeoutMillis", 20_000, "ms",
         "longest a receive or pull waits for messages",
+        minimum=0,
+    )  # fmt: skip
+    max_pop_polling_size: int = _setting(
+        "maxPopPollingSize", 100_000, "calls",
+        "receives and pulls waiting for messages at once; past it TOO_MANY_REQUESTS "
+        "(polling full)",
+        minimum=0,
+    )  # fmt: skip
+    pop_polling_size: int = _setting(
+        "popPollingSize", 1024, "calls",
+        "receives of one consumer group and topic waiting at once; past it TOO_MANY_REQUESTS",
+        minimum=0,
+    )  # fmt: skip
+    pop_polling_size_per_client: int = _setting(
+        "popPollingSizePerClient", 1024, "calls",
+        "receives and pulls of one client (x-mq-client-id) waiting at once (StrataMQ's own "
+        "key); past it TOO_MANY_REQUESTS",
         minimum=0,
     )  # fmt: skip
     default_retry_max_times: int = _setting(

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["NAME_CHARS", "TOPIC_MAX_LENGTH", "GROUP_MAX_LENGTH", "is_valid_name",
-           "invalid_characters"]
+__all__ = ["NAME_CHARS", "TOPIC_MAX_LENGTH", "GROUP_MAX_LENGTH", "MAX_TOPIC_NAME_BYTES",
+           "is_valid_name", "invalid_characters", "topic_name_problem"]
 
 NAME_CHARS = "%|a-zA-Z0-9_-"
 TOPIC_MAX_LENGTH = 127  # RocketMQ's Validators.TOPIC_MAX_LENGTH
@@ -32,3 +32,27 @@ def invalid_characters(name: str, limit: int = 8) -> str:
     """The characters of ``name`` that no name may hold, quoted, for an error message."""
     bad = sorted({c for c in name if _NAME_CHAR.fullmatch(c) is None})
     return ", ".join(map(repr, bad[:limit]))
+
+
+# Characters of a topic name: RocketMQ's TopicValidator rule (its brokers and clients refuse any
+# other), which also keeps a name a single, harmless path component: a topic is the directory
+# name ``consumequeue/<topic>/`` (no "/", ".", "..", blanks).
+# Longest topic the store writes: a directory name is at most NAME_MAX (255) bytes. Topics over
+# 127 bytes are written as RocketMQ's message version 2 (two-byte topic length).
+MAX_TOPIC_NAME_BYTES = 255
+
+
+def topic_name_problem(topic: object, max_bytes: int = MAX_TOPIC_NAME_BYTES) -> str | None:
+    """Why ``topic`` cannot be stored (a sentence naming the rule it breaks), or None."""
+    if not isinstance(topic, str):
+        return f"topic must be a string, not {type(topic).__name__}"
+    if not topic:
+        return "topic is empty"
+    if not is_valid_name(topic):
+        bad = invalid_characters(topic)
+        return (f"topic {topic[:80]!r} contains {bad}: a topic name may only hold letters, "
+                "digits and % | _ - (RocketMQ's topic rule; a topic is also a directory name)")
+    if len(topic) > max_bytes:  # ASCII only by now: characters are bytes
+        return (f"topic {topic[:40]!r}... is {len(topic)} bytes, longer than {max_bytes} bytes "
+                "(a topic is a directory name, consumequeue/<topic>/)")
+    return None

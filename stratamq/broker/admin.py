@@ -33,7 +33,9 @@ Methods (request -> response):
   "dropped_inflight", "queues": [{"queue_id", "offset"}]}``: RocketMQ's resetOffsetByTime
 * ``BrokerStatus {}`` -> ``{"version", "broker_name", "cluster", "role", "endpoint", "store",
   "uptime_s", "disk": {"total", "used", "free", "used_ratio"}, "commitlog": {"min_offset",
-  "max_offset"}, "dispatch_behind_bytes", "connections", "topics", "groups"}``
+  "max_offset"}, "dispatch_behind_bytes", "connections", "topics", "groups", "long_polls",
+  "telemetry_streams"}``: ``long_polls`` receives and pulls waiting for messages now,
+  ``telemetry_streams`` clients' open Telemetry streams
 
 TOPIC is ``{"topic", "queues", "read_queues", "write_queues", "perm", "type", "attributes",
 "messages"}``;
@@ -54,6 +56,9 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from stratamq.broker.errors import BrokerError
 from stratamq.broker.metadata import GroupConfig, MetadataError, TopicConfig
+from stratamq.broker.ports import Call
+from stratamq.broker.receiving import Run
+from stratamq.broker.rpc import call_of
 from stratamq.client.admin import SERVICE
 
 if TYPE_CHECKING:
@@ -63,7 +68,8 @@ log = logging.getLogger(__name__)
 
 _KIND_CODES = {"invalid": grpc.StatusCode.INVALID_ARGUMENT,
                "not_found": grpc.StatusCode.NOT_FOUND,
-               "exists": grpc.StatusCode.ALREADY_EXISTS}  # fmt: skip
+               "exists": grpc.StatusCode.ALREADY_EXISTS,
+               "precondition": grpc.StatusCode.FAILED_PRECONDITION}  # fmt: skip
 
 
 def _loads(data: bytes) -> dict[str, Any]:
@@ -240,7 +246,7 @@ class AdminService:
         state.apply(group, t.name, cursors=offsets, delete=inflight)
         for q, offset in offsets.items():
             state.set_offset(group, t.name, q, offset)
-        self.b.notifier.notify(t.name)
+        self.b.polls.notify(t.name)
         return {"group": group, "topic": t.name, "timestamp": timestamp,
                 "dropped_inflight": len(inflight),
                 "queues": [{"queue_id": q, "offset": o} for q, o in offsets.items()]}
@@ -253,16 +259,18 @@ class AdminService:
         root = self.b.store_config.root
         disk = shutil.disk_usage(root)
         return {"version": __version__, "broker_name": self.b.config.broker_name,
-                "cluster": self.b.config.broker_cluster_name, "role": "ASYNC_MASTER",
+                "cluster": self.b.config.broker_cluster_name,
+                "role": self.b.store_config.broker_role.value,
                 "endpoint": self.b.endpoint, "store": str(root),
                 "uptime_s": round(time.monotonic() - self.b.started_at, 1),
                 "disk": {"total": disk.total, "used": disk.used, "free": disk.free,
                          "used_ratio": round(disk.used / disk.total, 4) if disk.total else None},
                 "commitlog": {"min_offset": self.b.store.min_physical_offset,
                               "max_offset": self.b.store.max_physical_offset},
-                "dispatch_behind_bytes": self.b.store.reput.behind_bytes(),
+                "dispatch_behind_bytes": self.b.store.dispatch_behind_bytes(),
                 "connections": len(self.b.clients), "topics": len(self.b.meta.topics()),
-                "groups": len(self.b.meta.groups())}
+                "groups": len(self.b.meta.groups()), "long_polls": self.b.polls.total,
+                "telemetry_streams": self.b.telemetry_streams}
 
     def BrokerInfo(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"broker_name": self.b.config.broker_name,
@@ -277,24 +285,32 @@ _ACTIONS = {"CreateTopic": "Create", "UpdateTopic": "Update", "DeleteTopic": "De
             "ResetOffset": "Update", "BrokerStatus": "Get"}  # fmt: skip
 
 
-def admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
+def admin_handler(broker: Broker, run: Run) -> grpc.GenericRpcHandler:
+    """The admin methods as ``grpc.aio`` handlers; ``run(fn, *args)`` runs each method (they
+    write metadata, delete topics...) in the broker's executor."""
     service = AdminService(broker)
 
     def make(name: str) -> Callable:
         method = getattr(service, name)
 
-        def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+        def work(request: bytes, call: Call) -> bytes:
+            req = _loads(request)
+            broker.lookup.authorize(call, "Cluster", _ACTIONS[name])
+            refusal = broker.replication.refusal(name) if broker.replication else None
+            if refusal is not None:  # a slave's topics and groups are its master's
+                raise MetadataError("precondition", refusal)
+            return _dumps(method(req))
+
+        async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             try:
-                req = _loads(request)
-                broker._authorize(context, "Cluster", _ACTIONS[name])
-                return _dumps(method(req))
+                return await run(work, request, call_of(context))
             except MetadataError as exc:
-                context.abort(_KIND_CODES[exc.kind], str(exc))
+                await context.abort(_KIND_CODES[exc.kind], str(exc))
             except BrokerError as exc:
                 code = (grpc.StatusCode.UNAUTHENTICATED if exc.code == pb.Code.UNAUTHORIZED
                         else grpc.StatusCode.PERMISSION_DENIED if exc.code == pb.Code.FORBIDDEN
                         else grpc.StatusCode.INVALID_ARGUMENT)
-                context.abort(code, exc.message)
+                await context.abort(code, exc.message)
             raise AssertionError("unreachable")  # context.abort raises
 
         return grpc.unary_unary_rpc_method_handler(handle)

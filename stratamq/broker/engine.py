@@ -1,7 +1,7 @@
-"""The pop/receive engine: receive with long polling, ack, invisible time, redelivery, DLQ, FIFO.
+"""The pop/receive engine: pop, ack, invisible time, redelivery, DLQ, FIFO.
 
-No gRPC here: the servicer turns requests into calls on ``PopEngine`` and its results back into
-responses, so tests and other front ends can drive the semantics directly.
+No gRPC and no waiting here: ``receiving.py`` turns requests into calls on ``PopEngine`` (and
+waits, when a pop finds nothing, in ``polling.py``), so tests drive the semantics directly.
 
 Semantics (Apache RocketMQ 5's pop consumption, simplified where noted):
 
@@ -26,8 +26,8 @@ Semantics (Apache RocketMQ 5's pop consumption, simplified where noted):
   nor redelivers an acked one.
 
 Thread-safety: every public method may be called from any thread; a lock per (group, topic)
-serialises pops and acks of that pair. The store's dispatcher wakes long polls through
-``Notifier.notify`` (registered in ``store.reput.listeners``).
+serialises pops and acks of that pair. Acks, invisible-time changes and DLQ moves call
+``notify(topic)`` (``LongPolls.notify``) after they changed the state.
 """
 
 from __future__ import annotations
@@ -54,57 +54,18 @@ from stratamq.broker.metadata import (
     is_system_topic,
 )
 from stratamq.broker.pop_state import InFlight, PopState
-from stratamq.message import DispatchInfo, Message, Prop, StoredMessage
+from stratamq.broker.ports import QueueStore
+from stratamq.message import Message, Prop, StoredMessage
 from stratamq.store.filter import TagFilter
-from stratamq.store.message_store import MessageStore
 from stratamq.store.results import GetMessageStatus
 
 Code = pb.Code
 
-__all__ = ["Notifier", "PopEngine", "Popped", "now_ms"]
+__all__ = ["PopEngine", "Popped", "now_ms"]
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-class Notifier:
-    """Wakes long polls of a topic when the dispatcher makes a message of it readable.
-
-    ``notify`` runs on the dispatcher thread once per record, so it only bumps a counter and
-    takes the condition's lock when somebody is actually waiting.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._seq: dict[str, int] = {}
-        self._waiting: dict[str, int] = {}
-
-    def seq(self, topic: str) -> int:
-        return self._seq.get(topic, 0)
-
-    def notify(self, topic: str) -> None:
-        self._seq[topic] = self._seq.get(topic, 0) + 1
-        if self._waiting.get(topic):
-            with self._cond:
-                self._cond.notify_all()
-
-    def on_dispatch(self, info: DispatchInfo) -> None:
-        self.notify(info.topic)
-
-    def wait(self, topic: str, seen: int, timeout: float) -> None:
-        with self._cond:
-            self._waiting[topic] = self._waiting.get(topic, 0) + 1
-            try:
-                self._cond.wait_for(lambda: self._seq.get(topic, 0) != seen, timeout)
-            finally:
-                self._waiting[topic] -= 1
-
-    def wake_all(self) -> None:
-        with self._cond:
-            for topic in list(self._seq):
-                self._seq[topic] += 1
-            self._cond.notify_all()
 
 
 @dataclass
@@ -116,15 +77,19 @@ class Popped:
 
 
 class PopEngine:
-    def __init__(self, store: MessageStore, meta: MetadataStore, state: PopState,
-                 notifier: Notifier) -> None:
+    """Pops, acks and redelivers for every group; any thread (see the module docstring).
+
+    Handed the queues it reads and writes dead letters to, the metadata (for DLQ topics) and
+    the pop state it owns the writes of."""
+
+    def __init__(self, store: QueueStore, meta: MetadataStore, state: PopState,
+                 notify: Callable[[str], None] = lambda topic: None) -> None:
         self.store = store
         self.meta = meta
         self.state = state
-        self.notifier = notifier
+        self.notify = notify  # (topic): wakes its long polls (an ack may free a FIFO queue)
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self.closing = False
         self.on_dlq: Callable[[str, str], None] | None = None  # (group, topic): metrics
 
     def _lock(self, group: str, topic: str) -> threading.Lock:
@@ -141,25 +106,9 @@ class PopEngine:
 
     # -- receive --------------------------------------------------------------------------------
 
-    def receive(self, group: GroupConfig, topic: TopicConfig, filt: TagFilter, batch: int,
-                invisible_ms: int, poll_ms: int, start_queue: int = 0,
-                alive: Callable[[], bool] = lambda: True) -> list[Popped]:
-        """Pop up to ``batch`` messages, waiting up to ``poll_ms`` for the first one."""
-        deadline = time.monotonic() + poll_ms / 1000
-        while True:
-            seen = self.notifier.seq(topic.name)
-            popped = self.pop_once(group, topic, filt, batch, invisible_ms, start_queue)
-            remaining = deadline - time.monotonic()
-            if popped or remaining <= 0 or self.closing or not alive():
-                return popped
-            wait = min(remaining, 1.0)  # also the granularity of noticing expired messages
-            next_due = self._next_visible(group.name, topic.name)
-            if next_due is not None:
-                wait = min(wait, max(0.0, (next_due - now_ms()) / 1000) + 0.001)
-            self.notifier.wait(topic.name, seen, wait)
-
-    def _next_visible(self, group: str, topic: str) -> int | None:
-        """When the next in-flight message turns visible (None: none will by itself).
+    def next_visible(self, group: str, topic: str) -> int | None:
+        """When the next in-flight message turns visible (ms since the epoch; None: none will
+        by itself). A long poll waits no longer than this.
 
         Entries already visible are left out: the pop that just ran did not deliver them, so
         they are blocked (a FIFO queue behind an earlier invisible message) and only an ack,
@@ -184,10 +133,12 @@ class PopEngine:
             visible_at = now + invisible_ms
             gen = now
 
-            # 1. Redeliver what has become visible again (oldest queue position first).
+            # 1. Redeliver what has become visible again (oldest queue position first), read
+            # in runs of consecutive offsets: one store read per run, not per message.
             blocked: set[int] = set()
+            due: list[tuple[int, int, InFlight]] = []
             for (qid, off) in sorted(entries):
-                if len(out) >= batch:
+                if len(due) >= batch:
                     break
                 e = entries[(qid, off)]
                 if e.visible_at > now:
@@ -195,7 +146,10 @@ class PopEngine:
                     continue
                 if orderly and qid in blocked:
                     continue
-                msg = self._read_one(g, t, qid, off)
+                due.append((qid, off, e))
+            held = self._read_runs(g, t, [(qid, off) for qid, off, _e in due])
+            for qid, off, e in due:
+                msg = held.get((qid, off))
                 if msg is None:  # removed by retention: nothing left to deliver
                     delete.append((qid, off))
                     continue
@@ -246,11 +200,24 @@ class PopEngine:
             return out
 
     def _read_one(self, group: str, topic: str, qid: int, offset: int) -> StoredMessage | None:
-        with self.store.get_messages(group, topic, qid, offset, max_count=1) as got:
-            for msg in got.messages():
-                if msg.queue_offset == offset:
-                    return msg
-        return None
+        return self._read_runs(group, topic, [(qid, offset)]).get((qid, offset))
+
+    def _read_runs(self, group: str, topic: str, keys: list[tuple[int, int]]
+                   ) -> dict[tuple[int, int], StoredMessage]:
+        """The messages at sorted (queue id, offset) keys, one read per consecutive run."""
+        out: dict[tuple[int, int], StoredMessage] = {}
+        i = 0
+        while i < len(keys):
+            qid, first = keys[i]
+            j = i + 1
+            while j < len(keys) and keys[j] == (qid, first + (j - i)):
+                j += 1
+            with self.store.get_messages(group, topic, qid, first, max_count=j - i) as got:
+                for msg in got.messages():
+                    if first <= msg.queue_offset < first + (j - i):
+                        out[(qid, msg.queue_offset)] = msg
+            i = j
+        return out
 
     def _put_dlq(self, group: str, msg: StoredMessage, attempts: int) -> None:
         name = dlq_topic(group)
@@ -260,9 +227,9 @@ class PopEngine:
         props[DLQ_ORIGIN_MESSAGE_ID] = message_id_of(msg)
         props["RECONSUME_TIME"] = str(max(0, attempts - 1))
         props.pop(Prop.MESSAGE_GROUP, None)  # a DLQ is one plain queue
-        result = self.store.put_message(Message(
+        result = self.store.put_messages([Message(
             name, msg.decompressed_body(), 0, props, born_timestamp=msg.born_timestamp,
-            born_host=msg.born_host, reconsume_times=max(0, attempts - 1)))
+            born_host=msg.born_host, reconsume_times=max(0, attempts - 1))])
         if not result.ok:
             # Keep the message in flight: losing it would be worse than retrying the move.
             raise BrokerError(Code.INTERNAL_ERROR, f"cannot write to {name}: {result.status} "
@@ -292,11 +259,29 @@ class PopEngine:
 
     def ack(self, group: str, topic: str, handle: str) -> None:
         """Ack one delivery. Acking a message no longer in flight (acked already) is a no-op."""
+        error = self.ack_many(group, topic, [handle])[0]
+        if error is not None:
+            raise error
+
+    def ack_many(self, group: str, topic: str, handles: list[str]) -> list[BrokerError | None]:
+        """Ack many deliveries in one pop-state write: per handle None (acked, or acked
+        already) or the error refusing it; a bad handle does not keep the others from going."""
+        results: list[BrokerError | None] = []
+        delete: list[tuple[int, int]] = []
         with self._lock(group, topic):
-            r, e = self._current(group, topic, handle)
-            if e is not None:
-                self.state.apply(group, topic, delete=[(r.queue_id, r.offset)])
-        self.notifier.notify(topic)  # a FIFO queue may have become free
+            for handle in handles:
+                try:
+                    r, e = self._current(group, topic, handle)
+                except BrokerError as exc:
+                    results.append(exc)
+                    continue
+                if e is not None:
+                    delete.append((r.queue_id, r.offset))
+                results.append(None)
+            if delete:
+                self.state.apply(group, topic, delete=delete)
+        self.notify(topic)  # a FIFO queue may have become free
+        return results
 
     def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str:
         with self._lock(group, topic):
@@ -307,7 +292,7 @@ class PopEngine:
             now = now_ms()
             ne = InFlight(now + invisible_ms, e.attempt, max(now, e.generation + 1))
             self.state.apply(group, topic, put={(r.queue_id, r.offset): ne})
-        self.notifier.notify(topic)
+        self.notify(topic)
         return self.handle(group, topic, Receipt(r.queue_id, r.offset, ne.generation,
                                                  ne.visible_at))
 
@@ -320,7 +305,7 @@ class PopEngine:
             if msg is not None:
                 self._put_dlq(group, msg, e.attempt)
             self.state.apply(group, topic, delete=[(r.queue_id, r.offset)])
-        self.notifier.notify(topic)
+        self.notify(topic)
 
     # -- progress -------------------------------------------------------------------------------
 

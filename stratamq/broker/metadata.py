@@ -497,6 +497,33 @@ class MetadataStore:
     def delete_group(self, name: str) -> None:
         self._groups.remove(name, "group")
 
+    # -- replication (a slave broker copies its master's topics and groups) ------------------
+
+    def export(self) -> dict[str, Any]:
+        """Every topic (system ones too) and group, as their config files hold them."""
+        with self._topics.lock, self._groups.lock:
+            return {"topics": [t.to_json() for t in self._topics.entries.values()],
+                    "groups": [g.to_json() for g in self._groups.entries.values()]}
+
+    def replace_all(self, exported: dict[str, Any]) -> list[str]:
+        """Make the topics and groups those of ``exported`` (from ``export``); return the names
+        of the topics that went. ValueError names an entry that is not valid."""
+        topics = {str(d.get("topicName")): d for d in exported.get("topics", [])
+                  if isinstance(d, dict)}
+        groups = {str(d.get("groupName")): d for d in exported.get("groups", [])
+                  if isinstance(d, dict)}
+        new_topics: dict[str, Any] = {n: TopicConfig.from_json(n, d) for n, d in topics.items()}
+        new_groups: dict[str, Any] = {n: GroupConfig.from_json(n, d) for n, d in groups.items()}
+        with self._topics.lock, self._groups.lock:
+            gone = sorted(set(self._topics.entries) - set(new_topics))
+            if new_topics != self._topics.entries:
+                self._topics.entries = new_topics
+                self._topics.save()
+            if new_groups != self._groups.entries:
+                self._groups.entries = new_groups
+                self._groups.save()
+        return gone
+
     @staticmethod
     def _check_group(cfg: GroupConfig) -> None:
         if not 0 <= cfg.retry_max_times <= MAX_RETRY_TIMES:

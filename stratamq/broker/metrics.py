@@ -200,10 +200,9 @@ class _StoreCollector(Collector):
         yield self._gauge("rocketmq_storage_dispatch_behind_bytes",
                           "CommitLog bytes not yet dispatched", store.dispatch_behind_bytes(),
                           disk)
-        files = store.commitlog.files
         yield self._gauge("rocketmq_storage_flush_behind_bytes",
                           "CommitLog bytes not yet flushed",
-                          max(0, files.max_offset() - files.flushed_where), disk)
+                          max(0, store.max_physical_offset - store.flushed_offset), disk)
         root = store.layout.root
         yield self._gauge("rocketmq_storage_size", "bytes the store occupies on disk",
                           _disk_bytes(root), disk)

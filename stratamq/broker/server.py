@@ -1,80 +1,39 @@
-"""The gRPC broker: ``apache.rocketmq.v2.MessagingService`` for the official RocketMQ 5 clients,
-plus a small StrataMQ admin service, on one port.
+"""The broker process: ``apache.rocketmq.v2.MessagingService`` for the official RocketMQ 5
+clients, plus a small StrataMQ admin service, on one port; and its lifecycle.
 
-Protocol definitions come from the generated modules shipped in the official client package
-(``rocketmq.grpc_protocol``), never from hand-copied ``.proto`` files.
+Parts (each module says more):
 
-RPCs (every failure is answered with a ``Status``; nothing a client sends crashes the broker):
+* ``rpc.py``: the thin ``grpc.aio`` adapter; ``admin.py``: the admin service (JSON bodies).
+* ``clients.py``, ``sending.py``, ``receiving.py``, ``pulling.py``: the logic, free of gRPC,
+  over ``lookup.py`` (topics, groups, ACL), ``engine.py`` + ``pop_state.py`` (pop
+  consumption), ``writer.py`` (the single writer combining concurrent sends into one append)
+  and ``polling.py`` (long polls as registered waiters).
+* ``Broker`` (here): opens the store, builds the parts, runs the gRPC server on an event loop
+  of its own thread, and stops everything in order.
 
-* ``QueryRoute``: one ``MessageQueue`` per queue id with READ/WRITE permission, this broker
-  (id 0) and the endpoints the client used, and the topic's message type as the only accepted
-  type. Unknown topic: ``TOPIC_NOT_FOUND`` (auto-create is off by default).
-* ``Heartbeat`` / ``NotifyClientTermination``: the broker tracks live clients per group.
-* ``Telemetry``: each ``settings`` command is answered with the broker's settings: for a
-  producer max body size (``maxMessageSize``), type validation on and an exponential send
-  backoff; for a consumer the subscription (``fifo`` when the group consumes orderly),
-  batch size, long-polling timeout and the group's retry policy (``max_attempts`` =
-  ``retryMaxTimes`` + 1, customized backoff).
-* ``SendMessage``: NORMAL / FIFO (the message group picks the queue by hash) / DELAY (handed to
-  ``Broker.timer``; refused with ``UNSUPPORTED`` when no timer service runs). The message type
-  must match the topic's.
-* ``ReceiveMessage`` (server stream: status, then the messages, then the delivery timestamp),
-  ``AckMessage``, ``ChangeInvisibleDuration``, ``ForwardMessageToDeadLetterQueue``,
-  ``QueryAssignment`` (one assignment per topic with queue id -1: a receive pops across every
-  queue, as RocketMQ's proxy does): see ``engine.py`` for the semantics.
+Threads: the caller's (``start``/``stop``), ``broker-io`` (the event loop: every RPC handler,
+every open stream and waiting poll), ``broker-exec-N`` (``grpcThreadPoolNums`` threads for the
+blocking store calls), ``broker-writer`` (appends), and the store's own services.
 
-Offset-based reads, for replaying a queue from any offset (what the Spark source uses):
+Hook points for the parts other modules provide (all off by default; set before ``start`` or
+built from the config by ``_install_extensions``):
 
-* ``QueryOffset(message_queue{topic.name, id}, query_offset_policy)``: ``BEGINNING`` -> the
-  queue's min offset, ``END`` -> its max offset (the next offset to be written),
-  ``TIMESTAMP`` (+ ``timestamp``) -> the first offset stored at or after that time (the max
-  offset if none). Unknown topic: ``TOPIC_NOT_FOUND``; queue id out of range: ``BAD_REQUEST``.
-* ``PullMessage(group.name, message_queue{topic.name, id}, offset, batch_size,
-  filter_expression, long_polling_timeout)``: a server stream of ``status``, then up to
-  ``batch_size`` messages in offset order (``system_properties.queue_offset`` is each
-  message's offset; bodies are byte-identical; no receipt handle), then ``next_offset``: the
-  offset to pull from next (it moves past messages the tag filter skipped). Status ``OK`` when
-  the pull read something (possibly zero messages after filtering, with ``next_offset``
-  advanced); ``MESSAGE_NOT_FOUND`` when ``offset`` is the end of the queue and nothing arrived
-  within ``long_polling_timeout``; ``ILLEGAL_OFFSET`` when ``offset`` is below the min offset
-  (retention removed it) or past the end, with ``next_offset`` set to the min / max offset to
-  resume from. A reader replays ``[start, end)`` by pulling from ``start`` and following
-  ``next_offset`` until it reaches ``end`` (from ``QueryOffset END`` taken at the start).
-  Pulls keep no state and need no consumer group registration (the group name is only used
-  for logging and access control).
-  With request metadata ``x-stratamq-pull-format: records`` (StrataMQ's Spark source) the
-  broker answers with the same metadata and each message's ``body`` is the whole stored
-  CommitLog record (``system_properties`` carry only ``queue_id`` and ``queue_offset``).
-* ``UpdateOffset`` / ``GetOffset``: a pull consumer's committed offset per (group, queue),
-  durable; ``GetOffset`` falls back to the group's pop progress, else ``OFFSET_NOT_FOUND``.
-
-Not supported (answered ``NOT_IMPLEMENTED``): transactions (``EndTransaction``),
-``RecallMessage``, lite topics (``SyncLiteSubscription``), SQL92 filters
-(``ILLEGAL_FILTER_EXPRESSION``).
-
-Admin (``stratamq.admin.v1.Admin``, JSON request and response bodies, gRPC status codes for
-errors; the client package's ``admin_pb2`` only changes log levels): see ``admin.py``.
-
-Hook points for the parts other modules provide (all off by default):
-
-* ``Broker._authorize(context, resource, action)`` runs at the start of every RPC; with
-  ``Broker.acl`` None it does nothing, else it calls ``acl.authorize(metadata, resource,
-  action)`` which raises ``BrokerError(UNAUTHORIZED | FORBIDDEN, ...)``. Resources are
-  ``"Topic:<name>"``, ``"Group:<name>"`` or ``"Cluster"``; actions ``"Pub"``, ``"Sub"``,
-  ``"Get"``, ``"Create"``, ``"Update"``, ``"Delete"``, ``"List"``.
+* ``Broker.acl``: ``authorize(metadata, resource, action)`` raising ``BrokerError(UNAUTHORIZED
+  | FORBIDDEN, ...)``, run first by every RPC. Resources are ``"Topic:<name>"``,
+  ``"Group:<name>"`` or ``"Cluster"``; actions ``"Pub"``, ``"Sub"``, ``"Get"``, ``"Create"``,
+  ``"Update"``, ``"Delete"``, ``"List"``.
 * ``Broker.metrics``: ``on_send(topic, sizes, seconds, message_type)``, ``on_receive(group,
   topic, count, nbytes)``, ``on_ack(group, topic, count)``, ``on_dlq(group, topic)``,
   ``on_rpc(method, code, seconds)``; ``NullMetrics`` by default (``broker/metrics.py``).
-* ``Broker.timer``: ``submit(message, deliver_at_ms) -> PutMessageResult`` for DELAY sends.
+* ``Broker.timer``: ``hold(message, deliver_at_ms) -> Message`` for DELAY sends.
 * ``Broker.server_credentials``: a ``grpc.ServerCredentials`` for TLS (plaintext if None).
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
+import asyncio
+import concurrent.futures
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -83,641 +42,34 @@ from dataclasses import replace
 from typing import Any
 
 import grpc
-from rocketmq.grpc_protocol import definition_pb2 as pb
-from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
-from stratamq.broker.compaction_topics import compaction_admin_handler, route_by_key
+from stratamq.broker.clients import ClientRegistry, ClientService
+from stratamq.broker.compaction_topics import compaction_admin_handler
 from stratamq.broker.compaction_topics import plug as plug_compaction
-from stratamq.broker.convert import to_pb_message, to_store_message, valid_timestamp_ms
-from stratamq.broker.engine import Notifier, PopEngine, now_ms
-from stratamq.broker.errors import BrokerError
-from stratamq.broker.metadata import (
-    GroupConfig,
-    MetadataError,
-    MetadataStore,
-    TopicConfig,
-)
+from stratamq.broker.engine import PopEngine
+from stratamq.broker.lookup import Lookup
+from stratamq.broker.metadata import MetadataStore
 from stratamq.broker.metrics import NullMetrics
+from stratamq.broker.polling import LongPolls
 from stratamq.broker.pop_state import PopState
-from stratamq.broker.validate import (
-    RECEIVE_BATCH_MAX,
-    check_group,
-    check_invisible_time,
-    check_topic,
-    client_type_name,
-    put_status,
-)
+from stratamq.broker.pulling import PullService
+from stratamq.broker.receiving import ReceiveService
+from stratamq.broker.rpc import MessagingServicer, Services
+from stratamq.broker.sending import SendService
+from stratamq.broker.writer import GroupWriter
 from stratamq.compaction.service import CompactionStore
-from stratamq.config import BrokerConfig, StoreConfig
-from stratamq.record import Host, Prop, tags_hash_code
-from stratamq.store.filter import TagFilter
+from stratamq.config import BrokerConfig, BrokerRole, StoreConfig
+from stratamq.message import DispatchInfo
+from stratamq.store.layout import StoreLayout
 from stratamq.store.message_store import MessageStore
-from stratamq.store.results import GetMessageStatus, PutMessageStatus
 
 log = logging.getLogger(__name__)
-Code = pb.Code
 
 __all__ = ["Broker", "BrokerStopError", "NullMetrics"]
 
-
-
-# PullMessage metadata asking for raw CommitLog records as bodies (see PullMessage).
-PULL_FORMAT_KEY, PULL_FORMAT_RECORDS = "x-stratamq-pull-format", "records"
-
-
-def _record_message(record: Any, topic: str, qid: int) -> pb.Message:
-    out = pb.Message(body=bytes(record.buffer))
-    out.topic.name = topic
-    out.system_properties.queue_id = qid
-    out.system_properties.queue_offset = record.queue_offset
-    return out
-
-
-def _status(code: int = Code.OK, message: str = "OK") -> pb.Status:
-    return pb.Status(code=code, message=message)
-
-
-def _peer_host(context: grpc.ServicerContext) -> Host:
-    peer = context.peer() or ""
-    try:
-        kind, _, rest = peer.partition(":")
-        if kind in ("ipv4", "ipv6"):
-            return Host.parse(rest)
-    except ValueError:
-        pass
-    return Host("127.0.0.1", 0)
-
-
-def _code_name(code: int) -> str:
-    return pb.Code.Name(code) if code in pb.Code.values() else str(code)
-
-
-def _unary(response_cls: type) -> Callable:
-    """Turn BrokerError (and any bug) into a Status response instead of a failed RPC, and time
-    the call for ``rocketmq_rpc_latency``."""
-
-    def wrap(fn: Callable) -> Callable:
-        name = fn.__name__
-
-        @functools.wraps(fn)
-        def handler(self: MessagingServicer, request: Any, context: grpc.ServicerContext) -> Any:
-            started = time.perf_counter()
-            try:
-                response = fn(self, request, context)
-            except BrokerError as exc:
-                response = response_cls(status=_status(exc.code, exc.message))
-            except MetadataError as exc:
-                response = response_cls(status=_status(Code.BAD_REQUEST, str(exc)))
-            except Exception as exc:  # a bug must cost one request, not the broker
-                log.exception("%s failed", name)
-                response = response_cls(status=_status(Code.INTERNAL_ERROR,
-                                                       f"{type(exc).__name__}: {exc}"))
-            self.b.metrics.on_rpc(name, _code_name(response.status.code),
-                                  time.perf_counter() - started)
-            return response
-
-        return handler
-
-    return wrap
-
-
-def _streaming(response_cls: type) -> Callable:
-    def wrap(fn: Callable) -> Callable:
-        name = fn.__name__
-
-        @functools.wraps(fn)
-        def handler(self: MessagingServicer, request: Any, context: grpc.ServicerContext
-                    ) -> Iterator[Any]:
-            started = time.perf_counter()
-            code = Code.OK
-            try:
-                for response in fn(self, request, context):
-                    if response.HasField("status"):
-                        code = response.status.code
-                    yield response
-            except BrokerError as exc:
-                code = exc.code
-                yield response_cls(status=_status(exc.code, exc.message))
-            except Exception as exc:
-                log.exception("%s failed", name)
-                code = Code.INTERNAL_ERROR
-                yield response_cls(status=_status(Code.INTERNAL_ERROR,
-                                                  f"{type(exc).__name__}: {exc}"))
-            self.b.metrics.on_rpc(name, _code_name(code), time.perf_counter() - started)
-
-        return handler
-
-    return wrap
-
-
-class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
-    """Thin adapter: validate, authorize, call the engine/store, build the response."""
-
-    def __init__(self, broker: Broker) -> None:
-        self.b = broker
-        self._round_robin = itertools.count(random.randrange(1 << 16))
-
-    # -- helpers --------------------------------------------------------------------------------
-
-    def _topic(self, name: str, *, create: bool = False) -> TopicConfig:
-        # System topics (e.g. the timer's rmq_sys_wheel_timer, holding not-yet-due DELAY
-        # messages) are internal: neither routed, written, read nor auto-created for clients.
-        check_topic(name)
-        cfg = self.b.meta.topic(name)
-        if cfg is None and create and self.b.config.auto_create_topic_enable:
-            cfg = self.b.meta.create_topic(name, self.b.config.default_topic_queue_nums,
-                                           exist_ok=True)
-        if cfg is None:
-            raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")
-        return cfg
-
-    def _subscription(self, context, group_name: str,
-                      topic_name: str) -> tuple[GroupConfig, TopicConfig]:
-        """Check that the caller may consume ``topic_name`` as ``group_name``; both configs."""
-        self.b._authorize(context, f"Group:{group_name}", "Sub")
-        self.b._authorize(context, f"Topic:{topic_name}", "Sub")
-        return self._group(group_name, context), self._topic(topic_name)
-
-    def _group(self, name: str, context: grpc.ServicerContext) -> GroupConfig:
-        """The group's config; an unknown group is created when autoCreateSubscriptionGroup
-        is on, and with ACL only for an account that may create groups (the admin): any
-        signed-in client could otherwise fill the broker with groups."""
-        check_group(name)
-        cfg = self.b.meta.group(name)
-        if cfg is None and self.b.config.auto_create_subscription_group:
-            try:
-                self.b._authorize(context, f"Group:{name}", "Create")
-            except BrokerError as exc:
-                if exc.code != Code.FORBIDDEN:
-                    raise
-                raise BrokerError(Code.FORBIDDEN, f"group {name!r} does not exist, and only "
-                                  "an admin account may create it (stratamq group create)"
-                                  ) from None
-            try:
-                cfg = self.b.meta.create_group(name, exist_ok=True)
-            except MetadataError as exc:
-                raise BrokerError(Code.ILLEGAL_CONSUMER_GROUP, str(exc)) from None
-        if cfg is None:
-            raise BrokerError(Code.CONSUMER_GROUP_NOT_FOUND, f"group {name!r} does not exist")
-        if not cfg.consume_enable:
-            raise BrokerError(Code.FORBIDDEN, f"group {name!r} has consumeEnable=false")
-        return cfg
-
-    def _named_queue(self, mq) -> tuple[TopicConfig, int]:
-        """The topic config and checked queue id a request's ``message_queue`` names."""
-        topic = self._topic(mq.topic.name)
-        return topic, self._queue_id(topic, mq.id)
-
-    def _queue_id(self, topic: TopicConfig, qid: int) -> int:
-        if not 0 <= qid < topic.queue_count:
-            raise BrokerError(Code.BAD_REQUEST,
-                              f"queue {qid} out of range: topic {topic.name!r} has "
-                              f"{topic.queue_count} queues")
-        return qid
-
-    def _endpoints(self, requested: pb.Endpoints | None) -> pb.Endpoints:
-        if requested is not None and requested.addresses:
-            return requested  # the address the client reached us on: right behind NAT too
-        host, port = self.b.advertised
-        return pb.Endpoints(scheme=pb.IPv6 if ":" in host else pb.IPv4,
-                            addresses=[pb.Address(host=host, port=port)])
-
-    def _message_queue(self, topic: TopicConfig, qid: int, endpoints: pb.Endpoints
-                       ) -> pb.MessageQueue:
-        readable = qid < topic.read_queue_nums and topic.perm & 4
-        writable = qid < topic.write_queue_nums and topic.perm & 2
-        perm = {(True, True): pb.READ_WRITE, (True, False): pb.READ,
-                (False, True): pb.WRITE}.get((bool(readable), bool(writable)), pb.NONE)
-        return pb.MessageQueue(
-            topic=pb.Resource(name=topic.name), id=qid, permission=perm,
-            broker=pb.Broker(name=self.b.config.broker_name, id=0, endpoints=endpoints),
-            accept_message_types=[pb.MessageType.Value(topic.message_type)])
-
-    @staticmethod
-    def _check_batch_size(batch_size: int, most: int = 1024) -> None:
-        if not 1 <= batch_size <= most:
-            raise BrokerError(Code.BAD_REQUEST, f"batch_size must be 1..{most}, not {batch_size}")
-
-    def _poll_ms(self, wanted_ms: int, context: grpc.ServicerContext) -> int:
-        """How long a receive or pull may wait: capped by the broker, and short enough to
-        answer before the client gives up on the call."""
-        poll = min(wanted_ms, self.b.config.max_long_polling_time_mills)
-        remaining = context.time_remaining()
-        if remaining is not None:
-            poll = max(0, min(poll, int((remaining - 1.0) * 1000)))
-        return poll
-
-    @staticmethod
-    def _filter(expr: pb.FilterExpression) -> TagFilter:
-        if expr.type == pb.SQL:
-            raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION,
-                              "SQL92 filter expressions are not supported; use tags")
-        try:
-            return TagFilter(expr.expression or "*")
-        except ValueError as exc:
-            raise BrokerError(Code.ILLEGAL_FILTER_EXPRESSION, str(exc)) from None
-
-    # -- route, heartbeat, telemetry ------------------------------------------------------------
-
-    @_unary(svc.QueryRouteResponse)
-    def QueryRoute(self, request, context):
-        self.b._authorize(context, f"Topic:{request.topic.name}", "Get")
-        topic = self._topic(request.topic.name, create=True)
-        endpoints = self._endpoints(request.endpoints)
-        return svc.QueryRouteResponse(status=_status(), message_queues=[
-            self._message_queue(topic, q, endpoints) for q in range(topic.queue_count)])
-
-    @_unary(svc.HeartbeatResponse)
-    def Heartbeat(self, request, context):
-        self.b._authorize(context, "Cluster", "Get")
-        group = request.group.name if request.HasField("group") else ""
-        if group and request.client_type != pb.PRODUCER:
-            self.b._authorize(context, f"Group:{group}", "Sub")
-            self._group(group, context)
-        self.b.note_client(context, group, client_type_name(request.client_type))
-        return svc.HeartbeatResponse(status=_status())
-
-    @_unary(svc.NotifyClientTerminationResponse)
-    def NotifyClientTermination(self, request, context):
-        self.b._authorize(context, "Cluster", "Get")
-        self.b.forget_client(context)
-        return svc.NotifyClientTerminationResponse(status=_status())
-
-    def Telemetry(self, request_iterator, context):
-        try:
-            self.b._authorize(context, "Cluster", "Get")
-            for cmd in request_iterator:
-                if cmd.HasField("settings"):
-                    yield self._settings_reply(cmd.settings, context)
-        except BrokerError as exc:
-            yield svc.TelemetryCommand(status=_status(exc.code, exc.message))
-        except Exception as exc:
-            if context.is_active():
-                log.exception("Telemetry failed")
-                yield svc.TelemetryCommand(status=_status(Code.INTERNAL_ERROR, str(exc)))
-
-    def _settings_reply(self, s: pb.Settings, context) -> svc.TelemetryCommand:
-        out = pb.Settings()
-        out.CopyFrom(s)
-        if s.HasField("publishing"):
-            out.publishing.max_body_size = self.b.store_config.max_message_size
-            out.publishing.validate_message_type = True
-            backoff = out.backoff_policy
-            backoff.Clear()
-            backoff.max_attempts = 3
-            backoff.exponential_backoff.initial.FromMilliseconds(10)
-            backoff.exponential_backoff.max.FromMilliseconds(1000)
-            backoff.exponential_backoff.multiplier = 2.0
-        elif s.HasField("subscription"):
-            self.b._authorize(context, f"Group:{s.subscription.group.name}", "Sub")
-            group = self._group(s.subscription.group.name, context)
-            sub = out.subscription
-            orderly = group.consume_message_orderly or any(
-                (t := self.b.meta.topic(e.topic.name)) is not None and t.message_type == "FIFO"
-                for e in s.subscription.subscriptions)
-            sub.fifo = orderly
-            sub.receive_batch_size = self.b.config.receive_batch_size
-            wanted = (s.subscription.long_polling_timeout.ToMilliseconds()
-                      if s.subscription.HasField("long_polling_timeout") else 30_000)
-            sub.long_polling_timeout.FromMilliseconds(
-                max(1000, min(wanted, self.b.config.max_long_polling_time_mills)))
-            backoff = out.backoff_policy
-            backoff.Clear()
-            backoff.max_attempts = group.max_delivery_attempts
-            for ms in group.retry_backoff_ms:
-                backoff.customized_backoff.next.add().FromMilliseconds(ms)
-            self.b.note_client(context, group.name, client_type_name(s.client_type))
-        out.metric.on = False
-        return svc.TelemetryCommand(status=_status(), settings=out)
-
-    # -- send -----------------------------------------------------------------------------------
-
-    @_unary(svc.SendMessageResponse)
-    def SendMessage(self, request, context):
-        # SendMessageActivity: one topic per request, every entry converted and checked before
-        # anything is stored, so a bad entry never leaves its neighbours stored but unacked
-        # (the client's retry would store them twice).
-        if not request.messages:
-            raise BrokerError(Code.MESSAGE_CORRUPTED, "no message to send")
-        topic_name = request.messages[0].topic.name
-        check_topic(topic_name)
-        if any(m.topic.name != topic_name for m in request.messages):
-            raise BrokerError(Code.MESSAGE_CORRUPTED, "topic in message is not same")
-        self.b._authorize(context, f"Topic:{topic_name}", "Pub")
-        topic = self._topic(topic_name, create=True)
-        if not topic.perm & 2:
-            raise BrokerError(Code.FORBIDDEN, f"topic {topic.name!r} is not writable")
-        peer = _peer_host(context)
-        prepared: list[tuple[Any, int | None] | BrokerError] = []
-        for m in request.messages:
-            try:
-                prepared.append(self._prepare(m, topic, peer))
-            except BrokerError as exc:
-                prepared.append(exc)
-        failures = [(i, p) for i, p in enumerate(prepared) if isinstance(p, BrokerError)]
-        if failures:
-            first_index, first = failures[0]
-            entries = [svc.SendResultEntry(status=_status(p.code, p.message))
-                       if isinstance(p, BrokerError) else svc.SendResultEntry(status=_status(
-                           first.code, f"not stored: message {first_index} of this request "
-                           f"is invalid ({first.message})")) for p in prepared]
-            return svc.SendMessageResponse(status=_status(first.code, first.message),
-                                           entries=entries)
-        started = time.perf_counter()
-        entries: list[svc.SendResultEntry] = []
-        sizes: list[int] = []
-        for m, p in zip(request.messages, prepared, strict=True):
-            assert not isinstance(p, BrokerError)
-            try:
-                entries.append(self._store(m, *p))
-                sizes.append(len(m.body))
-            except BrokerError as exc:
-                entries.append(svc.SendResultEntry(status=_status(exc.code, exc.message)))
-        if sizes:
-            self.b.metrics.on_send(topic_name, sizes, time.perf_counter() - started,
-                                   topic.message_type)
-        codes = {e.status.code for e in entries}
-        status = entries[0].status if len(codes) == 1 else _status(Code.MULTIPLE_RESULTS,
-                                                                    "MULTIPLE_RESULTS")
-        return svc.SendMessageResponse(status=status, entries=entries)
-
-    def _prepare(self, m: pb.Message, topic: TopicConfig, peer: Host
-                 ) -> tuple[Any, int | None]:
-        """The store message for one entry and its delivery time, checked; stores nothing."""
-        msg, deliver_at = to_store_message(m, peer, self.b.store_config.max_message_size,
-                                           allow_empty_body=topic.compaction is not None)
-        sp = m.system_properties
-        declared = sp.message_type
-        if declared == pb.MESSAGE_TYPE_UNSPECIFIED:
-            declared = (pb.FIFO if sp.message_group else
-                        pb.DELAY if deliver_at is not None else pb.NORMAL)
-        if declared not in pb.MessageType.values():
-            raise BrokerError(Code.BAD_REQUEST, f"unknown message type {declared}")
-        if pb.MessageType.Name(declared) != topic.message_type:
-            raise BrokerError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                              f"topic {topic.name!r} accepts {topic.message_type} messages, "
-                              f"not {pb.MessageType.Name(declared)}")
-        if topic.message_type == "FIFO" and not sp.message_group:
-            raise BrokerError(Code.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message group")
-        if topic.message_type == "DELAY" and deliver_at is None:
-            raise BrokerError(Code.ILLEGAL_DELIVERY_TIME, "a DELAY message needs a delivery time")
-        writable = topic.write_queue_nums
-        if topic.compaction is not None:
-            route_by_key(topic, msg)  # every value of a key in one queue
-        elif sp.message_group:
-            # Java String.hashCode, as RocketMQ's selectors use: a group always lands on one
-            # queue while the queue count stays the same.
-            msg.queue_id = abs(tags_hash_code(sp.message_group)) % writable
-        else:
-            msg.queue_id = next(self._round_robin) % writable
-        if deliver_at is not None and deliver_at > now_ms():
-            if self.b.timer is None or not self.b.config.timer_enable:
-                raise BrokerError(Code.UNSUPPORTED,
-                                  "DELAY messages need the timer service, which is not running "
-                                  "on this broker (timerWheelEnable)")
-            self.b.timer.check_delay(deliver_at)
-        else:
-            deliver_at = None
-        return msg, deliver_at
-
-    def _store(self, m: pb.Message, msg: Any, deliver_at: int | None) -> svc.SendResultEntry:
-        if deliver_at is not None:
-            result = self.b.timer.submit(msg, deliver_at)
-        else:
-            result = self.b.store.put_message(msg)
-        if result.status is not PutMessageStatus.PUT_OK:
-            code, text = put_status(result.status)
-            raise BrokerError(code, f"{text} ({result.error})" if result.error else text)
-        return svc.SendResultEntry(status=_status(Code.OK, "OK"),
-                                   message_id=m.system_properties.message_id,
-                                   offset=result.queue_offset if result.messages else 0)
-
-    # -- pop consumption ------------------------------------------------------------------------
-
-    @_streaming(svc.ReceiveMessageResponse)
-    def ReceiveMessage(self, request, context):
-        group, topic = self._subscription(context, request.group.name,
-                                          request.message_queue.topic.name)
-        if not topic.perm & 4:
-            raise BrokerError(Code.FORBIDDEN, f"topic {topic.name!r} is not readable")
-        cfg = self.b.config
-        # RocketMQ's broker pops at most 32 messages a request (PopMessageProcessor).
-        self._check_batch_size(request.batch_size, RECEIVE_BATCH_MAX)
-        filt = self._filter(request.filter_expression)
-        if request.HasField("invisible_duration"):
-            invisible = request.invisible_duration.ToMilliseconds()
-            check_invisible_time(invisible, cfg.min_invisible_time_mills_for_recv,
-                                 cfg.max_invisible_time_mills)
-        else:
-            invisible = cfg.default_invisible_time_mills
-        poll = (request.long_polling_timeout.ToMilliseconds()
-                if request.HasField("long_polling_timeout") else 0)
-        if poll < 0:
-            raise BrokerError(Code.ILLEGAL_POLLING_TIME, f"long polling timeout {poll} ms < 0")
-        poll = self._poll_ms(poll, context)
-        qid = request.message_queue.id
-        start = qid if 0 <= qid < topic.read_queue_nums else random.randrange(
-            topic.read_queue_nums)
-        popped = self.b.engine.receive(group, topic, filt, request.batch_size, invisible, poll,
-                                       start, alive=context.is_active)
-        if not popped:
-            yield svc.ReceiveMessageResponse(status=_status(Code.MESSAGE_NOT_FOUND,
-                                                            "no new message"))
-            return
-        yield svc.ReceiveMessageResponse(status=_status())
-        nbytes = 0
-        for p in popped:
-            nbytes += len(p.message.body)
-            yield svc.ReceiveMessageResponse(message=to_pb_message(
-                p.message, message_type=self._type_of(p.message, topic),
-                receipt=self.b.engine.handle(group.name, topic.name, p.receipt),
-                attempt=p.attempt, invisible_ms=p.invisible_ms))
-        self.b.metrics.on_receive(group.name, topic.name, len(popped), nbytes)
-        ts = svc.ReceiveMessageResponse()
-        ts.delivery_timestamp.GetCurrentTime()
-        yield ts
-
-    @staticmethod
-    def _type_of(msg, topic: TopicConfig) -> str:
-        if Prop.MESSAGE_GROUP in msg.properties:
-            return "FIFO"
-        if Prop.TIMER_DELIVER_MS in msg.properties:
-            return "DELAY"
-        return topic.message_type
-
-    @_unary(svc.AckMessageResponse)
-    def AckMessage(self, request, context):
-        group, topic = self._subscription(context, request.group.name, request.topic.name)
-        if not request.entries:
-            raise BrokerError(Code.BAD_REQUEST, "AckMessageRequest has no entries")
-        results = []
-        for entry in request.entries:
-            try:
-                self.b.engine.ack(group.name, topic.name, entry.receipt_handle)
-                status = _status()
-            except BrokerError as exc:
-                status = _status(exc.code, exc.message)
-            results.append(svc.AckMessageResultEntry(
-                message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status))
-        ok = sum(1 for r in results if r.status.code == Code.OK)
-        if ok:
-            self.b.metrics.on_ack(group.name, topic.name, ok)
-        codes = {r.status.code for r in results}
-        status = results[0].status if len(codes) == 1 else _status(Code.MULTIPLE_RESULTS,
-                                                                    "mixed results")
-        return svc.AckMessageResponse(status=status, entries=results)
-
-    @_unary(svc.ChangeInvisibleDurationResponse)
-    def ChangeInvisibleDuration(self, request, context):
-        group, topic = self._subscription(context, request.group.name, request.topic.name)
-        # The handle first: a client whose duration we refused would otherwise retry a handle
-        # it can never get an answer about. 0 ms is a nack (deliver again now), as the proxy
-        # accepts it; clients send it when a listener fails.
-        self.b.engine.check_handle(group.name, topic.name, request.receipt_handle)
-        ms = request.invisible_duration.ToMilliseconds()
-        check_invisible_time(ms, 0, self.b.config.max_invisible_time_mills)
-        handle = self.b.engine.change_invisible(group.name, topic.name, request.receipt_handle,
-                                                ms)
-        return svc.ChangeInvisibleDurationResponse(status=_status(), receipt_handle=handle)
-
-    @_unary(svc.ForwardMessageToDeadLetterQueueResponse)
-    def ForwardMessageToDeadLetterQueue(self, request, context):
-        group, topic = self._subscription(context, request.group.name, request.topic.name)
-        self.b.engine.forward_to_dlq(group.name, topic.name, request.receipt_handle)
-        return svc.ForwardMessageToDeadLetterQueueResponse(status=_status())
-
-    @_unary(svc.QueryAssignmentResponse)
-    def QueryAssignment(self, request, context):
-        _, topic = self._subscription(context, request.group.name, request.topic.name)
-        mq = self._message_queue(topic, 0, self._endpoints(request.endpoints))
-        mq.id = -1  # "any queue": a receive pops across all of them
-        return svc.QueryAssignmentResponse(status=_status(),
-                                           assignments=[pb.Assignment(message_queue=mq)])
-
-    # -- offsets and pull -----------------------------------------------------------------------
-
-    @_unary(svc.QueryOffsetResponse)
-    def QueryOffset(self, request, context):
-        self.b._authorize(context, f"Topic:{request.message_queue.topic.name}", "Get")
-        topic, qid = self._named_queue(request.message_queue)
-        store = self.b.store
-        policy = request.query_offset_policy
-        if policy == pb.BEGINNING:
-            offset = store.get_min_offset_in_queue(topic.name, qid)
-        elif policy == pb.END:
-            offset = store.get_max_offset_in_queue(topic.name, qid)
-        elif policy == pb.TIMESTAMP:
-            if not request.HasField("timestamp"):
-                raise BrokerError(Code.BAD_REQUEST, "TIMESTAMP policy needs a timestamp")
-            ms = valid_timestamp_ms(request.timestamp)
-            if ms is None:
-                raise BrokerError(Code.BAD_REQUEST, f"timestamp {request.timestamp.seconds}s "
-                                  "is not a valid time (years 1 to 9999)")
-            offset = store.get_offset_in_queue_by_time(topic.name, qid, ms)
-        else:
-            raise BrokerError(Code.BAD_REQUEST, f"unknown query_offset_policy {policy}")
-        return svc.QueryOffsetResponse(status=_status(), offset=offset)
-
-    @_streaming(svc.PullMessageResponse)
-    def PullMessage(self, request, context):
-        self.b._authorize(context, f"Group:{request.group.name}", "Sub")
-        self.b._authorize(context, f"Topic:{request.message_queue.topic.name}", "Sub")
-        topic, qid = self._named_queue(request.message_queue)
-        self._check_batch_size(request.batch_size)
-        if request.offset < 0:
-            raise BrokerError(Code.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
-        filt = self._filter(request.filter_expression)
-        poll = self._poll_ms(request.long_polling_timeout.ToMilliseconds(), context)
-        deadline = time.monotonic() + poll / 1000
-        group = request.group.name or "stratamq-pull"
-        store = self.b.store
-        # Opt-in for StrataMQ's Spark source: each message's body is the whole CommitLog record
-        # (header included), so a remote reader builds exactly the rows a directory read does.
-        records = (PULL_FORMAT_KEY, PULL_FORMAT_RECORDS) in context.invocation_metadata()
-        if records:
-            context.send_initial_metadata(((PULL_FORMAT_KEY, PULL_FORMAT_RECORDS),))
-        while True:
-            seen = self.b.notifier.seq(topic.name)
-            got = store.get_messages(group, topic.name, qid, request.offset,
-                                     max_count=request.batch_size, tag_filter=filt)
-            with got:
-                st = got.status
-                if st in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
-                          GetMessageStatus.MESSAGE_WAS_REMOVING):
-                    messages = [_record_message(r, topic.name, qid) for r in got.records] \
-                        if records else [to_pb_message(m, message_type=self._type_of(m, topic))
-                                         for m in got.messages()]
-                    yield svc.PullMessageResponse(status=_status())
-                    for m in messages:
-                        yield svc.PullMessageResponse(message=m)
-                    yield svc.PullMessageResponse(next_offset=got.next_begin_offset)
-                    return
-                if st is GetMessageStatus.OFFSET_TOO_SMALL:
-                    yield svc.PullMessageResponse(status=_status(
-                        Code.ILLEGAL_OFFSET, f"offset {request.offset} is below the queue's min "
-                        f"offset {got.min_offset}"))
-                    yield svc.PullMessageResponse(next_offset=got.min_offset)
-                    return
-                if st is GetMessageStatus.OFFSET_OVERFLOW_BADLY or (
-                        st is not GetMessageStatus.OFFSET_OVERFLOW_ONE and request.offset > 0):
-                    yield svc.PullMessageResponse(status=_status(
-                        Code.ILLEGAL_OFFSET, f"offset {request.offset} is past the queue's end "
-                        f"{got.max_offset}"))
-                    yield svc.PullMessageResponse(next_offset=got.max_offset)
-                    return
-            # At the end of the queue (or the queue was never written): wait for more.
-            left = deadline - time.monotonic()
-            if left <= 0 or not context.is_active() or self.b.engine.closing:
-                yield svc.PullMessageResponse(status=_status(Code.MESSAGE_NOT_FOUND,
-                                                             "no new message"))
-                yield svc.PullMessageResponse(next_offset=request.offset)
-                return
-            self.b.notifier.wait(topic.name, seen, min(left, 1.0))
-
-    @_unary(svc.UpdateOffsetResponse)
-    def UpdateOffset(self, request, context):
-        # Both the group and the topic, before either is looked up: a caller without the
-        # right gets the same answer whether the topic exists or not.
-        self.b._authorize(context, f"Group:{request.group.name}", "Sub")
-        self.b._authorize(context, f"Topic:{request.message_queue.topic.name}", "Sub")
-        group = self._group(request.group.name, context)
-        topic, qid = self._named_queue(request.message_queue)
-        if request.offset < 0:
-            raise BrokerError(Code.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
-        self.b.state.set_offset(group.name, topic.name, qid, request.offset)
-        return svc.UpdateOffsetResponse(status=_status())
-
-    @_unary(svc.GetOffsetResponse)
-    def GetOffset(self, request, context):
-        self.b._authorize(context, f"Group:{request.group.name}", "Get")
-        self.b._authorize(context, f"Topic:{request.message_queue.topic.name}", "Get")
-        group = self._group(request.group.name, context)
-        topic, qid = self._named_queue(request.message_queue)
-        offset = self.b.state.offset(group.name, topic.name, qid)
-        if offset is None:
-            offset = self.b.state.committed(group.name, topic.name, qid)
-        if offset is None:
-            raise BrokerError(Code.OFFSET_NOT_FOUND,
-                              f"group {group.name!r} has no offset for {topic.name}/{qid}")
-        return svc.GetOffsetResponse(status=_status(), offset=offset)
-
-    # -- not supported --------------------------------------------------------------------------
-
-    @_unary(svc.EndTransactionResponse)
-    def EndTransaction(self, request, context):
-        raise BrokerError(Code.NOT_IMPLEMENTED, "transactional messages are not supported yet")
-
-    @_unary(svc.RecallMessageResponse)
-    def RecallMessage(self, request, context):
-        raise BrokerError(Code.NOT_IMPLEMENTED, "recalling messages is not supported")
-
-    @_unary(svc.SyncLiteSubscriptionResponse)
-    def SyncLiteSubscription(self, request, context):
-        raise BrokerError(Code.NOT_IMPLEMENTED, "lite topics are not supported")
-
-
 _SERVER_STOP_MARGIN_S = 5.0  # past the grace period, how long gRPC's own shutdown may take
+_PART_STOP_S = 30.0  # the writer's queue and the executor's calls, each
 
 
 class BrokerStopError(RuntimeError):
@@ -730,12 +82,14 @@ class BrokerStopError(RuntimeError):
 
 
 class Broker:
-    """One broker process: a store, its metadata and pop state, and the gRPC server.
+    """One broker process: a store, its metadata and pop state, the logic and the gRPC server.
 
     ``start()`` binds the port first (so ``--listen host:0`` learns its port and the store
     writes the real endpoint into offset message ids), then opens the store, then serves.
-    ``stop()``: refuse new calls, let in-flight ones finish for ``shutdownGraceSeconds``, close
-    the pop state and the store (which flushes, writes the checkpoint and removes ``abort``).
+    ``stop()``: refuse new calls, answer waiting polls, end telemetry streams, let in-flight
+    calls finish for ``shutdownGraceSeconds``, write queued sends, then close the timer, the
+    metrics, the pop state and the store (which flushes, writes the checkpoint and removes
+    ``abort``). ``start``/``stop`` from one owning thread.
     """
 
     def __init__(self, store_config: StoreConfig, config: BrokerConfig | None = None,
@@ -752,24 +106,66 @@ class Broker:
         self.acl: Any = None
         self.metrics: Any = NullMetrics()
         self.timer: Any = None
+        self.replication: Any = None  # broker/replication.py, made in _build
         self.server_credentials: grpc.ServerCredentials | None = None
-        self.clients: dict[str, dict[str, Any]] = {}
-        self._clients_lock = threading.Lock()
-        self.server: grpc.Server | None = None
+        self.clients = ClientRegistry()
+        self.server: grpc.aio.Server | None = None
         self.store: MessageStore
-        self.compaction: CompactionStore | None = None  # compaction topics (issue 16)
+        self.tiered: Any = None  # stratamq.tiered.TieredStore when tieredBackendServiceProvider
+        self.compaction: CompactionStore | None = None  # compaction topics (enableCompaction)
         self.advertised: tuple[str, int] = (self.listen_host, self.listen_port)
         self.started_at = time.monotonic()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self.writer: GroupWriter | None = None
+        self.servicer: MessagingServicer | None = None
 
     @property
     def endpoint(self) -> str:
         host, port = self.advertised
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def _authorize(self, context: grpc.ServicerContext, resource: str, action: str) -> None:
-        """Called first by every RPC; a no-op unless ACL is configured."""
-        if self.acl is not None:
-            self.acl.authorize(dict(context.invocation_metadata()), resource, action)
+    def live_clients(self, group: str) -> list[dict[str, Any]]:
+        return self.clients.live(group)
+
+    @property
+    def telemetry_streams(self) -> int:
+        """Telemetry streams open now (one per connected client)."""
+        return len(self.servicer.telemetry_tasks) if self.servicer is not None else 0
+
+    # -- the event loop -------------------------------------------------------------------------
+
+    def _start_loop(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._loop_thread = threading.Thread(target=loop.run_forever, name="broker-io",
+                                             daemon=True)
+        self._loop_thread.start()
+        return loop
+
+    def _on_loop(self, coro: Any, timeout: float | None = 60.0) -> Any:
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """``fn(*args)`` in the executor, awaitable on the loop (the logic's ``run``)."""
+        assert self._loop is not None
+        return self._loop.run_in_executor(self._executor, fn, *args)
+
+    def _stop_loop(self) -> bool:
+        loop, thread = self._loop, self._loop_thread
+        if loop is None or thread is None:
+            return True
+        if loop.is_running():
+            loop.call_soon_threadsafe(loop.stop)
+        thread.join(_PART_STOP_S)
+        if thread.is_alive():
+            return False
+        loop.close()
+        return True
+
+    # -- extensions -----------------------------------------------------------------------------
 
     def _install_extensions(self) -> None:
         """Where the timer, ACL, TLS and metrics services are wired in from ``self.config``.
@@ -784,7 +180,8 @@ class Broker:
 
             self.acl = AclChecker.from_config(cfg.acl_file, cfg.acl_access_key,
                                               cfg.acl_secret_key, cfg.acl_signature_window_sec)
-        if self.timer is None and cfg.timer_enable:
+        if (self.timer is None and cfg.timer_enable
+                and self.store_config.broker_role is not BrokerRole.SLAVE):  # puts refused
             from stratamq.broker.timer import TimerMessageStore
 
             self.timer = TimerMessageStore(self.store,
@@ -800,10 +197,7 @@ class Broker:
                         yield group.name, row["topic"], row["lag"], row["inflight"]
 
             def clients() -> list[tuple[str, str]]:
-                cutoff = now_ms() - 60_000  # clients heartbeat every 10 s
-                with self._clients_lock:
-                    return [(c["type"], c["group"]) for c in self.clients.values()
-                            if c["last_seen"] >= cutoff]
+                return [(c["type"], c["group"]) for c in self.clients.live()]
 
             view = BrokerView(progress, clients,
                               lambda: (len(self.meta.topics()), len(self.meta.groups())))
@@ -812,6 +206,10 @@ class Broker:
             port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
             log.info("Prometheus metrics on %s:%d/metrics", cfg.metrics_host, port)
         self.engine.on_dlq = self.metrics.on_dlq
+        if self.tiered is not None and hasattr(self.metrics, "registry"):
+            from stratamq.tiered.metrics import TierCollector
+
+            self.metrics.registry.register(TierCollector(self.tiered, self.metrics.node))
 
     def _tls_credentials(self) -> grpc.ServerCredentials | None:
         """TLS from ``tls.server.*`` when ``tlsEnable``; TlsConfigError says what is wrong."""
@@ -831,73 +229,167 @@ class Broker:
         if hasattr(self.metrics, "close"):
             self.metrics.close()
 
+    # -- start and stop -------------------------------------------------------------------------
+
+    async def _bind(self, address: str) -> int:
+        max_len = self.store_config.max_message_size + 1024 * 1024
+        self.server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", max_len),
+            ("grpc.max_send_message_length", max_len),
+            ("grpc.so_reuseport", 0)])
+        try:
+            if self.server_credentials is not None:
+                return self.server.add_secure_port(address, self.server_credentials)
+            return self.server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {address}: {exc}") from None
+
+    async def _serve(self, servicer: MessagingServicer,
+                     *handlers: grpc.GenericRpcHandler) -> None:
+        assert self.server is not None
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, self.server)
+        self.server.add_generic_rpc_handlers(handlers)
+        await self.server.start()
+
     def start(self) -> str:
         cfg = self.config
-        max_len = self.store_config.max_message_size + 1024 * 1024
-        self.server = grpc.server(
-            ThreadPoolExecutor(max_workers=cfg.grpc_thread_pool_nums,
-                               thread_name_prefix="grpc-broker"),
-            options=[("grpc.max_receive_message_length", max_len),
-                     ("grpc.max_send_message_length", max_len),
-                     ("grpc.so_reuseport", 0)])
         address = (f"[{self.listen_host}]:{self.listen_port}" if ":" in self.listen_host
                    else f"{self.listen_host}:{self.listen_port}")
         self.server_credentials = self._tls_credentials()
+        loop = self._start_loop()
         try:
-            if self.server_credentials is not None:
-                port = self.server.add_secure_port(address, self.server_credentials)
-            else:
-                port = self.server.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise OSError(f"cannot listen on {address}: {exc}") from None
-        if not port:
-            raise OSError(f"cannot listen on {address}")
+            port = self._on_loop(self._bind(address))
+            if not port:
+                raise OSError(f"cannot listen on {address}")
+        except BaseException:
+            self.server = None
+            self._stop_loop()
+            raise
         advertised = self.listen_host
         if advertised in ("0.0.0.0", "::", ""):
             advertised = self.store_config.broker_ip
         self.advertised = (advertised, port)
         # The store host in every record and offset message id is this broker's real endpoint.
         self.store_config = replace(self.store_config, listen_port=port)
-        root = self.store_config.root
-        # The topics first: compaction topics are split out from the store's first replay on.
-        self.meta = MetadataStore(root, cfg.default_retry_max_times)
-        self.store = MessageStore(self.store_config)
-        self.compaction = plug_compaction(self.store, self.store_config, self.meta)
-        self.store.open()
         try:
-            if self.compaction is not None:
-                self.compaction.start()
-            self.state = PopState(root / "config" / "popState", cfg.pop_state_sync_write)
-            self.notifier = Notifier()
-            self.engine = PopEngine(self.store, self.meta, self.state, self.notifier)
-            self.store.reput.listeners.append(self.notifier.on_dispatch)
-            self._install_extensions()
-            from stratamq.broker.admin import admin_handler
+            self.store = MessageStore(self.store_config)
+            from stratamq.tiered import wire
 
-            service_pb2_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(self),
-                                                                    self.server)
-            self.server.add_generic_rpc_handlers((admin_handler(self),
-                                                  compaction_admin_handler(self)))
-            self.server.start()
+            # Plugged in before the open: its uploader replays from its own durable progress.
+            self.tiered = wire(self.store, cluster=cfg.broker_cluster_name,
+                               broker=cfg.broker_name)
+            # The topics first: compaction topics are split out from the first replay on.
+            self.meta = MetadataStore(self.store_config.root, cfg.default_retry_max_times)
+            self.compaction = plug_compaction(self.store, self.store_config, self.meta)
+            self.store.open()
         except BaseException:
-            self._close_extensions()
-            self.store.close()
+            self.server = None
+            self._stop_loop()
+            if self.tiered is not None:
+                self.tiered.close()
             if self.compaction is not None:
                 self.compaction.close()
+            raise
+        try:
+            if self.tiered is not None:
+                self.tiered.start()
+            if self.compaction is not None:
+                self.compaction.start()
+            self._build(loop)
+        except BaseException:
+            self._abandon_start()
             raise
         log.info("broker %s serving on %s", cfg.broker_name, self.endpoint)
         return self.endpoint
 
+    def _build(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Metadata, pop state, logic; then serve."""
+        cfg = self.config
+        root = self.store_config.root
+        self.state = PopState(StoreLayout(root).pop_state_dir, cfg.pop_state_sync_write)
+        self.polls = LongPolls(loop, max_total=cfg.max_pop_polling_size,
+                               max_per_group=cfg.pop_polling_size,
+                               max_per_client=cfg.pop_polling_size_per_client)
+        self.engine = PopEngine(self.store, self.meta, self.state, self.polls.notify)
+        self._install_extensions()
+        self.store.add_dispatch_listener(self._on_dispatch)
+        self._executor = ThreadPoolExecutor(max_workers=cfg.grpc_thread_pool_nums,
+                                            thread_name_prefix="broker-exec")
+        self.writer = GroupWriter(self.store).start()
+        self.lookup = Lookup(self.meta, cfg, self.acl)
+        from stratamq.broker.replication import BrokerReplication, replication_handler
+
+        self.replication = BrokerReplication(self)
+        self.replication.start()
+        timer = self.timer if cfg.timer_enable else None
+        services = Services(
+            lookup=self.lookup,
+            clients=ClientService(self.lookup, self.clients, cfg.broker_name, self.advertised,
+                                  self.store_config.max_message_size,
+                                  route=self.replication.route),
+            sending=SendService(self.lookup, self.store_config.max_message_size, timer,
+                                lambda: self.metrics),
+            receiving=ReceiveService(self.lookup, self.engine, self.polls,
+                                     lambda: self.metrics),
+            pulling=PullService(self.lookup, self.store, self.state, self.polls),
+            writer=self.writer, run=self.run, metrics=lambda: self.metrics)
+        self.servicer = MessagingServicer(services)
+        from stratamq.broker.admin import admin_handler
+        from stratamq.broker.tier_admin import tier_admin_handler
+
+        self._on_loop(self._serve(self.servicer, admin_handler(self, self.run),
+                                  tier_admin_handler(self), replication_handler(self, self.run),
+                                  compaction_admin_handler(self)))
+
+    def _on_dispatch(self, info: DispatchInfo) -> None:
+        self.polls.notify(info.topic)
+
+    def _abandon_start(self) -> None:
+        """Undo a start that failed after the store opened: nothing may stay running."""
+        if self.server is not None:
+            with _suppress_all():
+                self._on_loop(self.server.stop(0))
+            self.server = None
+        if self.writer is not None:
+            self.writer.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._stop_loop()
+        if self.replication is not None:
+            with _suppress_all():
+                self.replication.stop()
+        with _suppress_all():
+            self._close_extensions()
+        if hasattr(self, "state"):
+            with _suppress_all():
+                self.state.close()
+        self.store.close()
+        if self.tiered is not None:
+            self.tiered.close()
+        if self.compaction is not None:
+            self.compaction.close()
+
+    async def _shutdown_server(self, grace: float) -> None:
+        assert self.server is not None
+        stopping = asyncio.ensure_future(self.server.stop(grace))  # refuses new calls now
+        await asyncio.sleep(0)
+        self.polls.close()  # long polls answer now instead of holding the shutdown
+        if self.servicer is not None:
+            for task in list(self.servicer.telemetry_tasks):
+                task.cancel()  # idle clients would otherwise hold the whole grace period
+        await stopping
+
     def stop(self, grace: float | None = None) -> bool:
-        """Stop serving, then close the timer, metrics, pop state and store, each step run
-        whatever the others did: a failing step must not leave the store unflushed with its
-        ``abort`` marker behind.
+        """Stop serving, then write queued sends and close the timer, metrics, pop state and
+        store, each step run whatever the others did: a failing step must not leave the store
+        unflushed with its ``abort`` marker behind.
 
         gRPC gets ``grace`` seconds to finish in-flight calls, then they are cancelled; if its
-        shutdown still has not completed a few seconds later (a handler wedged in grpcio), the
-        broker closes everything anyway. Returns False in that case: the caller should then
-        end the process without waiting for gRPC's threads. Raises ``BrokerStopError`` naming
-        every step that failed, after all of them ran."""
+        shutdown still has not completed a few seconds later (a handler wedged), the broker
+        closes everything anyway. Returns False in that case (or when an executor call or the
+        writer would not finish): the caller should then end the process without waiting for
+        those threads. Raises ``BrokerStopError`` naming every step that failed, after all of
+        them ran."""
         if self.server is None:
             return True
         grace = self.config.shutdown_grace_seconds if grace is None else grace
@@ -913,44 +405,55 @@ class Broker:
 
         def stop_server() -> None:
             nonlocal stopped
-            self.engine.closing = True
-            self.notifier.wake_all()  # long polls answer now instead of holding the shutdown
-            assert self.server is not None
-            done = self.server.stop(grace)
-            stopped = done.wait(grace + _SERVER_STOP_MARGIN_S)
-            if not stopped:
+            try:
+                self._on_loop(self._shutdown_server(grace), grace + _SERVER_STOP_MARGIN_S)
+            except concurrent.futures.TimeoutError:
+                stopped = False
                 log.warning("gRPC did not stop within %.0f s; closing the store anyway",
                             grace + _SERVER_STOP_MARGIN_S)
 
+        def stop_writer() -> None:
+            nonlocal stopped
+            assert self.writer is not None
+            if not self.writer.close(_PART_STOP_S):
+                stopped = False
+
+        def stop_executor() -> None:
+            nonlocal stopped
+            assert self._executor is not None
+            self.store.remove_dispatch_listener(self._on_dispatch)
+            done = threading.Thread(target=self._executor.shutdown,
+                                    kwargs={"wait": True, "cancel_futures": True}, daemon=True)
+            done.start()
+            done.join(_PART_STOP_S)
+            if done.is_alive() or not self._stop_loop():
+                stopped = False
+
         step("stopping the gRPC server", stop_server)
         self.server = None
+        if self.replication is not None:
+            step("stopping replication", self.replication.stop)
+        step("writing queued sends", stop_writer)
+        step("stopping the executor and the event loop", stop_executor)
         step("closing the timer and metrics", self._close_extensions)
         step("closing the pop state", self.state.close)
         step("closing the store", self.store.close)
+        if self.tiered is not None:
+            step("closing the tier", self.tiered.close)
         if self.compaction is not None:
             step("closing the compaction store", self.compaction.close)
         if errors:
             raise BrokerStopError(errors)
         return stopped
 
-    # -- clients --------------------------------------------------------------------------------
 
-    def note_client(self, context: grpc.ServicerContext, group: str, client_type: str) -> None:
-        md = dict(context.invocation_metadata())
-        client_id = md.get("x-mq-client-id") or context.peer()
-        with self._clients_lock:
-            self.clients[client_id] = {"client_id": client_id, "group": group,
-                                       "type": client_type, "peer": context.peer(),
-                                       "last_seen": now_ms()}  # fmt: skip
+class _suppress_all:
+    """Swallow (and log) any exception: undoing a failed start must undo everything."""
 
-    def forget_client(self, context: grpc.ServicerContext) -> None:
-        md = dict(context.invocation_metadata())
-        with self._clients_lock:
-            self.clients.pop(md.get("x-mq-client-id") or context.peer(), None)
+    def __enter__(self) -> None:
+        return None
 
-    def live_clients(self, group: str) -> list[dict[str, Any]]:
-        cutoff = now_ms() - 60_000  # clients heartbeat every 10 s
-        with self._clients_lock:
-            return [c for c in self.clients.values()
-                    if c["group"] == group and c["last_seen"] >= cutoff]
-
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is not None:
+            log.warning("while undoing a failed start: %s", exc)
+        return True

@@ -31,7 +31,6 @@ writer of ``timercheck``. ``start``/``close`` from the owning (broker) thread.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import shutil
@@ -195,7 +194,7 @@ class TimerMessageStore:
         if self.db is None:
             self.open()
         # The store's dispatcher tells us when a timer record lands; polling is the fallback.
-        self.store.reput.listeners.append(self._on_dispatch)
+        self.store.add_dispatch_listener(self._on_dispatch)
         for name, target in (("timer-enqueue", self._enqueue_loop),
                              ("timer-deliver", self._deliver_loop)):
             thread = threading.Thread(target=self._guard(target), name=name, daemon=True)
@@ -211,11 +210,10 @@ class TimerMessageStore:
         for thread in self._threads:
             thread.join(timeout=30)
         self._threads = []
-        with contextlib.suppress(ValueError, AttributeError):
-            self.store.reput.listeners.remove(self._on_dispatch)
+        self.store.remove_dispatch_listener(self._on_dispatch)
         if self.db is not None:
-            if self.store._opened:
-                self.store.commitlog.files.flush_all()  # so in-flight keys may go now
+            if self.store.is_open:
+                self.store.flush()  # so in-flight keys may go now
                 self._retire_flushed()
             self._flush_db()
             self._rdb().close()
@@ -256,6 +254,13 @@ class TimerMessageStore:
             props = {**msg.properties, Prop.TIMER_DELIVER_MS: str(deliver_ms)}
             return self.store.put_message(dataclasses.replace(msg, properties=props))
         return self.store.put_message(_held(msg, deliver_ms))
+
+    def hold(self, msg: Message, deliver_ms: int) -> Message:
+        """The record that holds ``msg`` in the timer topic until ``deliver_ms``, for a caller
+        that appends it itself (the broker's batched sends); ``IllegalDeliveryTime`` beyond
+        ``timerMaxDelaySec``."""
+        self._check_delay(deliver_ms, _now_ms())
+        return _held(msg, deliver_ms)
 
     def submit_batch(self, items: list[tuple[Message, int]]) -> PutMessageResult:
         """``submit`` for many messages in one CommitLog append (one SendMessage request).
@@ -400,7 +405,6 @@ class TimerMessageStore:
         return len(due)
 
     def _deliver(self, due: list[tuple[bytes, bytes]]) -> None:
-        commitlog = self.store.commitlog
         messages: list[Message] = []
         keys: list[bytes] = []
         dead = WriteBatch(raw_mode=True)
@@ -408,7 +412,7 @@ class TimerMessageStore:
             deliver_ms, phys = _KEY.unpack(key)
             size, store_ts, _ = _VALUE.unpack(value)
             try:
-                held = commitlog.read(phys)
+                held = self.store.look_message_by_offset(phys)
             except codec.RecordCorrupt:
                 held = None
             if (held is None or held.topic != TIMER_TOPIC or held.total_size != size
@@ -449,7 +453,7 @@ class TimerMessageStore:
 
     def _retire_flushed(self) -> None:
         """Delete the keys whose delivered copy the CommitLog has flushed."""
-        flushed = self.store.commitlog.files.flushed_where
+        flushed = self.store.flushed_offset
         if not self._unflushed or self._unflushed[0][0] > flushed:
             return
         batch = WriteBatch(raw_mode=True)

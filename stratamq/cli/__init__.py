@@ -14,11 +14,13 @@ from stratamq.cli import (  # noqa: F401
     config,  # config show
     cq,  # store migrate-cq, bench cq
     demo,
+    ha,  # ha status
     message,  # message send, message consume, message get
     spark,  # spark export
     store,
     store_clean,  # store clean
     store_lookup,  # store query, store offset-by-time
+    tier,  # tier status, tier flush
 )
 from stratamq.cli.app import main
 

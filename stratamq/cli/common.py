@@ -18,7 +18,7 @@ from stratamq import record as codec
 from stratamq.compaction.layout import CompactionLayout
 from stratamq.compaction.policy import policies_from_topics_json
 from stratamq.compaction.service import CompactionStore
-from stratamq.config import StoreConfig
+from stratamq.config import BrokerConfig, StoreConfig
 from stratamq.config_file import BrokerConf, read_broker_conf
 from stratamq.message import RecordCorrupt, StoredMessage
 from stratamq.store.consume_queue_store import (
@@ -33,6 +33,8 @@ from stratamq.store.layout import CONSUMEQUEUE_DIR, StoreLayout
 from stratamq.store.mapped_file_queue import MappedFileQueue
 from stratamq.store.message_store import MessageStore, StoreLocked
 from stratamq.store.results import GetMessageStatus
+from stratamq.tiered import TieredStore, tiering_enabled
+from stratamq.tiered import wire as wire_tier
 
 
 def emit(obj: Any) -> None:
@@ -86,6 +88,20 @@ def read_conf(path: str | None) -> BrokerConf:
     """A ``broker.conf`` for a command: keys RocketMQ has and StrataMQ does not use are named
     once on stderr, values with a ``#`` in them warned about, and any other unknown key stops
     the command (a typo must not leave a setting at its default)."""
+    ctx = click.get_current_context(silent=True)
+    cached = ctx.meta.get(_CONF_KEY) if ctx is not None else None
+    if cached is not None and cached[0] == path:
+        return cached[1]
+    conf = _read_conf(path)
+    if ctx is not None:
+        ctx.meta[_CONF_KEY] = (path, conf)
+    return conf
+
+
+_CONF_KEY = "stratamq.conf"
+
+
+def _read_conf(path: str | None) -> BrokerConf:
     try:
         conf = read_broker_conf(path)
     except (OSError, ValueError) as exc:
@@ -115,6 +131,23 @@ def store_config(store_dir: str | Path, store_type: str | None = None) -> StoreC
 
 
 def open_store(store_dir: str, *, read_only: bool, store_type: str | None = None) -> MessageStore:
+    """Open ``store_dir`` as ``--store-type`` / ``--config`` say, with tiered storage plugged
+    in when the config turns it on (reads then reach the tier too; nothing is uploaded)."""
+    return open_store_tiered(store_dir, read_only=read_only, store_type=store_type)[0]
+
+
+def broker_names() -> tuple[str, str]:
+    """(brokerClusterName, brokerName) from ``--config``: they name the tier's directories."""
+    ctx = click.get_current_context(silent=True)
+    path = ctx.meta.get(_CONFIG_KEY) if ctx is not None else None
+    broker = read_conf(path).broker if path is not None else BrokerConfig()
+    return broker.broker_cluster_name, broker.broker_name
+
+
+def open_store_tiered(store_dir: str, *, read_only: bool, store_type: str | None = None
+                      ) -> tuple[MessageStore, TieredStore | None]:
+    """``open_store`` plus the store's tier (None when the config has none); close the tier
+    after the store."""
     root = Path(store_dir)
     if not (root / "commitlog").is_dir():
         raise click.ClickException(f"no store at {root}: it has no commitlog/ directory")
@@ -124,18 +157,22 @@ def open_store(store_dir: str, *, read_only: bool, store_type: str | None = None
     if read_only:
         _refuse_missing_rocksdb(root, store_type)
     config = store_config(root, store_type)
+    tier = None
     try:
         store = MessageStore(config, read_only=read_only, force_store_type=store_type is not None)
+        cluster, broker = broker_names()
+        tier = wire_tier(store, cluster=cluster, broker=broker, background=False)
         _plug_compaction(store, config, read_only)
         store.open()
         compaction = _COMPACTION.get(store)
         if compaction is not None and not read_only:
             compaction.flush()  # what the open replayed into it is durable: clean-up may go on
-        return store
+        return store, tier
     except StoreLocked as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, ValueError, RuntimeError) as exc:
-        raise click.ClickException(f"cannot open store {root}: {exc}") from None
+        where = "its tier" if tier is None and tiering_enabled(config) else f"store {root}"
+        raise click.ClickException(f"cannot open {where}: {exc}") from None
 
 
 # The compaction store plugged into each store an offline command opened (see open_store).

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from stratamq.cli.app import main
-from stratamq.cli.common import emit
+from stratamq.cli.common import config_option, emit, store_config
+from stratamq.cli.progress import quiet_option
 
 
 @main.group()
@@ -64,5 +65,33 @@ def spark_export(store_dir: str | None, endpoints: str | None, topics: str | Non
     try:
         emit(run_export(session, source, out, checkpoint=checkpoint, fmt=fmt,
                         progress=progress))
+    finally:
+        session.stop()
+
+
+@spark.command("rebuild")
+@click.option("--store", "store_dir", required=True, help="Store directory (its lock is taken).")
+@click.option("--what", type=click.Choice(["cq", "index", "all"]), required=True,
+              help="ConsumeQueues, the index, or both.")
+@click.option("--store-type", type=click.Choice(["default", "defaultRocksDB"]), default=None,
+              help="ConsumeQueue store to build (default: the type the store records); the "
+                   "store records the new type once it is built.")
+@config_option
+@click.option("--master", default=None, help="Spark master [local[*]].")
+@quiet_option
+def spark_rebuild(store_dir: str, what: str, store_type: str | None, master: str | None,
+                  quiet: bool) -> None:
+    """Rebuild ConsumeQueues and/or the index from the CommitLog in parallel (equal to what
+    the store's dispatcher builds), then swap them in. Prints a JSON summary."""
+    from stratamq.spark.pipelines.common import PipelineError, spark_session
+    from stratamq.spark.pipelines.rebuild import run_rebuild
+
+    config = store_config(store_dir)
+    session = spark_session("stratamq-rebuild", master)
+    try:
+        emit(run_rebuild(session, store_dir, what, store_type, config=config,
+                         progress=not quiet))
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from None
     finally:
         session.stop()

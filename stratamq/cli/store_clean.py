@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from stratamq.cli.common import close_store, emit, open_store, store_options
+from stratamq.cli.common import close_store, emit, open_store, open_store_tiered, store_options
 from stratamq.cli.store import store
 
 
@@ -14,13 +14,27 @@ from stratamq.cli.store import store
 @click.option("--force", is_flag=True,
               help="Also delete the oldest CommitLog files that have not expired "
                    "(at most deleteFileBatchMax; never the newest).")
-def store_clean(store_dir: str, force: bool) -> None:
+@click.option("--tiered-only", is_flag=True,
+              help="Delete the CommitLog files whose records the tier already holds (all but "
+                   "the one being written), whatever their age; nothing else.")
+def store_clean(store_dir: str, force: bool, tiered_only: bool) -> None:
     """Delete expired files now, whatever the hour, and print what went as one JSON object.
 
     Without --force only CommitLog files older than fileReservedTime go (and more if the disk
     is past diskSpaceCleanForciblyRatio), then the ConsumeQueue and index files wholly below
     the CommitLog's new min offset. The store must not be open elsewhere (it is locked).
+
+    With --tiered-only (tiered storage on in --config): the CommitLog files wholly below the
+    offset the tier holds everything under go, as one JSON object {"store", "tiered_offset",
+    "commitlog_files", "deleted": {"commitlog"}, "bytes_freed", "min_offset",
+    "min_offset_before"}; the ConsumeQueue files below go at the next regular clean-up, and
+    their messages are read from the tier meanwhile.
     """
+    if tiered_only:
+        if force:
+            raise click.UsageError("--tiered-only and --force do not go together")
+        emit(_clean_tiered(store_dir))
+        return
     s = open_store(store_dir, read_only=False)
     try:
         assert s.cleanup is not None  # a store opened for writing always has one
@@ -28,3 +42,28 @@ def store_clean(store_dir: str, force: bool) -> None:
     finally:
         close_store(s)
     emit({"store": store_dir, **report.as_dict()})
+
+
+def _clean_tiered(store_dir: str) -> dict:
+    s, tier = open_store_tiered(store_dir, read_only=False)
+    try:
+        if tier is None or tier.uploader is None:
+            raise click.ClickException(
+                f"tiered storage is off for {store_dir}: give the broker's --config (with "
+                "tieredBackendServiceProvider and tieredStoreFilePath)")
+        files = s.commitlog.files
+        # Below the tier's durable offset every record is in the tier; the file must also be
+        # flushed and dispatched (it always is after an open, which replays to the end).
+        tiered = min(tier.uploader.durable_offset(), files.flushed_where, s.reput.reput_from)
+        before = files.min_offset()
+        sizes = {mf.path: mf.file_size for mf in files.files}
+        gone = files.delete_below(tiered, s.config.destroy_mapped_file_interval_forcibly)
+        return {"store": store_dir, "tiered_offset": tiered,
+                "commitlog_files": [f"commitlog/{mf.path.name}" for mf in gone],
+                "deleted": {"commitlog": len(gone)},
+                "bytes_freed": sum(sizes[mf.path] for mf in gone),
+                "min_offset": files.min_offset(), "min_offset_before": before}
+    finally:
+        close_store(s)
+        if tier is not None:
+            tier.close()

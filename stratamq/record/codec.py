@@ -503,6 +503,23 @@ def record_positions(buf: Buffer, pos: int) -> tuple[int, int]:
     return _POSITIONS.unpack_from(buf, pos + QUEUE_OFFSET_POS)
 
 
+def record_property(buf: bytes, name: str) -> str | None:
+    """One property of the whole record ``buf`` (the tier uploader's KEYS and UNIQ_KEY), found
+    in the raw properties without decoding all of them."""
+    total, magic = _SIZE_MAGIC.unpack_from(buf, 0)
+    layout = _layout_for(_INT.unpack_from(buf, SYS_FLAG_POS)[0])
+    body_len = _INT.unpack_from(buf, layout.header.size - 4)[0]
+    _, _, start, length = _tail(buf, 0, magic, layout.header.size, body_len, total)
+    raw = buf[start : start + length]
+    tag = (name + NAME_VALUE_SEPARATOR).encode()
+    at = 0 if raw.startswith(tag) else raw.find(PROPERTY_SEPARATOR.encode() + tag) + 1
+    if at < 0 or (at == 0 and not raw.startswith(tag)):
+        return None
+    at += len(tag)
+    stop = raw.find(PROPERTY_SEPARATOR.encode(), at)
+    return raw[at : stop if stop >= 0 else len(raw)].decode("utf-8", "replace")
+
+
 def record_tags(buf: Buffer, pos: int) -> str | None:
     """The TAGS property of the record at ``pos`` (for exact tag filtering after the hash)."""
     total, magic = _SIZE_MAGIC.unpack_from(buf, pos)

@@ -392,17 +392,7 @@ def _pull(stub, split: BrokerSplit, offset: int, where: str):
 
 def records_batch(records: list[tuple[int, bytes]], split: BrokerSplit) -> pa.RecordBatch:
     """Raw CommitLog records (with the queue offsets the broker said they have) as one batch."""
-    from stratamq.spark.rows import records_to_batch
-
-    buf = bytearray(b"".join(r for _, r in records))
-    positions, real = [], []
-    pos = 0
-    for _, record in records:
-        real.append(_OFFSET.unpack_from(record, PHYSICAL_OFFSET_POS)[0])
-        _OFFSET.pack_into(buf, pos + PHYSICAL_OFFSET_POS, pos)
-        positions.append(pos)
-        pos += len(record)
-    batch = records_to_batch(buf, positions, 0)
+    batch = raw_records_batch([r for _, r in records])
     offsets = batch.column("queue_offset").to_pylist()
     want = [o for o, _ in records]
     if (batch.num_rows != len(records) or offsets != want
@@ -410,6 +400,26 @@ def records_batch(records: list[tuple[int, bytes]], split: BrokerSplit) -> pa.Re
             or set(batch.column("queue_id").to_pylist()) != {split.queue_id}):
         raise BrokerReadError(f"PullMessage {split.topic}/{split.queue_id} at {split.endpoint}: "
                               f"records do not match the queue offsets {want[0]}..{want[-1]}")
+    return batch
+
+
+def raw_records_batch(records: list[bytes]) -> pa.RecordBatch:
+    """Whole CommitLog records taken out of their log (concatenated: a PullMessage reply, a
+    tier CommitLog file) as one batch, with each record's own CommitLog offset and msg id."""
+    from stratamq.spark.rows import records_to_batch
+
+    buf = bytearray(b"".join(records))
+    positions, real = [], []
+    pos = 0
+    for record in records:
+        real.append(_OFFSET.unpack_from(record, PHYSICAL_OFFSET_POS)[0])
+        _OFFSET.pack_into(buf, pos + PHYSICAL_OFFSET_POS, pos)
+        positions.append(pos)
+        pos += len(record)
+    batch = records_to_batch(buf, positions, 0)
+    if batch.num_rows != len(records):  # dropped transactional records: keep the others'
+        kept = set(batch.column("commitlog_offset").to_pylist())
+        real = [o for o, p in zip(real, positions, strict=True) if p in kept]
     physical = pa.array(real, pa.int64())
     # The offset message id ends in the record's physical offset as 16 hex digits.
     prefix = pc.utf8_slice_codeunits(batch.column("msg_id"), 0, -16)

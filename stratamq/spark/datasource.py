@@ -34,7 +34,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from stratamq.spark import planning
+from stratamq.spark import planning, tier_io
 from stratamq.spark.broker_io import (
     BrokerCatalog,
     BrokerSplit,
@@ -75,6 +75,8 @@ class StrataMQDataSource(DataSource):
             pull_group(options)
             with _broker(options) as broker:
                 existing = _broker_queues(broker)
+        elif tier_io.is_tier_read(options):
+            existing = tier_io.tier_topics(options)
         else:
             root = planning.store_root(options)
             catalog = Catalog.load(root)
@@ -147,7 +149,9 @@ def _has_records(root: str) -> bool:
 def _read(partition: InputPartition, headers: bool = False) -> Iterator[pa.RecordBatch]:
     if isinstance(partition, (QueueSplit, BrokerSplit)) and partition.start >= partition.end:
         return  # nothing to read (the placeholder partition of an empty read)
-    if isinstance(partition, BrokerSplit):
+    if isinstance(partition, tier_io.TierSplit):
+        batches = tier_io.read_tier_split(partition)
+    elif isinstance(partition, BrokerSplit):
         batches = read_broker_split(partition)
     elif isinstance(partition, LogSplit):
         batches = read_log_split(partition)
@@ -181,6 +185,11 @@ def plan_batch(options: Mapping[str, str]) -> list[InputPartition]:
     if "endpoints" in options:
         with _broker(options) as broker:
             return _plan_queues(options, broker, None)
+    if tier_io.is_tier_read(options):  # a tier, read without a broker or a store
+        known = sorted(tier_io.tier_topics(options))
+        with _topic_hints(options, None, None):
+            topics = planning.select_topics(options, known, must_match=True, offsets=[])
+        return list(tier_io.plan_tier(options, topics))
     root = planning.store_root(options)
     return _plan_queues(options, None, root)
 
@@ -363,6 +372,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]) -> None:
         opts = planning.read_options(options)
         self.options = opts
+        if "endpoints" not in opts and tier_io.is_tier_read(opts):
+            raise OptionError("a tier is read in batches only (spark.read): a stream reads "
+                              "a store directory or a broker")
         self.root = None if "endpoints" in opts else planning.store_root(opts)
         self.starting = planning.parse_offsets(opts, "startingOffsets", "latest")
         self.max_per_trigger = planning.int_option(opts, "maxOffsetsPerTrigger", None)

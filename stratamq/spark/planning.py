@@ -283,7 +283,7 @@ READ_OPTIONS = frozenset({
     "startingtimestamp", "minpartitions", "failondataloss", "maxoffsetspertrigger",
     "endpoints", "tls", "tlscafile", "accesskey", "secretkey", "group", "includeheaders",
     "startingoffsetsbytimestamp", "endingoffsetsbytimestamp", "endingtimestamp",
-    "minoffsetspertrigger", "maxtriggerdelay", "assign",
+    "minoffsetspertrigger", "maxtriggerdelay", "assign", "config", "tieredstores3endpoint",
 })  # fmt: skip
 WRITE_OPTIONS = frozenset({
     "path", "topic", "endpoints", "tls", "tlscafile", "accesskey", "secretkey", "queuenums",
@@ -304,7 +304,7 @@ _CANONICAL = {name.lower(): name for name in (
     "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "checkpointLocation", "subscribe",
     "subscribePattern", "includeHeaders", "startingOffsetsByTimestamp",
     "endingOffsetsByTimestamp", "endingTimestamp", "minOffsetsPerTrigger", "maxTriggerDelay",
-    "assign")}
+    "assign", "config", "tieredStoreS3Endpoint")}
 
 
 def _check_names(options: Mapping[str, str], allowed: frozenset[str], side: str) -> None:

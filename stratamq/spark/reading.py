@@ -10,7 +10,7 @@ import contextlib
 import logging
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -150,6 +150,17 @@ def _fail_if_followed(buf, base: int, at: int, segments: Segments, what: str) ->
 
 
 def read_log_split(split: LogSplit) -> Iterator[pa.RecordBatch]:
+    for segments, base, buf, positions in walk_log_split(split):
+        yield _located(segments, base, buf, positions)
+
+
+def walk_log_split(split: LogSplit
+                   ) -> Iterator[tuple[Segments, int, mmap.mmap, Sequence[int]]]:
+    """The records of a CommitLog byte range, a batch (``BATCH_BYTES``) at a time: (segments,
+    segment start, the segment's map, positions of the records in it). A record belongs to the
+    range where it starts; damage is raised as ``RecordCorrupt`` naming the offset and file,
+    a missing segment as ``DataLoss`` (or a warning with ``failOnDataLoss`` false). The map is
+    valid until the next item is asked for."""
     if split.start >= split.end:
         return
     segments = Segments(split.root)
@@ -174,7 +185,7 @@ def read_log_split(split: LogSplit) -> Iterator[pa.RecordBatch]:
         while pos < end:
             walk = codec.walk_records(buf, pos, min(end, pos + BATCH_BYTES), limit)
             if len(walk.positions):
-                yield _located(segments, base, buf, walk.positions)
+                yield segments, base, buf, walk.positions
             if walk.reason == "corrupt":
                 raise codec.RecordCorrupt(base + walk.stop, f"in {segments.dir}/"
                                           f"{segment_name(base)}: not a record")

@@ -14,6 +14,7 @@ The directory is RocketMQ's, so either system can open the other's store::
     <root>/config/deletedTopics.json                  where deleted topics' records end
     <root>/config/popState/                           broker in-flight and progress state
     <root>/timerdb/  <root>/timercheck                DELAY messages by delivery time
+    <root>/epochFileCheckpoint                        replication epochs (storePathEpochFile)
     <root>/compaction/                                compaction topics' logs (stratamq.compaction;
                                                       its layout.py names what is inside)
 
@@ -79,6 +80,11 @@ class StoreLayout:
     @property
     def lock(self) -> Path:
         return self.root / "lock"
+
+    @property
+    def epoch_file(self) -> Path:
+        """Replication epochs (docs/formats/epoch-file.md); RocketMQ's default path."""
+        return self.root / "epochFileCheckpoint"
 
     @property
     def deleted_topics(self) -> Path:

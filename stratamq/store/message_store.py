@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stratamq.config import FlushDiskType, StoreConfig
-from stratamq.names import invalid_characters, is_valid_name
-from stratamq.record import Message, Prop, StoredMessage, parse_offset_msg_id
+from stratamq.config import BrokerRole, FlushDiskType, StoreConfig
+from stratamq.names import MAX_TOPIC_NAME_BYTES, topic_name_problem
+from stratamq.record import DispatchInfo, Message, Prop, StoredMessage, parse_offset_msg_id
 from stratamq.store.checkpoint import StoreCheckpoint
 from stratamq.store.cleanup import CleanupService
 from stratamq.store.commitlog import CommitLog
@@ -45,6 +45,7 @@ from stratamq.store.mapped_file_queue import AllocateMappedFileService, MappedFi
 from stratamq.store.parts import StoreParts
 from stratamq.store.read_chain import ReadChain, ReadRequest, ReadSource
 from stratamq.store.recovery import RecoveryReport, recover_commitlog
+from stratamq.store.replica import ReplicaLog
 from stratamq.store.results import (
     GetMessageResult,
     PutMessageResult,
@@ -55,30 +56,6 @@ log = logging.getLogger(__name__)
 
 # A condition a put waits on after its append (see MessageStore.add_put_waiter).
 PutWaiter = Callable[[int], PutMessageStatus | None]
-
-# Characters of a topic name: RocketMQ's TopicValidator rule (its brokers and clients refuse any
-# other), which also keeps a name a single, harmless path component: a topic is the directory
-# name ``consumequeue/<topic>/`` (no "/", ".", "..", blanks).
-# Longest topic the store writes: a directory name is at most NAME_MAX (255) bytes. Topics over
-# 127 bytes are written as RocketMQ's message version 2 (two-byte topic length).
-MAX_TOPIC_NAME_BYTES = 255
-
-
-def topic_name_problem(topic: object, max_bytes: int = MAX_TOPIC_NAME_BYTES) -> str | None:
-    """Why ``topic`` cannot be stored (a sentence naming the rule it breaks), or None."""
-    if not isinstance(topic, str):
-        return f"topic must be a string, not {type(topic).__name__}"
-    if not topic:
-        return "topic is empty"
-    if not is_valid_name(topic):
-        bad = invalid_characters(topic)
-        return (f"topic {topic[:80]!r} contains {bad}: a topic name may only hold letters, "
-                "digits and % | _ - (RocketMQ's topic rule; a topic is also a directory name)")
-    if len(topic) > max_bytes:  # ASCII only by now: characters are bytes
-        return (f"topic {topic[:40]!r}... is {len(topic)} bytes, longer than {max_bytes} bytes "
-                "(a topic is a directory name, consumequeue/<topic>/)")
-    return None
-
 
 class StoreLocked(RuntimeError):
     """Another process has the store open."""
@@ -188,6 +165,9 @@ class MessageStore:
         self.deleted_topics = DeletedTopics(self.layout.deleted_topics, read_only=self.read_only)
         self.deleted_topics.prune(self.commitlog.min_offset)
         self.reput.deleted = self.deleted_topics
+        # A slave's raw appends and cuts (stratamq/ha drives them; see replica.py).
+        self.replica = ReplicaLog(self.commitlog, self.cq_stores, self.reput, self._plugged,
+                                  cfg.check_crc_on_recover)
         self.local_source = LocalSource(lambda: self.consume_queues, self.commitlog, self.index,
                                         self.deleted_topics)
         self.read_chain = ReadChain([self.local_source])
@@ -366,11 +346,18 @@ class MessageStore:
     def put_message(self, msg: Message) -> PutMessageResult:
         return self.put_messages([msg])
 
-    def put_messages(self, messages: Sequence[Message]) -> PutMessageResult:
-        """Append messages in order; under SYNC_FLUSH return once they are on disk."""
+    def put_messages(self, messages: Sequence[Message], *, wait: bool = True
+                     ) -> PutMessageResult:
+        """Append messages in order; under SYNC_FLUSH return once they are on disk.
+
+        ``wait=False``: return once they are appended; the caller then calls ``wait_put``
+        (from a thread that may block) before it acknowledges them."""
         if not self._opened or self.read_only:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     error="store is not open for writing")
+        if self.config.broker_role is BrokerRole.SLAVE:  # RocketMQ's checkStoreStatus
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                    error="broker role is SLAVE: puts are forbidden")
         if self.reput.error is not None:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     error=f"dispatch failed: {self.reput.error}")
@@ -390,6 +377,18 @@ class MessageStore:
             if not m.born_timestamp:  # none given: "now", not 1970 (RocketMQ's producer sets it)
                 m.born_timestamp = now or (now := int(time.time() * 1000))
         result = self.commitlog.append(messages)
+        return self.wait_put(result, messages) if wait else result
+
+    @property
+    def waits_on_put(self) -> bool:
+        """Whether a put may have to wait after its append (SYNC_FLUSH, put waiters)."""
+        return bool(self.put_waiters)
+
+    def wait_put(self, result: PutMessageResult, messages: Sequence[Message]
+                 ) -> PutMessageResult:
+        """What ``put_messages`` waits for after its append: each put waiter in turn (group
+        commit first under SYNC_FLUSH), unless every message said ``WAIT=false``; the first
+        refusal becomes ``result.status``. Returns ``result``."""
         if result.messages and self.put_waiters and any(
                 m.properties.get(Prop.WAIT_STORE_MSG_OK, "true") != "false" for m in messages):
             last = result.messages[-1]
@@ -559,6 +558,24 @@ class MessageStore:
     @property
     def is_open(self) -> bool:
         return self._opened
+
+    @property
+    def flushed_offset(self) -> int:
+        """CommitLog bytes below this offset are on disk."""
+        return self.commitlog.files.flushed_where
+
+    def add_dispatch_listener(self, listener: Callable[[DispatchInfo], None]) -> None:
+        """Call ``listener(info)`` on the dispatcher thread with the newest record of each topic
+        a dispatch round made readable (long-poll wake-ups). Open store only; keep it quick."""
+        if not self._opened:
+            raise RuntimeError("add dispatch listeners once the store is open")
+        self.reput.listeners.append(listener)
+
+    def remove_dispatch_listener(self, listener: Callable[[DispatchInfo], None]) -> None:
+        """Stop calling ``listener``; a listener never added (or a closed store) is fine."""
+        listeners = self.reput.listeners if self._opened else []
+        if listener in listeners:
+            listeners.remove(listener)
 
     def oldest_store_timestamp(self) -> int:
         """Store time of the oldest record still in the CommitLog (0 if none)."""

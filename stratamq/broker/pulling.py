@@ -1,0 +1,179 @@
+"""Offset-based reads: ``QueryOffset``, ``PullMessage`` (with long polling), ``UpdateOffset``,
+``GetOffset``: replaying a queue from any offset (the Spark source's remote path).
+
+A pull keeps no state: one store read per attempt, answered with a status, up to
+``batch_size`` messages in offset order and ``next_offset``; at the end of the queue it waits
+(``polling.LongPolls``, on the event loop) for a wake-up of its topic, then reads again, until
+``long_polling_timeout``. See ``rpc.py``'s docstring for the wire contract.
+
+Handed the lookups, a ``MessageReader``, the committed offsets (``PopState``) and the long
+polls. Thread-safety: the sync methods from any thread; ``pull`` on the loop of the polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+
+from stratamq.broker.clients import ok_status
+from stratamq.broker.convert import to_pb_message, valid_timestamp_ms
+from stratamq.broker.errors import BrokerError
+from stratamq.broker.lookup import Lookup
+from stratamq.broker.metadata import TopicConfig
+from stratamq.broker.polling import LongPolls
+from stratamq.broker.pop_state import PopState
+from stratamq.broker.ports import Call, MessageReader
+from stratamq.broker.receiving import Run, message_type_of
+from stratamq.store.filter import TagFilter
+from stratamq.store.results import GetMessageStatus
+
+__all__ = ["PULL_FORMAT_KEY", "PULL_FORMAT_RECORDS", "PullService"]
+
+Code = pb.Code
+
+# PullMessage metadata asking for raw CommitLog records as bodies (StrataMQ's Spark source).
+PULL_FORMAT_KEY, PULL_FORMAT_RECORDS = "x-stratamq-pull-format", "records"
+
+_FOUND = (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
+          GetMessageStatus.MESSAGE_WAS_REMOVING)
+
+
+def _record_message(record: object, topic: str, qid: int) -> pb.Message:
+    out = pb.Message(body=bytes(record.buffer))  # type: ignore[attr-defined]
+    out.topic.name = topic
+    out.system_properties.queue_id = qid
+    out.system_properties.queue_offset = record.queue_offset  # type: ignore[attr-defined]
+    return out
+
+
+class PullService:
+    """Stateless queue reads and the committed offsets of pull consumers."""
+
+    def __init__(self, lookup: Lookup, reader: MessageReader, state: PopState,
+                 polls: LongPolls) -> None:
+        self.lookup = lookup
+        self.reader = reader
+        self.state = state
+        self.polls = polls
+
+    def query_offset(self, request: svc.QueryOffsetRequest, call: Call
+                     ) -> svc.QueryOffsetResponse:
+        self.lookup.authorize(call, f"Topic:{request.message_queue.topic.name}", "Get")
+        topic, qid = self.lookup.named_queue(request.message_queue)
+        reader = self.reader
+        policy = request.query_offset_policy
+        if policy == pb.BEGINNING:
+            offset = reader.get_min_offset_in_queue(topic.name, qid)
+        elif policy == pb.END:
+            offset = reader.get_max_offset_in_queue(topic.name, qid)
+        elif policy == pb.TIMESTAMP:
+            if not request.HasField("timestamp"):
+                raise BrokerError(Code.BAD_REQUEST, "TIMESTAMP policy needs a timestamp")
+            ms = valid_timestamp_ms(request.timestamp)
+            if ms is None:
+                raise BrokerError(Code.BAD_REQUEST, f"timestamp {request.timestamp.seconds}s "
+                                  "is not a valid time (years 1 to 9999)")
+            offset = reader.get_offset_in_queue_by_time(topic.name, qid, ms)
+        else:
+            raise BrokerError(Code.BAD_REQUEST, f"unknown query_offset_policy {policy}")
+        return svc.QueryOffsetResponse(status=ok_status(), offset=offset)
+
+    def check_pull(self, request: svc.PullMessageRequest, call: Call
+                   ) -> tuple[TopicConfig, int, TagFilter, int]:
+        """The topic, queue id, filter and poll time (ms) of a pull; refusals raise."""
+        self.lookup.authorize(call, f"Group:{request.group.name}", "Sub")
+        self.lookup.authorize(call, f"Topic:{request.message_queue.topic.name}", "Sub")
+        topic, qid = self.lookup.named_queue(request.message_queue)
+        self.lookup.check_batch_size(request.batch_size)
+        if request.offset < 0:
+            raise BrokerError(Code.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
+        filt = self.lookup.filter(request.filter_expression)
+        return topic, qid, filt, self.lookup.poll_ms(
+            request.long_polling_timeout.ToMilliseconds(), call)
+
+    def read(self, request: svc.PullMessageRequest, topic: TopicConfig, qid: int,
+             filt: TagFilter, records: bool) -> list[svc.PullMessageResponse] | None:
+        """One read: the whole answer, or None at the end of the queue (wait and read again).
+        ``records``: bodies are whole CommitLog records (``x-stratamq-pull-format``)."""
+        group = request.group.name or "stratamq-pull"
+        got = self.reader.get_messages(group, topic.name, qid, request.offset,
+                                       max_count=request.batch_size, tag_filter=filt)
+        with got:
+            st = got.status
+            if st in _FOUND:
+                messages = [_record_message(r, topic.name, qid) for r in got.records] \
+                    if records else [to_pb_message(m, message_type=message_type_of(m, topic))
+                                     for m in got.messages()]
+                return [svc.PullMessageResponse(status=ok_status()),
+                        *(svc.PullMessageResponse(message=m) for m in messages),
+                        svc.PullMessageResponse(next_offset=got.next_begin_offset)]
+            if st is GetMessageStatus.OFFSET_TOO_SMALL:
+                return [svc.PullMessageResponse(status=ok_status(
+                    Code.ILLEGAL_OFFSET, f"offset {request.offset} is below the queue's min "
+                    f"offset {got.min_offset}")),
+                    svc.PullMessageResponse(next_offset=got.min_offset)]
+            if st is GetMessageStatus.OFFSET_OVERFLOW_BADLY or (
+                    st is not GetMessageStatus.OFFSET_OVERFLOW_ONE and request.offset > 0):
+                return [svc.PullMessageResponse(status=ok_status(
+                    Code.ILLEGAL_OFFSET, f"offset {request.offset} is past the queue's end "
+                    f"{got.max_offset}")),
+                    svc.PullMessageResponse(next_offset=got.max_offset)]
+        return None  # at the end of the queue (or the queue was never written)
+
+    async def pull(self, request: svc.PullMessageRequest, call: Call, run: Run
+                   ) -> list[svc.PullMessageResponse]:
+        """The whole pull: read, and at the end of the queue wait and read again."""
+        topic, qid, filt, poll_ms = await run(self.check_pull, request, call)
+        records = call.metadata.get(PULL_FORMAT_KEY) == PULL_FORMAT_RECORDS
+        polls = self.polls
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + poll_ms / 1000
+        seen = polls.seq(topic.name)
+        answer = await run(self.read, request, topic, qid, filt, records)
+        waiter = None
+        try:
+            while answer is None:
+                remaining = deadline - loop.time()
+                if remaining <= 0 or polls.closing:
+                    break
+                if waiter is None:
+                    waiter = polls.register(topic.name, None, call.client_id)
+                await polls.wait(waiter, seen, remaining)
+                seen = polls.seq(topic.name)
+                answer = await run(self.read, request, topic, qid, filt, records)
+        finally:
+            if waiter is not None:
+                polls.unregister(waiter)
+        if answer is None:
+            return [svc.PullMessageResponse(status=ok_status(Code.MESSAGE_NOT_FOUND,
+                                                             "no new message")),
+                    svc.PullMessageResponse(next_offset=request.offset)]
+        return answer
+
+    def update_offset(self, request: svc.UpdateOffsetRequest, call: Call
+                      ) -> svc.UpdateOffsetResponse:
+        # Both the group and the topic, before either is looked up: a caller without the
+        # right gets the same answer whether the topic exists or not.
+        self.lookup.authorize(call, f"Group:{request.group.name}", "Sub")
+        self.lookup.authorize(call, f"Topic:{request.message_queue.topic.name}", "Sub")
+        group = self.lookup.group(request.group.name, call)
+        topic, qid = self.lookup.named_queue(request.message_queue)
+        if request.offset < 0:
+            raise BrokerError(Code.ILLEGAL_OFFSET, f"offset {request.offset} < 0")
+        self.state.set_offset(group.name, topic.name, qid, request.offset)
+        return svc.UpdateOffsetResponse(status=ok_status())
+
+    def get_offset(self, request: svc.GetOffsetRequest, call: Call) -> svc.GetOffsetResponse:
+        self.lookup.authorize(call, f"Group:{request.group.name}", "Get")
+        self.lookup.authorize(call, f"Topic:{request.message_queue.topic.name}", "Get")
+        group = self.lookup.group(request.group.name, call)
+        topic, qid = self.lookup.named_queue(request.message_queue)
+        offset = self.state.offset(group.name, topic.name, qid)
+        if offset is None:
+            offset = self.state.committed(group.name, topic.name, qid)
+        if offset is None:
+            raise BrokerError(Code.OFFSET_NOT_FOUND,
+                              f"group {group.name!r} has no offset for {topic.name}/{qid}")
+        return svc.GetOffsetResponse(status=ok_status(), offset=offset)

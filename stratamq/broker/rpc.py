@@ -1,0 +1,298 @@
+"""The gRPC adapter: ``apache.rocketmq.v2.MessagingService`` on ``grpc.aio``, for the official
+RocketMQ 5 clients.
+
+Protocol definitions come from the generated modules shipped in the official client package
+(``rocketmq.grpc_protocol``), never from hand-copied ``.proto`` files.
+
+Each handler is a coroutine on the broker's event loop that turns its context into a ``Call``,
+hands the request to the logic (``clients.py``, ``sending.py``, ``receiving.py``,
+``pulling.py``) and writes the answer. Calls that may block (store reads, pop-state and
+metadata writes) run in the broker's executor (``run``); a send awaits the single writer
+(``writer.py``); a long poll awaits a registered waiter (``polling.py``). An open ``Telemetry``
+stream or a waiting receive is a suspended coroutine, not a thread. Every failure is answered
+with a ``Status`` (``BrokerError`` -> its code, ``MetadataError`` -> BAD_REQUEST, a bug ->
+INTERNAL_ERROR); nothing a client sends crashes the broker.
+
+RPCs:
+
+* ``QueryRoute``: one ``MessageQueue`` per queue id with READ/WRITE permission, this broker
+  (id 0) and the endpoints the client used, and the topic's message type as the only accepted
+  type. Unknown topic: ``TOPIC_NOT_FOUND`` (auto-create is off by default).
+* ``Heartbeat`` / ``NotifyClientTermination``: the broker tracks live clients per group.
+* ``Telemetry``: each ``settings`` command is answered with the broker's settings
+  (``ClientService.settings``).
+* ``SendMessage``: NORMAL / FIFO (the message group picks the queue by hash) / DELAY (held in
+  the timer topic; ``UNSUPPORTED`` when no timer service runs). The message type must match
+  the topic's. One put per request, combined with concurrent requests' puts by the writer.
+* ``ReceiveMessage`` (server stream: status, then the messages, then the delivery timestamp),
+  ``AckMessage``, ``ChangeInvisibleDuration``, ``ForwardMessageToDeadLetterQueue``,
+  ``QueryAssignment`` (one assignment per topic with queue id -1: a receive pops across every
+  queue, as RocketMQ's proxy does): see ``engine.py`` and ``receiving.py``. Past the long-poll
+  limits a receive is answered ``TOO_MANY_REQUESTS`` "polling full".
+
+Offset-based reads, for replaying a queue from any offset (what the Spark source uses):
+
+* ``QueryOffset(message_queue{topic.name, id}, query_offset_policy)``: ``BEGINNING`` -> the
+  queue's min offset, ``END`` -> its max offset (the next offset to be written),
+  ``TIMESTAMP`` (+ ``timestamp``) -> the first offset stored at or after that time (the max
+  offset if none). Unknown topic: ``TOPIC_NOT_FOUND``; queue id out of range: ``BAD_REQUEST``.
+* ``PullMessage(group.name, message_queue{topic.name, id}, offset, batch_size,
+  filter_expression, long_polling_timeout)``: a server stream of ``status``, then up to
+  ``batch_size`` messages in offset order (``system_properties.queue_offset`` is each
+  message's offset; bodies are byte-identical; no receipt handle), then ``next_offset``: the
+  offset to pull from next (it moves past messages the tag filter skipped). Status ``OK`` when
+  the pull read something (possibly zero messages after filtering, with ``next_offset``
+  advanced); ``MESSAGE_NOT_FOUND`` when ``offset`` is the end of the queue and nothing arrived
+  within ``long_polling_timeout``; ``ILLEGAL_OFFSET`` when ``offset`` is below the min offset
+  (retention removed it) or past the end, with ``next_offset`` set to the min / max offset to
+  resume from. A reader replays ``[start, end)`` by pulling from ``start`` and following
+  ``next_offset`` until it reaches ``end`` (from ``QueryOffset END`` taken at the start).
+  Pulls keep no state and need no consumer group registration (the group name is only used
+  for logging and access control).
+  With request metadata ``x-stratamq-pull-format: records`` (StrataMQ's Spark source) the
+  broker answers with the same metadata and each message's ``body`` is the whole stored
+  CommitLog record (``system_properties`` carry only ``queue_id`` and ``queue_offset``).
+* ``UpdateOffset`` / ``GetOffset``: a pull consumer's committed offset per (group, queue),
+  durable; ``GetOffset`` falls back to the group's pop progress, else ``OFFSET_NOT_FOUND``.
+
+Not supported (answered ``NOT_IMPLEMENTED``): transactions (``EndTransaction``),
+``RecallMessage``, lite topics (``SyncLiteSubscription``), SQL92 filters
+(``ILLEGAL_FILTER_EXPRESSION``).
+
+Thread-safety: every handler runs on the broker's event loop; the logic it calls in the
+executor is thread-safe (see each module).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from stratamq.broker.clients import ClientService, ok_status
+from stratamq.broker.errors import BrokerError
+from stratamq.broker.lookup import Lookup
+from stratamq.broker.metadata import MetadataError
+from stratamq.broker.ports import Call
+from stratamq.broker.pulling import PULL_FORMAT_KEY, PULL_FORMAT_RECORDS, PullService
+from stratamq.broker.receiving import ReceiveService, Run
+from stratamq.broker.sending import SendService
+from stratamq.broker.writer import GroupWriter
+
+log = logging.getLogger(__name__)
+Code = pb.Code
+
+__all__ = ["MessagingServicer", "Services", "call_of"]
+
+
+def call_of(context: grpc.aio.ServicerContext) -> Call:
+    """The logic's view of an RPC."""
+    return Call(dict(context.invocation_metadata() or ()), context.peer() or "",
+                context.time_remaining())
+
+
+_CODE_NAMES = {value: pb.Code.Name(value) for value in pb.Code.values()}
+
+
+def _code_name(code: int) -> str:
+    return _CODE_NAMES.get(code) or str(code)
+
+
+@dataclass
+class Services:
+    """The logic the adapter calls, and how: ``run(fn, *args)`` in the executor."""
+
+    lookup: Lookup
+    clients: ClientService
+    sending: SendService
+    receiving: ReceiveService
+    pulling: PullService
+    writer: GroupWriter
+    run: Run
+    metrics: Callable[[], Any]  # the current metrics sink (on_rpc)
+
+
+class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
+    """Thin adapter: a ``Call`` from the context, the logic, the response, the RPC's metrics.
+
+    Open ``Telemetry`` streams are tracked so that a stopping broker can end them at once
+    instead of waiting out its grace period for clients that never hang up."""
+
+    def __init__(self, services: Services) -> None:
+        self.s = services
+        self.run = services.run
+        self.telemetry_tasks: set[asyncio.Task[Any]] = set()
+
+    async def _answer(self, name: str, response_cls: type,
+                      work: Callable[[], Awaitable[Any]]) -> Any:
+        started = time.perf_counter()
+        try:
+            response = await work()
+        except BrokerError as exc:
+            response = response_cls(status=ok_status(exc.code, exc.message))
+        except MetadataError as exc:
+            response = response_cls(status=ok_status(Code.BAD_REQUEST, str(exc)))
+        except Exception as exc:  # a bug must cost one request, not the broker
+            log.exception("%s failed", name)
+            response = response_cls(status=ok_status(Code.INTERNAL_ERROR,
+                                                     f"{type(exc).__name__}: {exc}"))
+        self.s.metrics().on_rpc(name, _code_name(response.status.code),
+                                time.perf_counter() - started)
+        return response
+
+    def _blocking(self, name: str, response_cls: type, fn: Callable[..., Any],
+                  request: Any, context: grpc.aio.ServicerContext) -> Awaitable[Any]:
+        call = call_of(context)
+        return self._answer(name, response_cls, lambda: self.run(fn, request, call))
+
+    async def _stream(self, name: str, response_cls: type,
+                      work: Callable[[], Awaitable[list[Any]]]) -> AsyncIterator[Any]:
+        started = time.perf_counter()
+        try:
+            responses = await work()
+        except BrokerError as exc:
+            responses = [response_cls(status=ok_status(exc.code, exc.message))]
+        except Exception as exc:
+            log.exception("%s failed", name)
+            responses = [response_cls(status=ok_status(Code.INTERNAL_ERROR,
+                                                       f"{type(exc).__name__}: {exc}"))]
+        code = next((r.status.code for r in responses if r.HasField("status")), Code.OK)
+        for response in responses:
+            yield response
+        self.s.metrics().on_rpc(name, _code_name(code), time.perf_counter() - started)
+
+    # -- route, heartbeat, telemetry ------------------------------------------------------------
+
+    async def QueryRoute(self, request, context):
+        return await self._blocking("QueryRoute", svc.QueryRouteResponse,
+                                    self.s.clients.query_route, request, context)
+
+    async def Heartbeat(self, request, context):
+        return await self._blocking("Heartbeat", svc.HeartbeatResponse,
+                                    self.s.clients.heartbeat, request, context)
+
+    async def NotifyClientTermination(self, request, context):
+        return await self._blocking("NotifyClientTermination",
+                                    svc.NotifyClientTerminationResponse,
+                                    self.s.clients.terminate, request, context)
+
+    async def QueryAssignment(self, request, context):
+        return await self._blocking("QueryAssignment", svc.QueryAssignmentResponse,
+                                    self.s.clients.query_assignment, request, context)
+
+    async def Telemetry(self, request_iterator, context):
+        task = asyncio.current_task()
+        if task is not None:
+            self.telemetry_tasks.add(task)
+        call = call_of(context)
+        try:
+            self.s.lookup.authorize(call, "Cluster", "Get")
+            async for cmd in request_iterator:
+                if cmd.HasField("settings"):
+                    yield await self.run(self.s.clients.settings, cmd.settings, call)
+        except BrokerError as exc:
+            yield svc.TelemetryCommand(status=ok_status(exc.code, exc.message))
+        except DecodeError as exc:  # a frame that is no TelemetryCommand: the stream ends
+            log.warning("Telemetry from %s: undecodable command: %s", call.peer, exc)
+            await context.abort(grpc.StatusCode.INTERNAL, f"undecodable command: {exc}")
+        except (asyncio.CancelledError, grpc.RpcError):
+            raise
+        except Exception as exc:
+            if not context.done():
+                log.exception("Telemetry failed")
+                yield svc.TelemetryCommand(status=ok_status(Code.INTERNAL_ERROR, str(exc)))
+        finally:
+            if task is not None:
+                self.telemetry_tasks.discard(task)
+
+    # -- send -----------------------------------------------------------------------------------
+
+    async def SendMessage(self, request, context):
+        call = call_of(context)
+
+        async def work() -> svc.SendMessageResponse:
+            plan = self.s.sending.prepare(request, call)  # CPU only: checks and conversion
+            if plan.response is not None:
+                return plan.response
+            results = await self.s.writer.put_async(plan.messages)
+            return self.s.sending.complete(plan, results)
+
+        return await self._answer("SendMessage", svc.SendMessageResponse, work)
+
+    # -- pop consumption ------------------------------------------------------------------------
+
+    async def ReceiveMessage(self, request, context):
+        call = call_of(context)
+        async for response in self._stream(
+                "ReceiveMessage", svc.ReceiveMessageResponse,
+                lambda: self.s.receiving.receive(request, call, self.run)):
+            yield response
+
+    async def AckMessage(self, request, context):
+        return await self._blocking("AckMessage", svc.AckMessageResponse,
+                                    self.s.receiving.ack, request, context)
+
+    async def ChangeInvisibleDuration(self, request, context):
+        return await self._blocking("ChangeInvisibleDuration",
+                                    svc.ChangeInvisibleDurationResponse,
+                                    self.s.receiving.change_invisible, request, context)
+
+    async def ForwardMessageToDeadLetterQueue(self, request, context):
+        return await self._blocking("ForwardMessageToDeadLetterQueue",
+                                    svc.ForwardMessageToDeadLetterQueueResponse,
+                                    self.s.receiving.forward_to_dlq, request, context)
+
+    # -- offsets and pull -----------------------------------------------------------------------
+
+    async def QueryOffset(self, request, context):
+        return await self._blocking("QueryOffset", svc.QueryOffsetResponse,
+                                    self.s.pulling.query_offset, request, context)
+
+    async def PullMessage(self, request, context):
+        call = call_of(context)
+
+        async def work() -> list[svc.PullMessageResponse]:
+            responses = await self.s.pulling.pull(request, call, self.run)
+            if call.metadata.get(PULL_FORMAT_KEY) == PULL_FORMAT_RECORDS:
+                await context.send_initial_metadata(((PULL_FORMAT_KEY, PULL_FORMAT_RECORDS),))
+            return responses
+
+        async for response in self._stream("PullMessage", svc.PullMessageResponse, work):
+            yield response
+
+    async def UpdateOffset(self, request, context):
+        return await self._blocking("UpdateOffset", svc.UpdateOffsetResponse,
+                                    self.s.pulling.update_offset, request, context)
+
+    async def GetOffset(self, request, context):
+        return await self._blocking("GetOffset", svc.GetOffsetResponse,
+                                    self.s.pulling.get_offset, request, context)
+
+    # -- not supported --------------------------------------------------------------------------
+
+    async def EndTransaction(self, request, context):
+        return await self._refuse("EndTransaction", svc.EndTransactionResponse,
+                                  "transactional messages are not supported yet")
+
+    async def RecallMessage(self, request, context):
+        return await self._refuse("RecallMessage", svc.RecallMessageResponse,
+                                  "recalling messages is not supported")
+
+    async def SyncLiteSubscription(self, request, context):
+        return await self._refuse("SyncLiteSubscription", svc.SyncLiteSubscriptionResponse,
+                                  "lite topics are not supported")
+
+    def _refuse(self, name: str, response_cls: type, why: str) -> Awaitable[Any]:
+        async def work() -> Any:
+            raise BrokerError(Code.NOT_IMPLEMENTED, why)
+
+        return self._answer(name, response_cls, work)

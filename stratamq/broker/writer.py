@@ -1,0 +1,331 @@
+"""The broker's single writer: puts from concurrent requests combined into one batch append.
+
+Every ``SendMessage`` hands its messages (converted and checked once) to ``GroupWriter``. The
+puts the event loop handled in one turn reach the writer together and are appended with a
+single ``put_messages`` call, the way group commit combines flushes: under load the batches
+grow by themselves, and the CommitLog's lock is taken once per batch instead of once per
+message. Each put is then answered with its own entries' results once its records are written
+and, when the store waits after an append (``SYNC_FLUSH``'s group commit, replication), once
+that wait is over.
+
+Who does what: the append itself (a copy into the mapped CommitLog, segments pre-allocated by
+the store) runs on the loop, in one callback per turn: handing every batch to another thread
+and back cost more than the append, because each hop waits for the GIL. Waiting (a flush, a
+slave) never runs on the loop: the writer thread does it (``MessageStore.wait_put``), while
+the loop goes on appending the next batches. Puts from threads (``put``, ``put_wait``) are
+appended and waited for on the writer thread.
+
+Per-entry results: the store answers one status for a batch, plus the prefix it wrote (a
+batch cut short by a full disk). Entries in that prefix are stored (``PUT_OK``, or the status
+a put waiter refused with, such as ``FLUSH_DISK_TIMEOUT``); the rest get the failure. A batch
+the store refuses before writing anything because of one message (``MESSAGE_ILLEGAL``,
+``PROPERTIES_SIZE_EXCEEDED``) is appended again put by put, and a put by message, so only the
+entry at fault is refused, as when every message was put on its own.
+
+Thread-safety: ``put_async`` on an event loop; ``put``/``put_wait`` from any other thread;
+callbacks run on the loop a put came from, or on the writer thread. ``start``/``close`` from
+the owner. The writer owns nothing of the store's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from stratamq.broker.ports import MessageWriter
+from stratamq.message import Message
+from stratamq.store.results import AppendedMessage, PutMessageResult, PutMessageStatus
+
+log = logging.getLogger(__name__)
+
+__all__ = ["EntryResult", "GroupWriter", "split_result"]
+
+# Statuses a put waiter answers after the records were written (the records stay stored).
+_WAITER_STATUSES = frozenset({PutMessageStatus.FLUSH_DISK_TIMEOUT,
+                              PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
+                              PutMessageStatus.SLAVE_NOT_AVAILABLE})
+# Refusals caused by one message, before anything of the batch was written.
+_ONE_MESSAGE_REFUSALS = frozenset({PutMessageStatus.MESSAGE_ILLEGAL,
+                                   PutMessageStatus.PROPERTIES_SIZE_EXCEEDED})
+
+
+class EntryResult(NamedTuple):
+    """What became of one message of a put: its status, where it landed if it was written."""
+
+    status: PutMessageStatus
+    appended: AppendedMessage | None = None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutMessageStatus.PUT_OK
+
+
+Done = Callable[[list[EntryResult]], None]
+
+
+class _Put:
+    __slots__ = ("messages", "done", "loop")
+
+    def __init__(self, messages: Sequence[Message], done: Done,
+                 loop: asyncio.AbstractEventLoop | None) -> None:
+        self.messages = messages
+        self.done = done
+        self.loop = loop
+
+
+Part = tuple[_Put, int, int]  # a put's messages [start, stop) within one append
+
+
+class _Append(NamedTuple):
+    """One ``put_messages`` call: which puts' messages it held, in order, and its result."""
+
+    parts: list[Part]
+    messages: list[Message]
+    result: PutMessageResult
+
+
+def split_result(result: PutMessageResult, sizes: Sequence[int]) -> list[list[EntryResult]]:
+    """One store result for a combined batch, as per-put lists of per-message results
+    (``sizes``: how many messages each put contributed, in batch order)."""
+    written = result.messages
+    failure = result.status
+    if failure in _WAITER_STATUSES and len(written) < sum(sizes):
+        failure = PutMessageStatus.UNKNOWN_ERROR  # the cut-short status was overwritten
+    stored = (result.status if result.status in _WAITER_STATUSES else PutMessageStatus.PUT_OK)
+    stored_error = result.error if stored is not PutMessageStatus.PUT_OK else ""
+    out: list[list[EntryResult]] = []
+    i = 0
+    for size in sizes:
+        out.append([EntryResult(stored, written[j], stored_error) if j < len(written)
+                    else EntryResult(failure, None, result.error) for j in range(i, i + size)])
+        i += size
+    return out
+
+
+class GroupWriter:
+    """Combines concurrent puts into single appends; see the module docstring."""
+
+    def __init__(self, store: MessageWriter, name: str = "broker-writer") -> None:
+        self._store = store
+        # Jobs for the writer thread: a put from a thread (append, then wait) or a list of
+        # appends made on a loop (wait only).
+        self._jobs: deque[_Put | list[_Append]] = deque()
+        self._lock = threading.Lock()
+        # Set to wake the writer; only when it sleeps (``_sleeping``), so a burst of jobs pays
+        # for one wake-up, not one each.
+        self._wake = threading.Event()
+        self._sleeping = False
+        self._closed = False
+        # Puts made on an event loop during its current turn (see put_async); loop only.
+        self._from_loop: dict[asyncio.AbstractEventLoop, list[_Put]] = {}
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        # How much combining happened (logged at close; read by tests).
+        self.appends = 0
+        self.puts = 0
+
+    def start(self) -> GroupWriter:
+        self._thread.start()
+        return self
+
+    # -- from an event loop ---------------------------------------------------------------------
+
+    def put_async(self, messages: Sequence[Message]) -> asyncio.Future[list[EntryResult]]:
+        """Append ``messages`` (in order) with the other puts of this turn of the running
+        loop: a future of their results, one ``EntryResult`` per message."""
+        if not messages:
+            raise ValueError("a put needs at least one message")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[EntryResult]] = loop.create_future()
+
+        def done(results: list[EntryResult]) -> None:
+            if not future.done():  # the caller went away: its messages are stored all the same
+                future.set_result(results)
+
+        pending = self._from_loop.get(loop)
+        if pending is None:
+            pending = self._from_loop[loop] = []
+            loop.call_soon(self._append_turn, loop)  # after every task ready this turn
+        pending.append(_Put(messages, done, loop))
+        return future
+
+    def _append_turn(self, loop: asyncio.AbstractEventLoop) -> None:
+        puts = self._from_loop.pop(loop, [])
+        if self._closed:
+            _deliver([(p, _refused(len(p.messages))) for p in puts])
+            return
+        try:
+            appends = self._append([(p, 0, len(p.messages)) for p in puts], wait=False)
+        except Exception as exc:  # a bug must fail these puts, not the loop
+            log.exception("batch put failed")
+            _deliver([(p, _failed(len(p.messages), exc)) for p in puts])
+            return
+        self.appends += len(appends)
+        self.puts += len(puts)
+        if self._store.waits_on_put and any(a.result.messages for a in appends):
+            if self._submit(appends):
+                return  # answered once the writer thread has waited
+            for a in appends:  # the writer has stopped (the broker is stopping): wait here
+                self._store.wait_put(a.result, a.messages)
+        _deliver(_results(appends))
+
+    # -- from threads ---------------------------------------------------------------------------
+
+    def put(self, messages: Sequence[Message], done: Done) -> None:
+        """From a thread: append ``messages`` and call ``done(results)`` (on the writer
+        thread) once they are written and waited for."""
+        if not messages:
+            raise ValueError("a put needs at least one message")
+        put = _Put(messages, done, None)
+        if not self._submit(put):
+            _deliver([(put, _refused(len(messages)))])
+
+    def put_wait(self, messages: Sequence[Message], timeout: float | None = None
+                 ) -> list[EntryResult]:
+        """``put`` that blocks until the results are in."""
+        ready = threading.Event()
+        box: list[list[EntryResult]] = []
+
+        def done(results: list[EntryResult]) -> None:
+            box.append(results)
+            ready.set()
+
+        self.put(messages, done)
+        if not ready.wait(timeout):
+            raise TimeoutError(f"put not written within {timeout} s")
+        return box[0]
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Finish the queued jobs, then stop; later puts are answered SERVICE_NOT_AVAILABLE.
+        False if the thread did not finish within ``timeout``."""
+        with self._lock:
+            self._closed = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        log.info("writer: %d puts in %d appends", self.puts, self.appends)
+        return not self._thread.is_alive()
+
+    # -- the writer thread ----------------------------------------------------------------------
+
+    def _submit(self, job: _Put | list[_Append]) -> bool:
+        with self._lock:
+            if self._closed and (isinstance(job, _Put) or not self._thread.is_alive()):
+                return False
+            self._jobs.append(job)
+            wake, self._sleeping = self._sleeping, False
+        if wake:
+            self._wake.set()
+        return True
+
+    def _take(self) -> list[_Put | list[_Append]]:
+        """Every job waiting; none (and asleep) when there are none."""
+        with self._lock:
+            if not self._jobs:
+                self._sleeping = not self._closed
+                self._wake.clear()
+                return []
+            jobs = list(self._jobs)
+            self._jobs.clear()
+            return jobs
+
+    def _run(self) -> None:
+        while True:
+            jobs = self._take()
+            if not jobs:
+                if self._closed:
+                    return
+                self._wake.wait()
+                continue
+            puts = [j for j in jobs if isinstance(j, _Put)]
+            waits = [a for j in jobs if not isinstance(j, _Put) for a in j]
+            for a in waits:  # appended on a loop: only the wait is left
+                self._store.wait_put(a.result, a.messages)
+            if waits:
+                _deliver(_results(waits))
+            if puts:
+                try:
+                    appends = self._append([(p, 0, len(p.messages)) for p in puts], wait=True)
+                    outcome = _results(appends)
+                except Exception as exc:
+                    log.exception("batch put failed")
+                    outcome = [(p, _failed(len(p.messages), exc)) for p in puts]
+                    appends = []
+                self.appends += len(appends)
+                self.puts += len(puts)
+                _deliver(outcome)
+
+    # -- appending ------------------------------------------------------------------------------
+
+    def _append(self, parts: list[Part], wait: bool) -> list[_Append]:
+        messages = [m for p, i, j in parts for m in p.messages[i:j]]
+        result = self._store.put_messages(messages, wait=wait)
+        if not result.messages and result.status in _ONE_MESSAGE_REFUSALS and len(messages) > 1:
+            # One message spoiled the batch before anything was written: append again in
+            # smaller pieces so only the message at fault is refused.
+            if len(parts) > 1:
+                return [a for part in parts for a in self._append([part], wait)]
+            put, i, j = parts[0]
+            return [a for k in range(i, j) for a in self._append([(put, k, k + 1)], wait)]
+        return [_Append(parts, messages, result)]
+
+
+def _results(appends: list[_Append]) -> list[tuple[_Put, list[EntryResult]]]:
+    """Each put's entry results, assembled from the appends that held its messages."""
+    entries: dict[_Put, list[EntryResult]] = {}
+    for a in appends:
+        sizes = [j - i for _p, i, j in a.parts]
+        for (put, _i, _j), results in zip(a.parts, split_result(a.result, sizes)):
+            entries.setdefault(put, []).extend(results)
+    return list(entries.items())
+
+
+def _refused(count: int) -> list[EntryResult]:
+    return [EntryResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, None,
+                        "the broker is shutting down")] * count
+
+
+def _failed(count: int, exc: Exception) -> list[EntryResult]:
+    return [EntryResult(PutMessageStatus.UNKNOWN_ERROR, None,
+                        f"{type(exc).__name__}: {exc}")] * count
+
+
+def _deliver(outcome: list[tuple[_Put, list[EntryResult]]]) -> None:
+    """Call each put's callback: on its loop (one hop per loop, or directly when already
+    there), or here for puts from threads."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Done, list[EntryResult]]]] = {}
+    for put, results in outcome:
+        if put.loop is None:
+            _call(put.done, results)
+        else:
+            by_loop.setdefault(put.loop, []).append((put.done, results))
+    for loop, calls in by_loop.items():
+        if _running_loop() is loop:
+            _call_all(calls)
+        else:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                loop.call_soon_threadsafe(_call_all, calls)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _call_all(calls: list[tuple[Done, list[EntryResult]]]) -> None:
+    for done, results in calls:
+        _call(done, results)
+
+
+def _call(done: Done, results: list[EntryResult]) -> None:
+    try:
+        done(results)
+    except Exception:
+        log.exception("put callback failed")

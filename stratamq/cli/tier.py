@@ -1,0 +1,130 @@
+"""``stratamq tier status|flush``: a store's tiered storage, offline (``--store``, with the
+broker's ``--config``) or on a running broker (``--endpoint``). JSON lines (contracts):
+
+* ``tier status``: one line per topic/queue: ``{"topic", "queue_id", "local_min_offset",
+  "local_max_offset", "tier_min_offset", "tier_max_offset", "tier_committed_offset",
+  "tier_bytes", "lag_messages", "lag_bytes"}`` (offsets are queue offsets; ``tier_max_offset``
+  counts what is buffered, ``tier_committed_offset`` what is in the tier; null where the
+  queue has none).
+* ``tier flush``: uploads everything dispatched so far, waits until it is committed, then
+  prints the same lines; exit 1 when it was not all committed in ``--timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from stratamq.cli.app import main
+from stratamq.cli.common import close_store, emit, open_store_tiered, store_options
+
+
+def _one_of(store_dir: str | None, endpoint: str | None) -> None:
+    if (store_dir is None) == (endpoint is None):
+        raise click.UsageError("give --store DIR (offline) or --endpoint HOST:PORT (a broker)")
+
+
+def _remote(endpoint: str, access_key: str | None, secret_key: str | None, method: str,
+            **request: Any) -> dict[str, Any]:
+    from stratamq.client.admin import AdminClient, AdminError, check_endpoint
+
+    try:
+        check_endpoint(endpoint)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--endpoint") from None
+    timeout = float(request.get("timeout_s", 0)) + 30
+    with AdminClient(endpoint, timeout=timeout, access_key=access_key,
+                     secret_key=secret_key) as client:
+        try:
+            return client.call(method, **request)
+        except AdminError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+def _offline(store_dir: str, read_only: bool,
+             action: Callable[[Any, Any], tuple[list[dict[str, Any]], bool]]) -> bool:
+    store, tier = open_store_tiered(store_dir, read_only=read_only)
+    try:
+        if tier is None:
+            raise click.ClickException(
+                f"tiered storage is off for {store_dir}: give the broker's --config (with "
+                "tieredBackendServiceProvider and tieredStoreFilePath)")
+        rows, ok = action(store, tier)
+    finally:
+        close_store(store)
+        if tier is not None:
+            tier.close()
+    for row in rows:
+        emit(row)
+    return ok
+
+
+def _local(store: Any) -> Callable[[str, int], tuple[int, int] | None]:
+    def held(topic: str, queue_id: int) -> tuple[int, int] | None:
+        offsets = store.local_source.offsets(topic, queue_id)
+        return None if offsets is None else (offsets.low, offsets.high)
+
+    return held
+
+
+def _endpoint_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = click.option("--secret-key", envvar="STRATAMQ_SECRET_KEY", default=None,
+                           help="Secret key of --access-key; env STRATAMQ_SECRET_KEY.")(command)
+    command = click.option("--access-key", envvar="STRATAMQ_ACCESS_KEY", default=None,
+                           help="Access key (broker with aclEnable=true).")(command)
+    command = click.option("--endpoint", default=None,
+                           help="A running broker's HOST:PORT (instead of --store).")(command)
+    return click.option("--store", "store_dir", default=None,
+                        help="Store root directory (the broker must not be running).")(command)
+
+
+@main.group()
+def tier() -> None:
+    """Tiered storage: what the tier holds, and uploading now."""
+
+
+@tier.command("status")
+@_endpoint_options
+@store_options
+def tier_status(store_dir: str | None, endpoint: str | None, access_key: str | None,
+                secret_key: str | None) -> None:
+    """Per topic/queue: local and tier offsets, bytes in the tier, upload lag (JSON lines)."""
+    _one_of(store_dir, endpoint)
+    if endpoint is not None:
+        for row in _remote(endpoint, access_key, secret_key, "TierStatus")["queues"]:
+            emit(row)
+        return
+    assert store_dir is not None
+    _offline(store_dir, True,
+             lambda store, t: (t.status(_local(store), store.local_source.topics), True))
+
+
+@tier.command("flush")
+@_endpoint_options
+@store_options
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
+              show_default=True, help="Seconds to wait for the uploads to be committed.")
+def tier_flush(store_dir: str | None, endpoint: str | None, access_key: str | None,
+               secret_key: str | None, timeout: float) -> None:
+    """Upload everything dispatched so far, now; exit once it is committed (JSON lines: the
+    status after it). Exit 1 if it was not all committed in --timeout seconds."""
+    _one_of(store_dir, endpoint)
+    if endpoint is not None:
+        reply = _remote(endpoint, access_key, secret_key, "TierFlush", timeout_s=timeout)
+        for row in reply["queues"]:
+            emit(row)
+        ok = bool(reply["committed"])
+    else:
+        assert store_dir is not None
+
+        def flush(store: Any, t: Any) -> tuple[list[dict[str, Any]], bool]:
+            committed = t.flush(timeout)
+            return t.status(_local(store), store.local_source.topics), committed
+
+        ok = _offline(store_dir, False, flush)
+    if not ok:
+        raise click.ClickException(f"not everything was committed to the tier in {timeout:g} s "
+                                   "(the tier is unreachable or refused the uploads: see the "
+                                   "log with -v)")

@@ -1,0 +1,175 @@
+"""What every pipeline shares: the session, the store lock, CommitLog splits, errors a user can
+read, and files written so that a retried task or a killed run never leaves half of one.
+
+Pipelines run as RDD jobs: one task per CommitLog byte range reads records in place (the data
+source's split reader), and the data moves between stages as Arrow batches or numpy arrays,
+one Python object per batch and destination, never one per record. Executors write what they
+own; the driver plans from file listings and segment headers, and gets back counts only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import math
+import os
+import re
+import shutil
+import sys
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from stratamq.fileutil import fsync_directory
+from stratamq.spark.planning import Catalog, LogSplit, log_splits
+from stratamq.store.layout import StoreLayout, parse_segment_name
+from stratamq.store.mapped_file_queue import MappedFileQueue
+
+# CommitLog bytes per read task: small enough that progress moves and a retried task redoes
+# little, large enough that a task's start-up (a Python worker, a map) is noise.
+SPLIT_BYTES = 64 * 1024 * 1024
+# Bytes of output (ConsumeQueue units, RocksDB rows, index entries) one write task owns, and
+# so about what it holds in memory: a task's whole partition is sorted before it is written.
+PARTITION_BYTES = 64 * 1024 * 1024
+
+
+class PipelineError(RuntimeError):
+    """A pipeline cannot run or failed; the message says why and what to do."""
+
+
+LOG4J = Path(__file__).resolve().parents[2] / "data" / "spark-log4j2.properties"
+
+
+def spark_session(app_name: str, master: str | None = None, conf: dict[str, str] | None = None):
+    """A session using this interpreter on the workers; ``local[*]`` unless spark-submit (or
+    ``master``) says otherwise.
+
+    What a user reads carries no JVM class names: a JVM this process starts logs errors only,
+    without logger names (``data/spark-log4j2.properties``), and Spark's own progress bar is
+    shown on a terminal only (elsewhere its carriage returns turn a log into one long line;
+    the pipelines print a line per stage instead). Under spark-submit the JVM is already
+    running: its log level is set to errors once the application starts."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from stratamq.spark import register
+
+    builder = (SparkSession.builder.appName(app_name)
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower()))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    if master or "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
+        builder = builder.master(master or "local[*]")
+        if not os.environ.get("SPARK_CONF_DIR") and LOG4J.exists():
+            builder = builder.config("spark.driver.extraJavaOptions",
+                                     f"-Dlog4j2.configurationFile=file:{LOG4J}")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def store_dir(path: str) -> Path:
+    """``path`` as a store directory (it has ``commitlog/``), or PipelineError."""
+    root = Path(path)
+    if not (root / "commitlog").is_dir():
+        raise PipelineError(f"--store {path}: not a store directory (no commitlog/)")
+    return root
+
+
+@contextlib.contextmanager
+def store_lock(root: Path) -> Iterator[None]:
+    """Hold the store's lock, as ``MessageStore`` does (``flock`` and RocketMQ's POSIX lock on
+    byte 0 of ``<root>/lock``), for as long as a pipeline rewrites the store's derived files:
+    a broker must not open the store meanwhile, nor be running."""
+    fd = os.open(StoreLayout(root).lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        except OSError:
+            raise PipelineError(f"store {root} is open in another process (a running "
+                                "broker?): stop it first") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def commitlog_splits(root: Path, low: int, end: int, split_bytes: int,
+                     min_splits: int) -> list[LogSplit]:
+    """Byte ranges of [low, end) of the CommitLog, none crossing a segment, each at most
+    ``split_bytes`` (and at least ``min_splits`` of them when there are that many bytes).
+    Planned from the file listing and the segment size alone."""
+    directory = StoreLayout(root).commitlog_dir
+    segments = sorted(s for p in directory.iterdir() if (s := parse_segment_name(p.name))
+                      is not None)
+    size = MappedFileQueue.size_on_disk(directory) or 0
+    catalog = Catalog(str(root), {}, size, segments)
+    parts = max(min_splits, math.ceil(max(0, end - low) / max(1, split_bytes)))
+    return log_splits(str(root), catalog, low, end, parts)
+
+
+def stable_hash(data: bytes) -> int:
+    """The same number in every process (Python's ``hash`` of bytes is salted per process)."""
+    return zlib.crc32(data)
+
+
+def write_file(path: Path, data: bytes | memoryview, size: int | None = None) -> None:
+    """Write ``path`` whole or not at all: to ``<name>.tmp``, extended to ``size`` (sparse) if
+    given, fdatasync'ed, renamed over. A retried task rewrites the same bytes; a killed one
+    leaves only a ``.tmp`` that nothing reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if size is not None:
+            os.ftruncate(fd, size)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def swap_in(new: Path, target: Path, aside: Path) -> None:
+    """Replace directory ``target`` by ``new``: the old one is renamed to ``aside`` first and
+    removed after, so at every moment ``target`` is whole (old or new) or absent."""
+    if target.exists():
+        if aside.exists():
+            shutil.rmtree(aside)
+        os.replace(target, aside)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(new, target)
+    fsync_directory(target.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+_TRACEBACK = re.compile(r"Traceback \(most recent call last\):\n(.*?)(?:\n\tat |\Z)", re.S)
+
+
+def user_message(exc: BaseException) -> str:
+    """What a failed Spark job says to a user: the Python error a task raised (type name and
+    message), not the JVM's stack and class names around it."""
+    text = str(exc)
+    found = _TRACEBACK.findall(text)
+    if found:
+        lines = [line for line in found[-1].splitlines() if line and not line.startswith(" ")]
+        if lines:
+            kind, sep, message = lines[-1].partition(": ")
+            return f"{kind.rsplit('.', 1)[-1]}: {message}" if sep else lines[-1]
+    if "org.apache." in text or "java." in text:
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        first = re.sub(r"\b(?:org\.apache|java|scala|py4j)(?:\.\w+)+(?:\$\w+)*:?\s*", "", first)
+        return first.strip() or "the Spark job failed"
+    return f"{type(exc).__name__}: {text}"
+
+
+def is_name_error(exc: OSError) -> bool:
+    """An OSError from a topic that cannot be a directory name (the dispatcher skips those
+    records: ``dispatch.RECORD_ERRNOS``), not from the disk."""
+    return exc.errno in (errno.ENAMETOOLONG, errno.EINVAL)

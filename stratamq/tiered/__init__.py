@@ -1,0 +1,176 @@
+"""Tiered storage: each queue's history on memory, a POSIX directory or an object store, read
+back as if it were local (RocketMQ's tieredstore after RIP-57 / RIP-65; seed 000).
+
+Three layers, as in RocketMQ: drivers (``drivers/``: ``FileSegment`` on memory, POSIX, fsspec
+object stores), containers (``flat_file.py``, ``flat_message_file.py``, ``index_service.py``,
+``metadata.py``) and access (``uploader.py``: a dispatcher; ``fetcher.py``: a read source).
+
+The store never imports this package: ``wire(store, ...)`` plugs the uploader in with
+``MessageStore.add_dispatcher`` and the fetcher with ``add_read_source`` before the store is
+opened, and returns the ``TieredStore`` that owns them (close it after the store). Every place
+that opens a store for serving calls it (the broker, the offline ``store`` commands).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from stratamq.config import StoreConfig, TieredStorageLevel, tier_provider
+from stratamq.tiered.drivers import FileSegmentFactory, TierIOError
+from stratamq.tiered.fetcher import TierFetcher
+from stratamq.tiered.flat_message_file import FlatFileStore, FlatMessageFile
+from stratamq.tiered.index_service import IndexStoreService
+from stratamq.tiered.metadata import MetadataCorrupt, MetadataStore
+from stratamq.tiered.read_ahead import memory_limit
+from stratamq.tiered.uploader import TierUploader, is_filtered_topic
+
+if TYPE_CHECKING:
+    from stratamq.store.message_store import MessageStore
+
+__all__ = ["FlatFileStore", "FlatMessageFile", "MetadataCorrupt", "TierIOError", "TieredStore",
+           "tiering_enabled", "wire"]
+
+log = logging.getLogger(__name__)
+
+
+def tiering_enabled(config: StoreConfig) -> bool:
+    return tier_provider(config) is not None
+
+
+class StoreView:
+    """What the tier reads of the local store, as callables (never the store itself): its
+    ConsumeQueues (units and offsets) and its CommitLog's bounds."""
+
+    def __init__(self, consume_queues: Callable[[], Any], commitlog: Callable[[], Any],
+                 in_memory_ratio: int) -> None:
+        self._queues = consume_queues
+        self._commitlog = commitlog
+        self._memory_window = memory_limit() * in_memory_ratio // 100
+
+    def offsets(self, topic: str, queue_id: int) -> tuple[int, int] | None:
+        cq = self._queues().find(topic, queue_id)
+        return None if cq is None else (cq.min_offset(), cq.max_offset())
+
+    def units(self, topic: str, queue_id: int, offset: int,
+              count: int) -> list[tuple[int, int, int]]:
+        cq = self._queues().find(topic, queue_id)
+        return [] if cq is None else list(cq.get_units(offset, count))
+
+    def in_memory(self, topic: str, queue_id: int, offset: int) -> bool:
+        """RocketMQ's ``checkInMemByConsumeOffset``: the record is within
+        accessMessageInMemoryMaxRatio of memory from the CommitLog's end."""
+        units = self.units(topic, queue_id, offset, 1)
+        if not units:
+            return False
+        return self._commitlog().max_offset - units[0][0] < self._memory_window
+
+    def min_physical_offset(self) -> int:
+        return self._commitlog().min_offset
+
+
+class TieredStore:
+    """The tier parts of one broker: metadata, flat files, index, uploader and fetcher.
+
+    ``read_only``: for commands that only read (no uploads, nothing written anywhere)."""
+
+    def __init__(self, config: StoreConfig, cluster: str, broker: str, *,
+                 view: StoreView | None = None, read_only: bool = False,
+                 background: bool = True, fs: Any = None) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.broker = broker
+        self.read_only = read_only
+        self.background = background
+        self.factory = FileSegmentFactory(config, cluster, fs=fs)
+        self.metadata = MetadataStore(config.root, read_only=read_only)
+        self.files = FlatFileStore(self.factory, self.metadata, broker, read_only=read_only)
+        self.files.load()
+        self.index: IndexStoreService | None = None
+        if config.message_index_enable:
+            self.index = IndexStoreService(
+                config.root, self.factory, self.metadata, broker,
+                config.tiered_store_index_file_max_hash_slot_num,
+                config.tiered_store_index_file_max_index_num, read_only=read_only)
+        self.uploader: TierUploader | None = None
+        if not read_only:
+            assert view is not None
+            self.uploader = TierUploader(config, self.files, self.metadata, self.index, view)
+        self.fetcher = TierFetcher(config, self.files, self.metadata, self.index, view)
+        self._started = False
+
+    def start(self) -> None:
+        """Start the uploader's scheduler (the store must be open)."""
+        if self.uploader is not None and not self._started and self.background:
+            self.uploader.start()
+            self._started = True
+
+    def flush(self, timeout: float = 60.0) -> bool:
+        """Upload everything dispatched so far, now (``stratamq tier flush``)."""
+        if self.uploader is None:
+            raise RuntimeError("a read-only tier cannot upload")
+        return self.uploader.flush(timeout)
+
+    def status(self, local: Callable[[str, int], tuple[int, int] | None],
+               local_topics: Callable[[], dict[str, list[int]]] | None = None
+               ) -> list[dict[str, Any]]:
+        """One row per topic/queue the tier or the local store holds (topics that are never
+        tiered left out): local and tier offsets, tier bytes, upload lag."""
+        queues = {(f.topic, f.queue_id) for f in self.files.files()}
+        if local_topics is not None:
+            queues |= {(t, q) for t, ids in local_topics().items() for q in ids
+                       if not is_filtered_topic(t)}
+        rows = []
+        for topic, queue_id in sorted(queues):
+            flat = self.files.get(topic, queue_id)
+            init = flat is not None and flat.is_init()
+            held = local(topic, queue_id)
+            lag_messages, lag_bytes = (self.uploader.lag(topic, queue_id)
+                                       if self.uploader is not None else (0, 0))
+            committed = flat.commit_offset if flat is not None and init else None
+            if held is not None:
+                lag_messages = max(lag_messages, held[1] - max(committed or 0, held[0]))
+            rows.append({
+                "topic": topic, "queue_id": queue_id,
+                "local_min_offset": None if held is None else held[0],
+                "local_max_offset": None if held is None else held[1],
+                "tier_min_offset": flat.min_offset() if flat is not None and init else None,
+                "tier_max_offset": flat.append_offset if flat is not None and init else None,
+                "tier_committed_offset": committed,
+                "tier_bytes": flat.committed_bytes() if flat is not None else 0,
+                "lag_messages": lag_messages, "lag_bytes": lag_bytes,
+            })
+        return rows
+
+    def close(self) -> None:
+        """Stop uploading (what is not uploaded stays local and is uploaded after the next
+        open) and save the metadata. Call after the store's close."""
+        if self.uploader is not None:
+            self.uploader.close()
+        self.fetcher.close()
+        if self.index is not None:
+            self.index.close()
+        self.files.close()
+
+
+def wire(store: MessageStore, *, cluster: str, broker: str,
+         background: bool = True) -> TieredStore | None:
+    """Plug tiered storage into ``store`` (before it is opened) when its config turns it on;
+    None when it does not. Call ``start()`` on the result once the store is open: with
+    ``background`` (a broker) that starts the uploads; offline commands pass False and upload
+    only when asked (``tier flush``)."""
+    config = store.config
+    if tier_provider(config) is None:
+        return None
+    view = StoreView(lambda: store.consume_queues, lambda: store.commitlog,
+                     config.access_message_in_memory_max_ratio)
+    tier = TieredStore(config, cluster, broker, view=view, read_only=store.read_only,
+                       background=background)
+    if tier.uploader is not None:
+        store.add_dispatcher(tier.uploader)
+    if TieredStorageLevel(config.tiered_storage_level) is not TieredStorageLevel.DISABLE:
+        store.add_read_source(tier.fetcher, first=tier.fetcher.first)
+    log.info("tiered storage: %s, reads %s", tier.factory.describe(),
+             TieredStorageLevel(config.tiered_storage_level).value)
+    return tier

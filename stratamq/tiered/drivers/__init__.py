@@ -1,0 +1,109 @@
+"""The driver layer: tier files on memory, a POSIX directory or an object store.
+
+``FileSegmentFactory`` makes the ``FileSegment`` of the configured driver for a (file type,
+queue path, base offset) and knows where the tier root is; the containers above it never see
+which driver they use (RocketMQ's ``FileSegmentFactory``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from stratamq.config import StoreConfig, tier_provider
+from stratamq.tiered.drivers.base import (
+    AppendResult,
+    FileSegment,
+    SegmentLimits,
+    TierCorrupt,
+    TierIOError,
+)
+from stratamq.tiered.naming import FileSegmentType, segment_path
+
+__all__ = ["AppendResult", "FileSegment", "FileSegmentFactory", "SegmentLimits", "TierCorrupt",
+           "TierIOError", "open_filesystem"]
+
+
+def open_filesystem(url: str, endpoint: str = "") -> tuple[Any, str]:
+    """(fsspec filesystem, root path inside it) for a tier URL. ``s3://`` goes through s3fs
+    with ``endpoint`` (an S3-compatible server) and the standard AWS credential chain
+    (environment variables, ``~/.aws/credentials`` and ``config``); listings are never cached,
+    since sizes read from them decide where uploads go."""
+    try:
+        import fsspec
+    except ImportError:
+        raise TierIOError("the s3 tier needs fsspec and s3fs: pip install 'stratamq[s3]'") \
+            from None
+    protocol = url.split("://", 1)[0]
+    options: dict[str, Any] = {"skip_instance_cache": True}
+    if protocol in ("s3", "s3a"):
+        options["use_listings_cache"] = False
+        # Fail a dead server within seconds (the uploader retries on its next round), rather
+        # than after botocore's and s3fs's nested retries with back-off.
+        options["config_kwargs"] = {"connect_timeout": 5, "read_timeout": 60,
+                                    "retries": {"max_attempts": 2}}
+        if endpoint:
+            options["client_kwargs"] = {"endpoint_url": endpoint}
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **options)
+    except ImportError as exc:
+        raise TierIOError(f"tier URL {url}: {exc} (pip install 'stratamq[s3]')") from None
+    except (ValueError, TypeError) as exc:
+        raise TierIOError(f"tier URL {url}: {exc}") from None
+    if protocol in ("s3", "s3a"):
+        fs.retries = 2  # s3fs's own retry loop (a class attribute, 5 by default)
+    return fs, str(root).rstrip("/")
+
+
+class FileSegmentFactory:
+    """Makes segments for one broker's tier: ``cluster`` names its top directory.
+
+    Thread-safety: ``create_segment`` from any thread; segments share ``limits``."""
+
+    def __init__(self, config: StoreConfig, cluster: str, *, fs: Any = None) -> None:
+        provider = tier_provider(config)
+        if provider is None:
+            raise ValueError("tiered storage is off (tieredBackendServiceProvider is empty)")
+        self.provider = provider
+        self.cluster = cluster
+        self.root = config.tiered_store_file_path
+        self.limits = SegmentLimits(config.tiered_store_commit_log_max_size,
+                                    config.tiered_store_consume_queue_max_size,
+                                    config.tiered_store_max_group_commit_count,
+                                    config.tiered_store_max_pending_limit)
+        self.fs: Any = fs
+        self.fs_root = ""
+        if provider == "s3" and fs is None:
+            self.fs, self.fs_root = open_filesystem(self.root, config.tiered_store_s3_endpoint)
+        elif provider == "s3":
+            self.fs_root = self.root.split("://", 1)[-1].rstrip("/")
+
+    def full_path(self, relative: str) -> str:
+        """Where a path relative to the tier root is, in the driver's terms."""
+        if self.provider == "posix":
+            return os.path.join(self.root, relative)
+        if self.provider == "s3":
+            return f"{self.fs_root}/{relative}"
+        return f"{self.root or 'memory'}/{relative}"
+
+    def create_segment(self, file_type: FileSegmentType, file_path: str,
+                       base_offset: int) -> FileSegment:
+        relative = segment_path(self.cluster, file_path, file_type, base_offset)
+        if self.provider == "posix":
+            from stratamq.tiered.drivers.posix import PosixFileSegment
+
+            return PosixFileSegment(self.limits, file_type, file_path, base_offset,
+                                    Path(self.full_path(relative)))
+        if self.provider == "s3":
+            from stratamq.tiered.drivers.object_store import ObjectFileSegment
+
+            return ObjectFileSegment(self.limits, file_type, file_path, base_offset, self.fs,
+                                     self.full_path(relative))
+        from stratamq.tiered.drivers.memory import MemoryFileSegment
+
+        return MemoryFileSegment(self.limits, file_type, file_path, base_offset,
+                                 self.full_path(relative))
+
+    def describe(self) -> str:
+        return f"{self.provider} tier at {self.root or '(process memory)'}"

@@ -1,0 +1,268 @@
+"""The tier's metadata store: topics, queues, file segments and the uploader's progress.
+
+RocketMQ's ``DefaultMetadataStore``: one JSON document at
+``<storePathRootDir>/config/tieredStoreMetadata.json`` with its table names, plus what StrataMQ
+adds (the uploader's durable CommitLog offset, each queue's indexed offset). Spec:
+``docs/formats/tier-metadata.md``.
+
+Durability: ``persist()`` replaces the file atomically (``fileutil.atomic_write``: fsync, rename,
+fsync the directory), keeping the previous version as ``.bak``; a crash leaves the old document
+or the new one. It may lag what the tier holds (sizes are then corrected from the tier on the
+next start), never run ahead of it: a segment is recorded before anything is written to it,
+and sizes only after their upload returned.
+
+Thread-safety: every method takes the store's lock; entities handed out are copies' owners'
+to change only through ``update_*`` (callers keep their own objects and write them back).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stratamq.fileutil import atomic_write
+from stratamq.tiered.naming import METADATA_FILE, FileSegmentType
+
+__all__ = ["FileSegmentMetadata", "MetadataCorrupt", "MetadataStore", "QueueMetadata",
+           "TopicMetadata"]
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+# FileSegmentMetadata.status (RocketMQ's constants)
+STATUS_NEW = 0
+STATUS_SEALED = 1
+STATUS_DELETED = 2
+_TABLES = {FileSegmentType.COMMIT_LOG: "commitLogFileSegmentTable",
+           FileSegmentType.CONSUME_QUEUE: "consumeQueueFileSegmentTable",
+           FileSegmentType.INDEX: "indexFileSegmentTable"}
+
+
+class MetadataCorrupt(ValueError):
+    """The metadata file exists but is not a document this version can read."""
+
+
+def _now() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class TopicMetadata:
+    topicId: int
+    topic: str
+    status: int = 0
+    reserveTime: int = -1  # hours; -1: tieredStoreFileReservedTime
+    updateTimestamp: int = field(default_factory=_now)
+
+
+@dataclass
+class QueueMetadata:
+    topic: str
+    brokerName: str
+    queueId: int
+    minOffset: int = -1
+    maxOffset: int = -1  # the queue offset after the last unit the tier committed
+    updateTimestamp: int = field(default_factory=_now)
+    # StrataMQ: queue offset below which every committed message is in the tier index.
+    indexedOffset: int = -1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"queue": {"topic": self.topic, "brokerName": self.brokerName,
+                          "queueId": self.queueId},
+                "minOffset": self.minOffset, "maxOffset": self.maxOffset,
+                "updateTimestamp": self.updateTimestamp, "indexedOffset": self.indexedOffset}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> QueueMetadata:
+        queue = obj["queue"]
+        return cls(str(queue["topic"]), str(queue["brokerName"]), int(queue["queueId"]),
+                   int(obj["minOffset"]), int(obj["maxOffset"]), int(obj["updateTimestamp"]),
+                   int(obj.get("indexedOffset", -1)))
+
+
+@dataclass
+class FileSegmentMetadata:
+    path: str  # the queue's key: broker/topic/queueId
+    type: int  # FileSegmentType code
+    baseOffset: int
+    status: int = STATUS_NEW
+    size: int = 0  # bytes committed (known to be in the tier)
+    createTimestamp: int = field(default_factory=_now)
+    beginTimestamp: int = 2**63 - 1  # store time of its oldest message (Long.MAX_VALUE: none)
+    endTimestamp: int = 2**63 - 1
+    sealTimestamp: int = 0
+
+
+class MetadataStore:
+    """The tables, in memory, persisted on demand. ``root`` is the store directory."""
+
+    def __init__(self, root: Path, *, read_only: bool = False) -> None:
+        self.path = Path(root) / METADATA_FILE
+        self.read_only = read_only
+        self._lock = threading.RLock()
+        self._persist_lock = threading.Lock()  # one writer of the file (and its .tmp) at a time
+        self._topic_serial = -1
+        self._topics: dict[str, TopicMetadata] = {}
+        self._queues: dict[str, dict[int, QueueMetadata]] = {}
+        self._segments: dict[FileSegmentType, dict[str, dict[int, FileSegmentMetadata]]] = {
+            t: {} for t in FileSegmentType}
+        self.durable_offset = 0  # the uploader's: CommitLog offset everything below is tiered
+        self._dirty = False
+        self._load()
+
+    # -- load / persist --------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        try:
+            doc = json.loads(raw)
+            self._decode(doc)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            backup = self.path.with_name(self.path.name + ".bak")
+            raise MetadataCorrupt(
+                f"tier metadata {self.path} is damaged ({exc}); its previous version is "
+                f"{backup} (copy it over the file to go back to it)") from None
+
+    def _decode(self, doc: dict[str, Any]) -> None:
+        version = doc.get("version", FORMAT_VERSION)
+        if version != FORMAT_VERSION:
+            raise ValueError(f"format version {version}, this StrataMQ reads {FORMAT_VERSION}")
+        self._topic_serial = int(doc["topicSerialNumber"])
+        self._topics = {name: TopicMetadata(**obj)
+                        for name, obj in doc["topicMetadataTable"].items()}
+        self._queues = {topic: {int(q): QueueMetadata.from_json(obj) for q, obj in table.items()}
+                        for topic, table in doc["queueMetadataTable"].items()}
+        for file_type, table_name in _TABLES.items():
+            self._segments[file_type] = {
+                path: {int(base): FileSegmentMetadata(**obj) for base, obj in table.items()}
+                for path, table in doc.get(table_name, {}).items()}
+        self.durable_offset = int(doc.get("dispatcher", {}).get("durableOffset", 0))
+
+    def encode(self) -> bytes:
+        with self._lock:
+            doc: dict[str, Any] = {
+                "version": FORMAT_VERSION,
+                "topicSerialNumber": self._topic_serial,
+                "topicMetadataTable": {n: asdict(t) for n, t in sorted(self._topics.items())},
+                "queueMetadataTable": {
+                    topic: {str(q): m.to_json() for q, m in sorted(table.items())}
+                    for topic, table in sorted(self._queues.items())},
+            }
+            for file_type, table_name in _TABLES.items():
+                doc[table_name] = {
+                    path: {str(base): asdict(m) for base, m in sorted(table.items())}
+                    for path, table in sorted(self._segments[file_type].items())}
+            doc["dispatcher"] = {"durableOffset": self.durable_offset}
+            self._dirty = False
+        return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+    def persist(self, *, only_if_dirty: bool = False) -> None:
+        if self.read_only or (only_if_dirty and not self._dirty):
+            return
+        with self._persist_lock:
+            data = self.encode()
+            atomic_write(self.path, data, backup=True)
+
+    def mark_dirty(self) -> None:
+        self._dirty = True
+
+    # -- topics ----------------------------------------------------------------------------------
+
+    def get_topic(self, topic: str) -> TopicMetadata | None:
+        with self._lock:
+            return self._topics.get(topic)
+
+    def add_topic(self, topic: str, reserve_time: int = -1) -> TopicMetadata:
+        with self._lock:
+            old = self._topics.get(topic)
+            if old is not None:
+                return old
+            self._topic_serial += 1
+            meta = TopicMetadata(self._topic_serial, topic, reserveTime=reserve_time)
+            self._topics[topic] = meta
+            self._dirty = True
+            return meta
+
+    def topic_by_id(self, topic_id: int) -> TopicMetadata | None:
+        with self._lock:
+            return next((t for t in self._topics.values() if t.topicId == topic_id), None)
+
+    def topics(self) -> list[TopicMetadata]:
+        with self._lock:
+            return list(self._topics.values())
+
+    def delete_topic(self, topic: str) -> None:
+        with self._lock:
+            self._topics.pop(topic, None)
+            self._queues.pop(topic, None)
+            self._dirty = True
+
+    # -- queues ----------------------------------------------------------------------------------
+
+    def get_queue(self, topic: str, queue_id: int) -> QueueMetadata | None:
+        with self._lock:
+            return self._queues.get(topic, {}).get(queue_id)
+
+    def add_queue(self, topic: str, broker: str, queue_id: int) -> QueueMetadata:
+        with self._lock:
+            old = self.get_queue(topic, queue_id)
+            if old is not None:
+                return old
+            meta = QueueMetadata(topic, broker, queue_id)
+            self._queues.setdefault(topic, {})[queue_id] = meta
+            self._dirty = True
+            return meta
+
+    def update_queue(self, meta: QueueMetadata) -> None:
+        with self._lock:
+            meta.updateTimestamp = _now()
+            self._queues.setdefault(meta.topic, {})[meta.queueId] = meta
+            self._dirty = True
+
+    def queues(self, topic: str | None = None) -> Iterator[QueueMetadata]:
+        with self._lock:
+            tables = [self._queues.get(topic, {})] if topic is not None else \
+                list(self._queues.values())
+            found = [m for table in tables for m in table.values()]
+        yield from found
+
+    def delete_queue(self, topic: str, queue_id: int) -> None:
+        with self._lock:
+            self._queues.get(topic, {}).pop(queue_id, None)
+            self._dirty = True
+
+    # -- file segments ---------------------------------------------------------------------------
+
+    def get_segment(self, path: str, file_type: FileSegmentType,
+                    base_offset: int) -> FileSegmentMetadata | None:
+        with self._lock:
+            return self._segments[file_type].get(path, {}).get(base_offset)
+
+    def update_segment(self, meta: FileSegmentMetadata) -> None:
+        with self._lock:
+            self._segments[FileSegmentType(meta.type)].setdefault(meta.path, {})[
+                meta.baseOffset] = meta
+            self._dirty = True
+
+    def segments(self, path: str, file_type: FileSegmentType) -> list[FileSegmentMetadata]:
+        with self._lock:
+            return sorted(self._segments[file_type].get(path, {}).values(),
+                          key=lambda m: m.baseOffset)
+
+    def delete_segment(self, path: str, file_type: FileSegmentType, base_offset: int) -> None:
+        with self._lock:
+            table = self._segments[file_type].get(path)
+            if table is not None:
+                table.pop(base_offset, None)
+                if not table:
+                    del self._segments[file_type][path]
+            self._dirty = True

@@ -1,0 +1,498 @@
+"""``TierUploader``: the dispatcher that copies each queue's messages to the tier (RocketMQ's
+``MessageStoreDispatcherImpl``, seed 000 section 5.2).
+
+It plugs into the store as a dispatcher (``MessageStore.add_dispatcher``): ``dispatch`` only
+notes, per queue, that records wait (no bytes are copied on the store's dispatch thread);
+the upload itself reads the local ConsumeQueue units and CommitLog records later, on the
+uploader's own threads, as RocketMQ's dispatcher does:
+
+* a queue's batch goes when its oldest waiting message is ``tieredStoreGroupCommitTimeout``
+  old, or ``tieredStoreGroupCommitCount`` messages or ``tieredStoreGroupCommitSize`` bytes
+  wait, or on demand (``flush``); a scan runs every second;
+* a batch appends the records to the queue's tier CommitLog and their units to its tier
+  ConsumeQueue, uploads the CommitLog data first, then the units, then adds the keys to the
+  tier index;
+* a queue whose local data expired before it was uploaded resumes at the local minimum (the
+  tier's ConsumeQueue gets a gap there) and the skipped offsets are logged;
+* ``durable_offset()``: the CommitLog offset below which every record is in the tier (the
+  first waiting record of any queue, or the end of what was dispatched). The store replays
+  dispatch from it on open and keeps local CommitLog files above it, bounded by
+  ``dispatcherRetentionHoldMaxBytes``; ``retention_hold_bytes()`` is how much it holds.
+
+Threads: ``dispatch`` on the store's dispatch thread (cheap, under ``_lock``); one scheduler
+thread (``tier-uploader``); uploads on a pool (``tier-upload-N``), one at a time per queue
+(under the queue's ``file_lock``). ``flush`` from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from stratamq import record as codec
+from stratamq.config import StoreConfig
+from stratamq.message import DispatchInfo, Prop
+from stratamq.store.consume_queue_format import is_blank_unit
+from stratamq.store.log_reader import CommitLogReader
+from stratamq.tiered.drivers import TierIOError
+from stratamq.tiered.flat_message_file import HEADER_PEEK, FlatFileStore, FlatMessageFile
+from stratamq.tiered.index_service import IndexStoreService
+from stratamq.tiered.metadata import MetadataStore
+
+__all__ = ["LocalQueues", "TierUploader", "is_filtered_topic"]
+
+log = logging.getLogger(__name__)
+
+SCAN_INTERVAL_S = 1.0
+_SYSTEM_TOPICS = frozenset({
+    "TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "RMQ_SYS_TRANS_HALF_TOPIC",
+    "RMQ_SYS_TRACE_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC",
+    "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT", "CHECKPOINT_TOPIC",
+})  # fmt: skip
+
+
+def is_filtered_topic(topic: str) -> bool:
+    """Topics never tiered (RocketMQ's ``MessageStoreTopicFilter``: system topics, the
+    ``rmq_sys_`` ones (timer wheel, revive), light message queues)."""
+    return (not topic or topic in _SYSTEM_TOPICS or topic.startswith("rmq_sys_")
+            or topic.startswith("%LMQ%"))
+
+
+class LocalQueues(Protocol):
+    """What the uploader reads of the local store's ConsumeQueues."""
+
+    def offsets(self, topic: str, queue_id: int) -> tuple[int, int] | None:
+        """(min, max) queue offsets the local store holds; None for an unknown queue."""
+        ...
+
+    def units(self, topic: str, queue_id: int, offset: int,
+              count: int) -> list[tuple[int, int, int]]:
+        """(CommitLog offset, size, tags code) of up to ``count`` units from ``offset``."""
+        ...
+
+
+class _Waiting:
+    """What waits to be uploaded in one queue (guarded by the uploader's ``_lock``)."""
+
+    __slots__ = ("next", "seen_next", "first_phys", "first_ts", "bytes", "scheduled", "force")
+
+    def __init__(self, next_offset: int, first_phys: int, first_ts: int) -> None:
+        self.next = next_offset  # the first queue offset not in the tier
+        self.seen_next = next_offset  # one past the last offset dispatched
+        self.first_phys = first_phys  # CommitLog offset of the first record waiting
+        self.first_ts = first_ts  # its store time
+        self.bytes = 0
+        self.scheduled = False
+        self.force = False
+
+
+class TierUploader:
+    """The tier's dispatcher (see the module docstring)."""
+
+    name = "tier-uploader"
+
+    def __init__(self, config: StoreConfig, files: FlatFileStore, metadata: MetadataStore,
+                 index: IndexStoreService | None, local: LocalQueues, *,
+                 workers: int = 8) -> None:
+        self.config = config
+        self.files = files
+        self.metadata = metadata
+        self.index = index
+        self.local = local
+        self.reader: CommitLogReader | None = None
+        self._lock = threading.Lock()
+        self._progress = threading.Condition(self._lock)
+        self._waiting: dict[tuple[str, int], _Waiting] = {}
+        # Per queue, the batch whose upload failed (appended, not committed): its keys go to
+        # the index when the retry lands. Touched only under the queue's file_lock.
+        self._failed: dict[tuple[str, int], list[tuple[int, int, bytes, int]]] = {}
+        self._dispatched_end = metadata.durable_offset
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="tier-upload")
+        self._last_expiry = time.monotonic()
+        # Counters (metrics, status).
+        self.uploaded_messages = 0
+        self.uploaded_bytes = 0
+        self.skipped_messages = 0
+        self.failed_uploads = 0
+
+    # -- the dispatcher seam ---------------------------------------------------------------------
+
+    def attach(self, reader: CommitLogReader) -> None:
+        self.reader = reader
+
+    def dispatch(self, info: DispatchInfo) -> None:
+        end = info.physical_offset + info.size
+        with self._lock:
+            if end > self._dispatched_end:
+                self._dispatched_end = end
+            if is_filtered_topic(info.topic):
+                return
+            key = (info.topic, info.queue_id)
+            waiting = self._waiting.get(key)
+            if waiting is None:
+                flat = self.files.get(*key)
+                if flat is not None and flat.is_init() and info.queue_offset < flat.commit_offset:
+                    return  # a replayed record the tier already has
+                waiting = self._waiting[key] = _Waiting(info.queue_offset, info.physical_offset,
+                                                        info.store_timestamp)
+            elif info.queue_offset < waiting.next:
+                return
+            waiting.seen_next = max(waiting.seen_next, info.queue_offset + 1)
+            waiting.bytes += info.size
+            if self._due(waiting, 0):
+                self._wake.set()
+
+    def durable_offset(self) -> int:
+        with self._lock:
+            return min([w.first_phys for w in self._waiting.values()], default=-1) \
+                if self._waiting else self._dispatched_end
+
+    def destroy_topic(self, topic: str) -> None:
+        with self._lock:
+            for key in [k for k in self._waiting if k[0] == topic]:
+                del self._waiting[key]
+        self.files.destroy_topic(topic)
+        log.info("tier: topic %s deleted from the tier", topic)
+
+    # -- status ----------------------------------------------------------------------------------
+
+    def lag(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(messages, bytes) dispatched for the queue and not yet in the tier."""
+        with self._lock:
+            waiting = self._waiting.get((topic, queue_id))
+            if waiting is None:
+                return 0, 0
+            return max(0, waiting.seen_next - waiting.next), waiting.bytes
+
+    def waiting_messages(self) -> int:
+        with self._lock:
+            return sum(max(0, w.seen_next - w.next) for w in self._waiting.values())
+
+    def retention_hold_bytes(self) -> int:
+        """Local CommitLog bytes kept only because the tier does not have them yet."""
+        if self.reader is None:
+            return 0
+        return max(0, self.reader.end() - max(self.durable_offset(), self.reader.min_offset))
+
+    # -- the scheduler -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="tier-uploader", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(SCAN_INTERVAL_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.run_round()
+                self._housekeeping()
+            except Exception:  # the scheduler must outlive any one failure
+                log.exception("tier uploader round failed")
+
+    def _due(self, waiting: _Waiting, now_ms: int) -> bool:
+        cfg = self.config
+        if waiting.force or not cfg.tiered_store_group_commit:
+            return True
+        if waiting.seen_next - waiting.next >= cfg.tiered_store_group_commit_count:
+            return True
+        if waiting.bytes >= cfg.tiered_store_group_commit_size:
+            return True
+        return bool(now_ms) and waiting.first_ts + cfg.tiered_store_group_commit_timeout <= now_ms
+
+    def run_round(self, *, force: bool = False) -> int:
+        """Start an upload for every queue whose batch is due (every waiting queue with
+        ``force``); returns how many were started."""
+        now = int(time.time() * 1000)
+        started = 0
+        with self._lock:
+            for key, waiting in self._waiting.items():
+                if force:
+                    waiting.force = True
+                if waiting.scheduled or not self._due(waiting, now):
+                    continue
+                waiting.scheduled = True
+                self._executor.submit(self._upload_task, key)
+                started += 1
+        return started
+
+    def _housekeeping(self) -> None:
+        if self.index is not None:
+            while self.index.upload_sealed():
+                pass
+        cfg = self.config
+        interval_s = cfg.tiered_store_delete_file_interval / 1000
+        if cfg.tiered_store_delete_file_enable and \
+                time.monotonic() - self._last_expiry >= interval_s:
+            self._last_expiry = time.monotonic()
+            self.delete_expired()
+        self.persist()
+
+    def persist(self) -> None:
+        """Make the tier's progress durable: the index first, then the metadata (with the
+        durable offset), so the metadata never claims what is not on disk."""
+        if self.index is not None:
+            self.index.flush()
+        durable = self.durable_offset()
+        if durable != self.metadata.durable_offset:
+            self.metadata.durable_offset = durable
+            self.metadata.mark_dirty()
+        self.metadata.persist(only_if_dirty=True)
+
+    def delete_expired(self, now_ms: int | None = None) -> int:
+        """Tier retention (``tieredStoreFileReservedTime``, or a topic's own reserve time),
+        independent of local retention; returns how many tier files went."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        gone = 0
+        for flat in self.files.files():
+            hours = self.config.tiered_store_file_reserved_time
+            if flat.topic_meta is not None and flat.topic_meta.reserveTime > 0:
+                hours = flat.topic_meta.reserveTime
+            try:
+                gone += flat.destroy_expired(now - hours * 3_600_000)
+            except OSError as exc:
+                log.warning("tier queue %s: expired files not deleted: %s", flat.file_path, exc)
+        if self.index is not None:
+            hours = self.config.tiered_store_file_reserved_time
+            gone += self.index.destroy_expired(now - hours * 3_600_000)
+        if gone:
+            log.info("tier retention: %d files older than their reserve time deleted", gone)
+            self.metadata.persist()
+        return gone
+
+    # -- one queue's upload ----------------------------------------------------------------------
+
+    def _upload_task(self, key: tuple[str, int]) -> None:
+        repeat = False
+        try:
+            repeat = self.upload_queue(*key)
+        except TierIOError as exc:
+            self.failed_uploads += 1
+            log.warning("tier upload of %s/%d failed, retried later: %s", key[0], key[1], exc)
+        except Exception:
+            self.failed_uploads += 1
+            log.exception("tier upload of %s/%d failed", *key)
+        finally:
+            with self._progress:
+                waiting = self._waiting.get(key)
+                if waiting is not None:
+                    waiting.scheduled = False
+                self._progress.notify_all()
+        if repeat:
+            self._wake.set()
+
+    def upload_queue(self, topic: str, queue_id: int) -> bool:
+        """Upload the queue's next batch if it is due; True when another is due right away."""
+        assert self.reader is not None, "attach() first (the store calls it on open)"
+        flat = self.files.get_or_create(topic, queue_id)
+        with flat.file_lock:
+            if flat.closed:
+                return False
+            if not flat.recovered:
+                notes = flat.recover()
+                if notes:
+                    log.warning("tier queue %s recovered: %s", flat.file_path, "; ".join(notes))
+                self._catch_up_index(flat)
+            if flat.append_offset > flat.commit_offset:
+                # The last batch failed: retry it, as it was, before anything new.
+                if not flat.commit():
+                    return False
+                batch = self._failed.pop((topic, queue_id), [])
+                if batch:
+                    self._index(flat, batch)
+                    self.uploaded_messages += len(batch)
+                    self.uploaded_bytes += sum(len(b[2]) for b in batch)
+            return self._upload_batch(flat)
+
+    def _upload_batch(self, flat: FlatMessageFile) -> bool:
+        cfg = self.config
+        topic, queue_id = flat.topic, flat.queue_id
+        key = (topic, queue_id)
+        held = self.local.offsets(topic, queue_id)
+        with self._lock:
+            waiting = self._waiting.get(key)
+        if held is None:
+            self._settle(key, flat.commit_offset, None)
+            return False
+        low, high = held
+        if flat.is_init():
+            start = flat.commit_offset
+            if waiting is not None and waiting.next > start:
+                start = waiting.next  # past offsets found missing locally last time
+        else:  # a queue new to the tier: from what was dispatched, or all the store has
+            start = waiting.next if waiting is not None else low
+        if start < low:
+            self._skipped(flat, start, low, "the local store no longer has them")
+            start = low
+        if start >= high:
+            self._settle(key, start, None)
+            return False
+        flat.try_rolling(cfg.commit_log_rolling_interval * 3_600_000,
+                         cfg.commit_log_rolling_minimum_size, int(time.time() * 1000))
+        units = self.local.units(topic, queue_id, start,
+                                 min(high - start, cfg.tiered_store_group_commit_count))
+        assert self.reader is not None
+        pending: list[tuple[int, bytes, int, int]] = []  # queue offset, record, code, ts
+        total = 0
+        offset = start
+        missing_from = None
+        for phys, size, code in units:
+            if pending and total + size > cfg.tiered_store_group_commit_size:
+                break
+            data = None if is_blank_unit(phys, size, code) else self.reader.read_bytes(phys, size)
+            if data is None:
+                if pending:
+                    break  # commit what comes before the gap first
+                if missing_from is None:
+                    missing_from = offset
+                offset += 1
+                continue
+            if missing_from is not None:
+                self._skipped(flat, missing_from, offset, "their records left the local "
+                              "CommitLog before upload")
+                missing_from = None
+            pending.append((offset, data, code, 0))
+            total += size
+            offset += 1
+        if missing_from is not None:
+            self._skipped(flat, missing_from, offset, "their records left the local CommitLog "
+                          "before upload")
+        if pending:  # store times only where a file's time range needs them: its ends
+            for i in (0, len(pending) - 1):
+                q, data, code, _ts = pending[i]
+                pending[i] = (q, data, code, codec.record_store_timestamp(data, 0))
+        flat_offsets = flat.append_batch(pending)
+        if len(flat_offsets) < len(pending):
+            offset = pending[len(flat_offsets)][0]
+            total = sum(len(r) for _q, r, _c, _t in pending[:len(flat_offsets)])
+        batch = [(q, flat_offset, data, ts) for (q, data, _c, ts), flat_offset
+                 in zip(pending, flat_offsets, strict=False)]
+        if batch:
+            if not flat.commit():
+                self.failed_uploads += 1
+                self._failed[key] = batch  # indexed once its retry lands
+                return False
+            self._index(flat, batch)
+            self.uploaded_messages += len(batch)
+            self.uploaded_bytes += total
+        next_offset = offset if not batch else flat.commit_offset
+        remaining = units[next_offset - start] if 0 <= next_offset - start < len(units) else None
+        return self._settle(key, next_offset, remaining, total)
+
+    def _settle(self, key: tuple[str, int], next_offset: int,
+                unit: tuple[int, int, int] | None, uploaded: int = 0) -> bool:
+        """Record that the queue is in the tier up to ``next_offset`` (``unit``: the local unit
+        there, when known); True when the next batch is due at once."""
+        first = None
+        if unit is None and self.reader is not None:
+            units = self.local.units(key[0], key[1], next_offset, 1)
+            unit = units[0] if units else None
+        if unit is not None and self.reader is not None and not is_blank_unit(*unit):
+            head = self.reader.read_bytes(unit[0], min(unit[1], HEADER_PEEK))
+            first = (unit[0], codec.record_store_timestamp(head, 0) if head else 0)
+        with self._progress:
+            waiting = self._waiting.get(key)
+            if waiting is None:
+                return False
+            waiting.next = max(waiting.next, next_offset)
+            waiting.bytes = max(0, waiting.bytes - uploaded)
+            if waiting.next >= waiting.seen_next:
+                del self._waiting[key]
+                self._progress.notify_all()
+                return False
+            if first is not None:
+                waiting.first_phys, waiting.first_ts = first
+            waiting.force = False
+            return self._due(waiting, int(time.time() * 1000))
+
+    def _skipped(self, flat: FlatMessageFile, start: int, end: int, why: str) -> None:
+        self.skipped_messages += end - start
+        log.warning("tier queue %s: queue offsets %d..%d were never tiered: %s; the tier resumes "
+                    "at %d", flat.file_path, start, end - 1, why, end)
+
+    def _index(self, flat: FlatMessageFile, batch: list[tuple[int, int, bytes, int]]) -> None:
+        """Keys of an uploaded batch into the tier index (after the upload: an index item
+        always points at data in the tier)."""
+        if self.index is None or not self.config.message_index_enable:
+            return
+        entries = []
+        prop, store_time = codec.record_property, codec.record_store_timestamp
+        for _queue_offset, flat_offset, data, _ts in batch:
+            keys = set((prop(data, Prop.KEYS) or "").split())
+            uniq = prop(data, Prop.UNIQ_KEY)
+            if uniq:
+                keys.add(uniq)
+            entries.append((keys, flat_offset, len(data), store_time(data, 0)))
+        self.index.put_batch(flat.topic, flat.topic_id, flat.queue_id, entries)
+        meta = flat.queue_meta
+        if meta is not None:
+            meta.indexedOffset = batch[-1][0] + 1
+            self.metadata.update_queue(meta)
+
+    def _catch_up_index(self, flat: FlatMessageFile) -> None:
+        """Index what the tier committed after the last durable index write (a crash between
+        an upload and the next metadata write)."""
+        meta = flat.queue_meta
+        if self.index is None or meta is None or not self.config.message_index_enable:
+            return
+        start = max(meta.indexedOffset, flat.min_offset())
+        end = flat.commit_offset
+        while 0 <= start < end:
+            records = flat.records(start, min(end - start, 1024), 16 * 1024 * 1024)
+            if not records:
+                break
+            self._index(flat, [(r.queue_offset, r.flat_offset, bytes(r.data), 0)
+                               for r in records])
+            start = records[-1].queue_offset + 1
+        if meta.indexedOffset < end:
+            meta.indexedOffset = end
+            self.metadata.update_queue(meta)
+
+    # -- on demand -------------------------------------------------------------------------------
+
+    def flush(self, timeout: float = 60.0, *, index: bool = True) -> bool:
+        """Upload everything dispatched so far, now; True once it is all committed (and, with
+        ``index``, the index sealed and uploaded too)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            targets = {k: w.seen_next for k, w in self._waiting.items()}
+        while True:
+            self.run_round(force=True)
+            with self._progress:
+                left = [k for k, target in targets.items()
+                        if (w := self._waiting.get(k)) is not None and w.next < target]
+                if not left:
+                    break
+                if time.monotonic() >= deadline:
+                    log.warning("tier flush: %d queues not uploaded in %.0f s", len(left),
+                                timeout)
+                    return False
+                self._progress.wait(0.2)
+        ok = True
+        if index and self.index is not None:
+            self.index.seal_current()
+            while len(self.index.unsealed) > 1:
+                if not self.index.upload_sealed():
+                    ok = False
+                    break
+        self.persist()
+        return ok
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._executor.shutdown(wait=True)
+        try:
+            self.persist()
+        except OSError as exc:
+            log.error("tier metadata not saved at close: %s", exc)

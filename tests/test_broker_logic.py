@@ -1,0 +1,258 @@
+"""The broker's logic without a socket: the single writer over a real store, long polls on a
+real event loop woken from another thread, the receive and ack services over a real store and
+pop state. (The same parts behind gRPC: tests/test_broker_scale.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+
+from stratamq.broker.engine import PopEngine
+from stratamq.broker.errors import BrokerError
+from stratamq.broker.lookup import Lookup
+from stratamq.broker.metadata import MetadataStore
+from stratamq.broker.metrics import NullMetrics
+from stratamq.broker.polling import LongPolls
+from stratamq.broker.pop_state import PopState
+from stratamq.broker.ports import Call
+from stratamq.broker.receiving import ReceiveService
+from stratamq.broker.writer import GroupWriter
+from stratamq.config import BrokerConfig, FlushDiskType, StoreConfig
+from stratamq.message import Message
+from stratamq.store.message_store import MessageStore
+from stratamq.store.results import PutMessageStatus
+
+SEGMENT = 256 * 1024
+
+
+@pytest.fixture(params=[FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH],
+                ids=["async", "sync"])
+def store(tmp_path, request):
+    cfg = StoreConfig(store_path_root_dir=str(tmp_path / "store"),
+                      mapped_file_size_commit_log=SEGMENT, flush_disk_type=request.param)
+    with MessageStore(cfg).open() as s:
+        yield s
+
+
+def _msg(topic: str, body: bytes, queue: int = 0) -> Message:
+    return Message(topic, body, queue_id=queue)
+
+
+def test_puts_of_one_loop_turn_are_appended_together_and_a_bad_entry_fails_alone(store):
+    """Three requests handed over in one turn of the loop: one append; a message too big for
+    a CommitLog segment (which the broker's own size check lets through) is refused on its
+    own, its neighbours in the same request and the other requests are stored, with queue
+    offsets in the order the puts were made."""
+    writer = GroupWriter(store).start()
+    too_big = b"x" * (SEGMENT + 1)
+
+    async def turn():
+        return await asyncio.gather(
+            writer.put_async([_msg("W", b"a0"), _msg("W", b"a1")]),
+            writer.put_async([_msg("W", b"b0"), _msg("W", too_big), _msg("W", b"b2")]),
+            writer.put_async([_msg("W", b"c0")]))
+
+    try:
+        first, second, third = asyncio.run(turn())
+    finally:
+        writer.close()
+    assert [r.status for r in first] == [PutMessageStatus.PUT_OK] * 2
+    assert [r.status for r in second] == [PutMessageStatus.PUT_OK,
+                                          PutMessageStatus.MESSAGE_ILLEGAL,
+                                          PutMessageStatus.PUT_OK]
+    assert "cannot fit" in second[1].error
+    assert [r.status for r in third] == [PutMessageStatus.PUT_OK]
+    offsets = [r.appended.queue_offset for r in (*first, second[0], second[2], *third)]
+    assert offsets == [0, 1, 2, 3, 4]
+    store.wait_dispatched()
+    with store.get_messages("g", "W", 0, 0, max_count=10) as got:
+        assert [m.body for m in got.messages()] == [b"a0", b"a1", b"b0", b"b2", b"c0"]
+
+
+def test_concurrent_puts_combine_and_each_gets_its_own_offsets(store):
+    """Puts from many coroutines in the same turns are combined (fewer appends than puts),
+    and every put's offsets are its own messages' offsets, contiguous and in order."""
+    writer = GroupWriter(store).start()
+
+    async def sender(i: int):
+        results = await writer.put_async([_msg("C", b"%d-%d" % (i, j)) for j in range(4)])
+        return i, results
+
+    async def burst():
+        return await asyncio.gather(*(sender(i) for i in range(50)))
+
+    try:
+        outcomes = asyncio.run(burst())
+    finally:
+        writer.close()
+    assert writer.appends < writer.puts == 50
+    seen = []
+    for _i, results in outcomes:
+        offsets = [r.appended.queue_offset for r in results]
+        assert all(r.ok for r in results)
+        assert offsets == list(range(offsets[0], offsets[0] + 4))
+        seen.extend(offsets)
+    assert sorted(seen) == list(range(200))
+    store.wait_dispatched()
+    bodies = {}
+    with store.get_messages("g", "C", 0, 0, max_count=200) as got:
+        for m in got.messages():
+            bodies[m.queue_offset] = m.body
+    for i, results in outcomes:
+        for j, r in enumerate(results):
+            assert bodies[r.appended.queue_offset] == b"%d-%d" % (i, j)
+
+
+def test_puts_from_threads_go_through_the_writer_thread(store):
+    writer = GroupWriter(store).start()
+    try:
+        results = writer.put_wait([_msg("T", b"one"), _msg("T", b"two")], timeout=30)
+    finally:
+        writer.close()
+    assert [r.appended.queue_offset for r in results] == [0, 1]
+    late = writer.put_wait([_msg("T", b"late")], timeout=30)
+    assert late[0].status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+
+
+# -- long polls ----------------------------------------------------------------------------------
+
+
+def test_a_notify_from_another_thread_wakes_one_waiting_receive_per_group():
+    async def scenario():
+        polls = LongPolls(asyncio.get_running_loop())
+        a1 = polls.register("T", "A", "c1")
+        a2 = polls.register("T", "A", "c2")
+        b1 = polls.register("T", "B", "c3")
+        seen = polls.seq("T")
+        waits = {w: asyncio.ensure_future(polls.wait(w, seen, 30)) for w in (a1, a2, b1)}
+        await asyncio.sleep(0)  # every waiter is asleep now
+        threading.Thread(target=polls.notify, args=("T",)).start()  # as the dispatcher does
+        # One wake-up on the loop wakes both at once: a2 is decided by the time they return.
+        await asyncio.wait_for(asyncio.gather(waits[a1], waits[b1]), 30)
+        assert not waits[a2].done()  # only the longest waiting of each group
+        a1.woken = False
+        polls.pass_on(a1)  # a1 took a full batch: the next of its group looks too
+        await asyncio.wait_for(waits[a2], 30)
+        for w in (a1, a2, b1):
+            polls.unregister(w)
+        assert polls.total == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_wait_returns_at_once_when_the_topic_moved_since_the_last_look():
+    async def scenario():
+        polls = LongPolls(asyncio.get_running_loop())
+        w = polls.register("T", None, "c")
+        seen = polls.seq("T")
+        polls.notify("T")  # a message arrived between the read and the wait
+        await asyncio.wait_for(polls.wait(w, seen, 30), 5)
+        polls.unregister(w)
+
+    asyncio.run(scenario())
+
+
+def test_long_poll_limits_answer_too_many_requests():
+    async def scenario():
+        polls = LongPolls(asyncio.get_running_loop(), max_total=4, max_per_group=2,
+                          max_per_client=3)
+        held = [polls.register("T", "G", "c1"), polls.register("T", "G", "c1")]
+        with pytest.raises(BrokerError) as err:
+            polls.register("T", "G", "c2")  # the group's third on T
+        assert err.value.code == pb.Code.TOO_MANY_REQUESTS
+        assert "popPollingSize" in err.value.message
+        held.append(polls.register("T", None, "c1"))  # a pull counts for the client
+        with pytest.raises(BrokerError) as err:
+            polls.register("U", "H", "c1")  # the client's fourth
+        assert err.value.code == pb.Code.TOO_MANY_REQUESTS
+        held.append(polls.register("U", "H", "c2"))
+        with pytest.raises(BrokerError) as err:
+            polls.register("V", "K", "c3")  # the fifth in all
+        assert err.value.code == pb.Code.TOO_MANY_REQUESTS
+        assert err.value.message == "polling full"
+        polls.unregister(held.pop())
+        polls.unregister(polls.register("V", "K", "c3"))  # room again
+
+    asyncio.run(scenario())
+
+
+# -- receive and ack -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def receiving(tmp_path):
+    root = tmp_path / "store"
+    with MessageStore(StoreConfig(store_path_root_dir=str(root))).open() as store:
+        meta = MetadataStore(root)
+        meta.create_topic("R", 2, "NORMAL")
+        state = PopState(root / "config" / "popState")
+        loop = asyncio.new_event_loop()
+        polls = LongPolls(loop)
+        engine = PopEngine(store, meta, state, polls.notify)
+        service = ReceiveService(Lookup(meta, BrokerConfig()), engine, polls,
+                                 lambda: NullMetrics())
+        try:
+            yield store, service, loop
+        finally:
+            loop.close()
+            state.close()
+
+
+async def _inline(fn, *args):
+    return fn(*args)
+
+
+def _receive_request(batch: int, poll_ms: int) -> svc.ReceiveMessageRequest:
+    request = svc.ReceiveMessageRequest(
+        group=pb.Resource(name="G"), batch_size=batch,
+        message_queue=pb.MessageQueue(topic=pb.Resource(name="R"), id=-1),
+        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"))
+    request.invisible_duration.FromSeconds(30)
+    request.long_polling_timeout.FromMilliseconds(poll_ms)
+    return request
+
+
+def test_a_waiting_receive_gets_what_a_put_on_another_thread_makes_readable(receiving):
+    store, service, loop = receiving
+    call = Call({"x-mq-client-id": "c1"})
+
+    async def scenario():
+        receive = asyncio.ensure_future(service.receive(_receive_request(32, 20_000), call,
+                                                        _inline))
+        while service.polls.total == 0:  # registered as a waiter
+            await asyncio.sleep(0.01)
+        store.add_dispatch_listener(lambda info: service.polls.notify(info.topic))
+        put = threading.Thread(target=store.put_messages,
+                               args=([Message("R", b"late", queue_id=1)],))
+        put.start()
+        responses = await asyncio.wait_for(receive, 30)
+        put.join()
+        return responses
+
+    responses = loop.run_until_complete(scenario())
+    assert responses[0].status.code == pb.Code.OK
+    assert [r.message.body for r in responses if r.HasField("message")] == [b"late"]
+    assert service.polls.total == 0
+
+
+def test_an_ack_of_many_entries_is_answered_per_entry(receiving):
+    store, service, loop = receiving
+    store.put_messages([Message("R", b"m%d" % i, queue_id=i % 2) for i in range(10)])
+    store.wait_dispatched()
+    call = Call({"x-mq-client-id": "c1"})
+    responses = loop.run_until_complete(service.receive(_receive_request(32, 0), call, _inline))
+    handles = [r.message.system_properties.receipt_handle for r in responses
+               if r.HasField("message")]
+    assert len(handles) == 10
+    ack = svc.AckMessageRequest(group=pb.Resource(name="G"), topic=pb.Resource(name="R"),
+                                entries=[svc.AckMessageEntry(message_id=str(i), receipt_handle=h)
+                                         for i, h in enumerate([*handles, "garbage"])])
+    reply = service.ack(ack, call)
+    assert reply.status.code == pb.Code.MULTIPLE_RESULTS
+    assert [e.status.code for e in reply.entries] == [pb.Code.OK] * 10 + [
+        pb.Code.INVALID_RECEIPT_HANDLE]
+    assert service.engine.state.entries("G", "R") == {}  # nothing left in flight
