@@ -146,9 +146,8 @@ class CompactionLog:
             partner = "batch CQ" if path.parent == self.paths.log_dir else "log"
             raise CompactionLogError(
                 f"{path} has no matching {partner} file (each CompactionLog file pairs with a "
-                "batch ConsumeQueue file of the same name); restore it from a backup, or move "
-                "the queue's compactionLog/ and compactionCq/ directories away to rebuild the "
-                "queue from the CommitLog")
+                "batch ConsumeQueue file of the same name, and neither can be read alone); "
+                "restore the missing file from a backup. The queue was left as it is")
         both = sorted(set(logs) & set(cqs))
         return both, both
 
