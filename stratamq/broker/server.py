@@ -236,7 +236,13 @@ class Broker:
         self.server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", max_len),
             ("grpc.max_send_message_length", max_len),
-            ("grpc.so_reuseport", 0)])
+            ("grpc.so_reuseport", 0),
+            # gRPC Core holds calls that arrive faster than the loop takes them, and cancels
+            # those past 1,000 (3,000 at worst): thousands of clients reconnecting at once
+            # (a broker restart) would lose their first calls. Take them all, for 60 s.
+            ("grpc.server.max_pending_requests", 100_000),
+            ("grpc.server.max_pending_requests_hard_limit", 100_000),
+            ("grpc.server_max_unrequested_time_in_server", 60)])
         try:
             if self.server_credentials is not None:
                 return self.server.add_secure_port(address, self.server_credentials)

@@ -163,6 +163,12 @@ def wire(store: MessageStore, *, cluster: str, broker: str,
     config = store.config
     if tier_provider(config) is None:
         return None
+    if not store.read_only:
+        # History an offload registered in the tier for this broker, for a store that has no
+        # tier metadata yet (a new broker taking over a retired one's history).
+        from stratamq.tiered.offloaded import adopt
+
+        adopt(config, cluster, broker)
     view = StoreView(lambda: store.consume_queues, lambda: store.commitlog,
                      config.access_message_in_memory_max_ratio)
     tier = TieredStore(config, cluster, broker, view=view, read_only=store.read_only,

@@ -103,3 +103,12 @@ def parse_part_name(name: str) -> int | None:
     if len(name) != PART_NAME_DIGITS or not name.isdigit():
         return None
     return int(name)
+
+
+BROKER_CONFIG_DIR = "config"  # per broker in the tier: what an offload registers (offloaded.py)
+
+
+def broker_config_path(cluster: str, broker: str, name: str) -> str:
+    """A document an offload writes for one broker, relative to the tier root:
+    ``<cluster dir>/<broker>/config/<name>`` (docs/formats/tier-offload.md)."""
+    return f"{cluster_dir(cluster)}/{broker}/{BROKER_CONFIG_DIR}/{name}"
