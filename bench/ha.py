@@ -20,7 +20,13 @@ import platform
 import shutil
 import sys
 
-from stratamq.benchmarks.ha_bench import run_catch_up, run_puts, summary, tmp_workdir
+from stratamq.benchmarks.ha_bench import (
+    median_run,
+    run_catch_up,
+    run_puts,
+    summary,
+    tmp_workdir,
+)
 
 
 def main() -> None:
@@ -32,10 +38,12 @@ def main() -> None:
     parser.add_argument("--catch-up-mb", type=int, default=256, help="CommitLog to copy, MB")
     parser.add_argument("--transfer-batch", type=int, default=32 * 1024,
                         help="haTransferBatchSize for the catch-up (RocketMQ's default 32 KiB)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="rounds; modes alternate within a round, medians are reported")
     parser.add_argument("--dir", default=None, help="where to put the stores (default: /tmp)")
     args = parser.parse_args()
     if args.quick:
-        args.seconds, args.catch_up_mb = 2.0, 32
+        args.seconds, args.catch_up_mb, args.repeat = 2.0, 32, 1
     segment = 64 * 1024 * 1024
     work = tmp_workdir(args.dir)
     try:
@@ -43,15 +51,27 @@ def main() -> None:
                           "platform": platform.platform(), "cpus": os.cpu_count(),
                           "seconds": args.seconds, "writers": args.writers,
                           "batch": args.batch, "catch_up_mb": args.catch_up_mb}), flush=True)
-        puts = {}
-        for mode in ("none", "ASYNC_MASTER", "SYNC_MASTER"):
-            puts[mode] = run_puts(mode, seconds=args.seconds, writers=args.writers,
-                                  batch=args.batch, segment=segment, workdir=work)
-            print(json.dumps(puts[mode]), flush=True)
-        print(json.dumps(run_catch_up(total_mb=args.catch_up_mb, segment=segment,
-                                      batch_size=args.transfer_batch, workdir=work)),
-              flush=True)
-        print(json.dumps(summary(puts)), flush=True)
+        modes = ["none", "ASYNC_MASTER", "SYNC_MASTER"]
+        # A short warm-up (files, page cache, imports), not reported.
+        run_puts("none", seconds=1.0, writers=args.writers, batch=args.batch, segment=segment,
+                 workdir=work)
+        runs: dict[str, list[dict]] = {m: [] for m in modes}
+        for r in range(args.repeat):
+            for mode in modes[r % 3:] + modes[: r % 3]:  # each mode first once in three rounds
+                run = run_puts(mode, seconds=args.seconds, writers=args.writers,
+                               batch=args.batch, segment=segment, workdir=work)
+                runs[mode].append(run)
+                print(json.dumps({**run, "round": r}), flush=True)
+        puts = {m: median_run(rs) for m, rs in runs.items()}
+        for mode in modes:
+            print(json.dumps({**puts[mode], "bench": "put_median", "rounds": args.repeat}),
+                  flush=True)
+        catch = [run_catch_up(total_mb=args.catch_up_mb, segment=segment,
+                              batch_size=args.transfer_batch, workdir=work)
+                 for _ in range(max(1, min(args.repeat, 2)))]
+        for c in catch:
+            print(json.dumps(c), flush=True)
+        print(json.dumps(summary(puts, catch)), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

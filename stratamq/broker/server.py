@@ -27,6 +27,8 @@ built from the config by ``_install_extensions``):
   ``on_rpc(method, code, seconds)``; ``NullMetrics`` by default (``broker/metrics.py``).
 * ``Broker.timer``: ``hold(message, deliver_at_ms) -> Message`` for DELAY sends.
 * ``Broker.server_credentials``: a ``grpc.ServerCredentials`` for TLS (plaintext if None).
+* ``Broker.replication``: ``broker/replication.py`` by ``brokerRole`` (always made by
+  ``_build``): the store's HA service, a slave's state sync, route answers, admin refusals.
 """
 
 from __future__ import annotations

@@ -100,6 +100,7 @@ class HAClient:
         self.last_write_ms = 0
         self.master_offset = -1  # the master's stream position last seen (frame or heartbeat)
         self.reported = -1
+        self._report_time = 0.0  # monotonic time of the last report
         self.last_error = ""
         self.last_truncation: TruncateReport | None = None
         self.connects = 0
@@ -290,8 +291,6 @@ class HAClient:
         self.reported = offset
         self._report_time = time.monotonic()
         self.last_write_ms = int(time.time() * 1000)
-
-    _report_time = 0.0
 
     # -- status --------------------------------------------------------------------------------
 
