@@ -36,6 +36,8 @@ Code = pb.Code
 # PullMessage metadata asking for raw CommitLog records as bodies (StrataMQ's Spark source).
 PULL_FORMAT_KEY, PULL_FORMAT_RECORDS = "x-stratamq-pull-format", "records"
 
+_Answer = list[svc.PullMessageResponse] | None  # None: at the end of the queue
+
 _FOUND = (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
           GetMessageStatus.MESSAGE_WAS_REMOVING)
 
@@ -122,16 +124,23 @@ class PullService:
                     svc.PullMessageResponse(next_offset=got.max_offset)]
         return None  # at the end of the queue (or the queue was never written)
 
+    def start(self, request: svc.PullMessageRequest, call: Call, records: bool
+              ) -> tuple[TopicConfig, int, TagFilter, int, int, _Answer]:
+        """Checks and the first read in one step (one executor hop): ``check_pull``'s four,
+        the topic's wake-up sequence number read before the read, and ``read``'s answer."""
+        topic, qid, filt, poll_ms = self.check_pull(request, call)
+        seen = self.polls.seq(topic.name)
+        return topic, qid, filt, poll_ms, seen, self.read(request, topic, qid, filt, records)
+
     async def pull(self, request: svc.PullMessageRequest, call: Call, run: Run
                    ) -> list[svc.PullMessageResponse]:
         """The whole pull: read, and at the end of the queue wait and read again."""
-        topic, qid, filt, poll_ms = await run(self.check_pull, request, call)
         records = call.metadata.get(PULL_FORMAT_KEY) == PULL_FORMAT_RECORDS
-        polls = self.polls
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + poll_ms / 1000
-        seen = polls.seq(topic.name)
-        answer = await run(self.read, request, topic, qid, filt, records)
+        started = loop.time()
+        topic, qid, filt, poll_ms, seen, answer = await run(self.start, request, call, records)
+        polls = self.polls
+        deadline = started + poll_ms / 1000
         waiter = None
         try:
             while answer is None:

@@ -141,17 +141,24 @@ class ReceiveService:
         popped = self.pop(plan)
         return len(popped), (self.responses(plan, popped) if popped else [])
 
+    def start(self, request: svc.ReceiveMessageRequest, call: Call
+              ) -> tuple[ReceivePlan, int, int, list[svc.ReceiveMessageResponse]]:
+        """Plan and first pop in one step (one executor hop, not two): the plan, the topic's
+        wake-up sequence number read before the pop, and what the pop found."""
+        plan = self.plan(request, call)
+        seen = self.polls.seq(plan.topic.name)
+        return (plan, seen, *self.pop_and_answer(plan))
+
     async def receive(self, request: svc.ReceiveMessageRequest, call: Call, run: Run
                       ) -> list[svc.ReceiveMessageResponse]:
         """The whole receive: plan, pop, wait and pop again until something came or the
         long-polling time is up. Runs on the loop of ``self.polls``; ``run`` executes the
         blocking steps."""
-        plan: ReceivePlan = await run(self.plan, request, call)
-        polls, topic = self.polls, plan.topic.name
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + plan.poll_ms / 1000
-        seen = polls.seq(topic)
-        count, answer = await run(self.pop_and_answer, plan)
+        started = loop.time()
+        plan, seen, count, answer = await run(self.start, request, call)
+        polls, topic = self.polls, plan.topic.name
+        deadline = started + plan.poll_ms / 1000
         waiter = None
         try:
             while not count:
