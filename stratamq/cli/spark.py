@@ -95,3 +95,48 @@ def spark_rebuild(store_dir: str, what: str, store_type: str | None, master: str
         raise click.ClickException(str(exc)) from None
     finally:
         session.stop()
+
+
+@spark.command("offload")
+@click.option("--store", "store_dir", required=True, help="Store directory to offload (read "
+              "only): a retired StrataMQ broker's, or one Apache RocketMQ wrote.")
+@click.option("--tier", required=True, help="Tier: a directory (posix) or s3://bucket/prefix.")
+@click.option("--topics", default=None, help="Comma list of topics (default: every topic).")
+@click.option("--master", default=None, help="Spark master [local[*]].")
+@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
+              help="broker.conf of the broker that will serve the tier: its brokerClusterName, "
+                   "brokerName, tier file sizes, index geometry and tieredStoreS3Endpoint.")
+@click.option("--cluster", default=None, help="Cluster name in the tier [DefaultCluster].")
+@click.option("--broker-name", default=None,
+              help="Broker whose tier this becomes [broker-a]; the serving broker must have it.")
+@click.option("--s3-endpoint", default=None,
+              help="S3-compatible server, http://host:port (tieredStoreS3Endpoint).")
+@click.option("--partition-mb", type=click.FloatRange(min=0.0625), default=64.0,
+              show_default=True, help="MiB of records one write task owns (and the size of "
+                                      "each queue's tier files, at most).")
+@quiet_option
+def spark_offload(store_dir: str, tier: str, topics: str | None, master: str | None,
+                  config_file: str | None, cluster: str | None, broker_name: str | None,
+                  s3_endpoint: str | None, partition_mb: float, quiet: bool) -> None:
+    """Move a store's whole history into a tier in parallel, registered so that a broker
+    with that tier and an empty store serves it. A rerun is a no-op. Prints a JSON summary."""
+    from stratamq.cli.common import read_conf
+    from stratamq.spark.pipelines.common import PipelineError, spark_session
+    from stratamq.spark.pipelines.offload import run_offload
+
+    store_cfg = None
+    if config_file:
+        conf = read_conf(config_file)
+        store_cfg = conf.store
+        cluster = cluster or conf.broker.broker_cluster_name
+        broker_name = broker_name or conf.broker.broker_name
+    names = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
+    session = spark_session("stratamq-offload", master)
+    try:
+        emit(run_offload(session, store_dir, tier, names, config=store_cfg, cluster=cluster,
+                         broker=broker_name, s3_endpoint=s3_endpoint, progress=not quiet,
+                         partition_bytes=int(partition_mb * 2**20)))
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        session.stop()
