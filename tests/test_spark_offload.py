@@ -221,3 +221,50 @@ def summary_prefix() -> str:
     from stratamq.tiered.naming import cluster_dir
 
     return cluster_dir("DefaultCluster")
+
+
+def test_a_broker_on_an_empty_store_serves_the_offloaded_history(offloaded, expected,
+                                                                  tmp_path):
+    """A real broker process, configured with the tier and nothing else: the official client
+    (a new group) receives a topic's whole history, PullMessage returns the same records byte
+    for byte, and key lookups find messages. (Tier retention is off: the reference's messages
+    are older than tieredStoreFileReservedTime, and the tier's retention applies to offloaded
+    history as to any.)"""
+    from broker_proc import start_broker
+    from rocketmq import FilterExpression, SimpleConsumer
+    from test_broker_harness import config, receive_until
+    from test_tier_broker import cli, json_lines, pull_records
+
+    tier, _ = offloaded
+    settings = {**SETTINGS, "tieredBackendServiceProvider": "posix",
+                "tieredStoreFilePath": str(tier), "tieredStoreDeleteFileEnable": "false"}
+    broker = start_broker(tmp_path, settings)
+    try:
+        consumer = SimpleConsumer(config(broker.endpoint), "OffloadReader",
+                                  {"BenchTopic2": FilterExpression("*")}, await_duration=2)
+        consumer.startup()
+        try:
+            got = receive_until(consumer, REFERENCE_MESSAGES // 4, deadline_s=240)
+        finally:
+            consumer.shutdown()
+        assert sorted(m.body for m in got) == sorted(
+            reference_body(i) for i in range(2, REFERENCE_MESSAGES, 4))
+        for q in range(4):  # whole records (x-stratamq-pull-format: records), byte for byte
+            records = pull_records_of(broker.endpoint, "BenchTopic1", q, pull_records)
+            assert [r[1] for r in records] == expected[("BenchTopic1", q)]
+    finally:
+        assert broker.stop() == 0
+    hits = json_lines(cli("store", "query", "--store", str(broker.store), "--config",
+                          str(broker.conf), "--topic", "BenchTopic3", "--key", "key-7").stdout)
+    assert [h["queue_offset"] for h in hits] == [7 // 16]
+
+
+def pull_records_of(endpoint: str, topic: str, queue_id: int, pull) -> list:
+    import test_tier_broker
+
+    saved, test_tier_broker.TOPIC = test_tier_broker.TOPIC, topic
+    try:
+        return pull(endpoint, queue_id)
+    finally:
+        test_tier_broker.TOPIC = saved
+
