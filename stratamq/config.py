@@ -26,8 +26,9 @@ from stratamq.message import Host
 from stratamq.store.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
 from stratamq.store.index_file import file_size as index_file_size
 
-__all__ = ["BrokerConfig", "FlushDiskType", "InvalidSetting", "StoreConfig", "TieredStorageLevel",
-           "UnknownSettings", "load_broker_conf", "settings_table", "tier_provider"]
+__all__ = ["BrokerConfig", "BrokerRole", "FlushDiskType", "InvalidSetting", "StoreConfig",
+           "TieredStorageLevel", "UnknownSettings", "load_broker_conf", "settings_table",
+           "tier_provider"]
 
 # The broker sizes gRPC's (int32) message limits at maxMessageSize + 1 MiB of headroom.
 MAX_MESSAGE_SIZE_LIMIT = 1024 * 1024 * 1024
@@ -36,6 +37,15 @@ MAX_MESSAGE_SIZE_LIMIT = 1024 * 1024 * 1024
 class FlushDiskType(StrEnum):
     ASYNC_FLUSH = "ASYNC_FLUSH"
     SYNC_FLUSH = "SYNC_FLUSH"
+
+
+class BrokerRole(StrEnum):
+    """RocketMQ's ``brokerRole``: a master (replies once its own store has a put, or once a
+    slave has it too) or a slave (copies a master's CommitLog, refuses puts)."""
+
+    ASYNC_MASTER = "ASYNC_MASTER"
+    SYNC_MASTER = "SYNC_MASTER"
+    SLAVE = "SLAVE"
 
 
 class UnknownSettings(ValueError):
@@ -85,6 +95,15 @@ def _ip(value: Any) -> str | None:
         ipaddress.ip_address(value)
     except ValueError:
         return "must be an IPv4 or IPv6 address"
+    return None
+
+
+def _host_port_or_empty(value: Any) -> str | None:
+    if value == "":
+        return None
+    host, sep, port = str(value).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        return "must be host:port (e.g. 10.0.0.5:10912)"
     return None
 
 
@@ -296,6 +315,72 @@ class StoreConfig:
     )  # fmt: skip
 
     # -- master/slave replication (issue 17; seed 004 section 1.6): brokerRole, ha* keys -----------
+    broker_role: BrokerRole = _setting(
+        "brokerRole", BrokerRole.ASYNC_MASTER, "ASYNC_MASTER|SYNC_MASTER|SLAVE",
+        "SYNC_MASTER: a put returns once a slave has its bytes; SLAVE: copy haMasterAddress's "
+        "CommitLog and refuse puts",
+    )  # fmt: skip
+    ha_listen_port: int = _setting(
+        "haListenPort", 10912, "port", "a master's replication port (0: any free port)",
+        minimum=0, maximum=65535,
+    )  # fmt: skip
+    ha_master_address: str = _setting(
+        "haMasterAddress", "", "host:port", "a slave's master: its haListenPort",
+        check=_host_port_or_empty,
+    )  # fmt: skip
+    ha_send_heartbeat_interval: int = _setting(
+        "haSendHeartbeatInterval", 5_000, "ms",
+        "a slave reports its offset at least this often (and the master sends an empty frame "
+        "when idle this long); a lost link is retried after this long",
+        minimum=1,
+    )  # fmt: skip
+    ha_housekeeping_interval: int = _setting(
+        "haHousekeepingInterval", 20_000, "ms",
+        "a replication link silent for this long is closed (and reconnected by the slave)",
+        minimum=1,
+    )  # fmt: skip
+    ha_transfer_batch_size: int = _setting(
+        "haTransferBatchSize", 32 * 1024, "bytes", "most CommitLog bytes in one transfer frame",
+        minimum=1, maximum=4 * 1024 * 1024,
+    )  # fmt: skip
+    ha_max_gap_not_in_sync: int = _setting(
+        "haMaxGapNotInSync", 256 * 1024 * 1024, "bytes",
+        "SYNC_MASTER: a slave further behind than this is not in sync, and with none in sync "
+        "puts answer SLAVE_NOT_AVAILABLE",
+        minimum=1,
+    )  # fmt: skip
+    ha_flow_control_enable: bool = _setting(
+        "haFlowControlEnable", False, "bool",
+        "limit each slave's transfer to maxHaTransferByteInSecond",
+    )  # fmt: skip
+    max_ha_transfer_byte_in_second: int = _setting(
+        "maxHaTransferByteInSecond", 100 * 1024 * 1024, "bytes/s",
+        "with haFlowControlEnable, most bytes sent to one slave per second",
+        minimum=1, maximum=2**62,
+    )  # fmt: skip
+    ha_new_slave_transfer_from: str = _setting(
+        "haNewSlaveTransferFrom", "LAST_SEGMENT", "LAST_SEGMENT|MIN_OFFSET",
+        "where a master starts an empty slave (one reporting offset 0): the start of its last "
+        "CommitLog segment (RocketMQ, seed 004) or its oldest byte (copy everything it holds)",
+        check=_one_of("LAST_SEGMENT", "MIN_OFFSET"),
+    )  # fmt: skip
+    store_path_epoch_file: str = _setting(
+        "storePathEpochFile", "", "path",
+        "where each start of a new master life (and each slave truncation) is recorded, so a "
+        "slave that diverged from its master is found and cut (default <root>/epochFileCheckpoint)",
+    )  # fmt: skip
+    ha_master_endpoint: str = _setting(
+        "haMasterEndpoint", "", "host:port",
+        "a slave's master's client (gRPC) endpoint, for state sync and routes (default: "
+        "haMasterAddress's host and port - 1, RocketMQ's listenPort/haListenPort pairing)",
+        check=_host_port_or_empty,
+    )  # fmt: skip
+    ha_state_sync_interval: int = _setting(
+        "haStateSyncInterval", 3_000, "ms",
+        "a slave broker copies its master's topics, groups, consumer offsets and pop state "
+        "this often (the most progress a consumer moving to the slave can repeat)",
+        minimum=100,
+    )  # fmt: skip
 
     # -- index (issue 3; docs/formats/index-file.md) --------------------------------------------
     message_index_enable: bool = _setting(
@@ -514,6 +599,37 @@ class StoreConfig:
     )  # fmt: skip
 
     # -- compaction topics (issue 16; seed 001): compaction* keys --------------------------------
+    enable_compaction: bool = _setting(
+        "enableCompaction", True, "bool",
+        "split compaction topics (cleanup.policy=COMPACTION) into CompactionLogs and compact "
+        "them in the background",
+    )  # fmt: skip
+    compaction_mapped_file_size: int = _setting(
+        "compactionMappedFileSize", 100 * 1024 * 1024, "bytes",
+        "size of a CompactionLog file (an existing queue keeps the size found on disk)",
+        minimum=OS_PAGE_SIZE,
+    )  # fmt: skip
+    compaction_cq_mapped_file_size: int = _setting(
+        "compactionCqMappedFileSize", 10 * 1024 * 1024, "bytes",
+        "size of a compaction batch ConsumeQueue file, rounded down to whole 64-byte units",
+        minimum=2 * 64,  # a unit and the end unit
+    )  # fmt: skip
+    compaction_schedule_internal: int = _setting(
+        "compactionScheduleInternal", 15 * 60 * 1000, "ms",
+        "how often each compaction topic's queues get a compaction round (RocketMQ's spelling)",
+        minimum=1,
+    )  # fmt: skip
+    max_offset_map_size: int = _setting(
+        "maxOffsetMapSize", 100 * 1024 * 1024, "bytes",
+        "memory of the OffsetMaps (md5(key) -> offset), shared by the compaction threads",
+        minimum=24 * 1024,
+    )  # fmt: skip
+    compaction_thread_num: int = _setting(
+        "compactionThreadNum", 6, "threads",
+        "queues compacted at once (at most the CPU count); each gets "
+        "maxOffsetMapSize / threads of OffsetMap",
+        minimum=1, maximum=256,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _validate(self)

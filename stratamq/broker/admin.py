@@ -8,11 +8,14 @@ port with JSON request and response bodies (UTF-8 objects). Errors are gRPC stat
 
 Methods (request -> response):
 
-* ``CreateTopic {"topic", "queues", "type"}`` -> ``{"topic": TOPIC}``
-* ``UpdateTopic {"topic", "queues"?, "read_queues"?, "write_queues"?, "type"?, "force"?}``
-  -> ``{"topic": TOPIC}``; ``queues`` sets both counts. Fewer read queues than before is
-  refused (INVALID_ARGUMENT) while the queues dropped hold unconsumed messages, unless
-  ``force``
+* ``CreateTopic {"topic", "queues", "type", "attributes"?}`` -> ``{"topic": TOPIC}``;
+  ``attributes`` is ``{"cleanup.policy": "DELETE"|"COMPACTION", "delete.retention.ms": ms}``
+  (RocketMQ's ``+name`` spelling accepted)
+* ``UpdateTopic {"topic", "queues"?, "read_queues"?, "write_queues"?, "type"?, "force"?,
+  "attributes"?}`` -> ``{"topic": TOPIC}``; ``queues`` sets both counts. Fewer read queues
+  than before is refused (INVALID_ARGUMENT) while the queues dropped hold unconsumed
+  messages, unless ``force``; a compaction topic's write queues, type and cleanup.policy
+  never change
 * ``DeleteTopic {"topic"}`` -> ``{"deleted": name}``: metadata, consumer state and messages
   (its ConsumeQueues go; its records, in the CommitLog until retention, are never served again)
 * ``ListTopics {}`` -> ``{"topics": [TOPIC]}``
@@ -34,7 +37,8 @@ Methods (request -> response):
   "telemetry_streams"}``: ``long_polls`` receives and pulls waiting for messages now,
   ``telemetry_streams`` clients' open Telemetry streams
 
-TOPIC is ``{"topic", "queues", "read_queues", "write_queues", "perm", "type", "messages"}``;
+TOPIC is ``{"topic", "queues", "read_queues", "write_queues", "perm", "type", "attributes",
+"messages"}``;
 GROUP is ``{"group", "retry_max_times", "max_delivery_attempts", "orderly",
 "retry_backoff_ms"}``.
 """
@@ -64,7 +68,8 @@ log = logging.getLogger(__name__)
 
 _KIND_CODES = {"invalid": grpc.StatusCode.INVALID_ARGUMENT,
                "not_found": grpc.StatusCode.NOT_FOUND,
-               "exists": grpc.StatusCode.ALREADY_EXISTS}  # fmt: skip
+               "exists": grpc.StatusCode.ALREADY_EXISTS,
+               "precondition": grpc.StatusCode.FAILED_PRECONDITION}  # fmt: skip
 
 
 def _loads(data: bytes) -> dict[str, Any]:
@@ -104,7 +109,7 @@ class AdminService:
                        - store.get_min_offset_in_queue(t.name, q) for q in range(t.queue_count))
         return {"topic": t.name, "queues": t.queue_count, "read_queues": t.read_queue_nums,
                 "write_queues": t.write_queue_nums, "perm": t.perm, "type": t.message_type,
-                "messages": messages}  # fmt: skip
+                "attributes": t.attributes, "messages": messages}  # fmt: skip
 
     @staticmethod
     def group_json(g: GroupConfig) -> dict[str, Any]:
@@ -114,7 +119,8 @@ class AdminService:
 
     def CreateTopic(self, req: dict[str, Any]) -> dict[str, Any]:
         t = self.b.meta.create_topic(_field(req, "topic", str), _field(req, "queues", int),
-                                     _field(req, "type", str, False) or "NORMAL")
+                                     _field(req, "type", str, False) or "NORMAL",
+                                     attributes=_field(req, "attributes", dict, False))
         return {"topic": self.topic_json(t)}
 
     def UpdateTopic(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -134,7 +140,8 @@ class AdminService:
         t = self.b.meta.update_topic(
             _field(req, "topic", str), _field(req, "queues", int, False),
             _field(req, "type", str, False), read_queues=_field(req, "read_queues", int, False),
-            write_queues=_field(req, "write_queues", int, False), check=no_hidden_messages)
+            write_queues=_field(req, "write_queues", int, False), check=no_hidden_messages,
+            attributes=_field(req, "attributes", dict, False))
         return {"topic": self.topic_json(t)}
 
     def _unconsumed(self, topic: str, queues: range) -> int:
@@ -252,7 +259,8 @@ class AdminService:
         root = self.b.store_config.root
         disk = shutil.disk_usage(root)
         return {"version": __version__, "broker_name": self.b.config.broker_name,
-                "cluster": self.b.config.broker_cluster_name, "role": "ASYNC_MASTER",
+                "cluster": self.b.config.broker_cluster_name,
+                "role": self.b.store_config.broker_role.value,
                 "endpoint": self.b.endpoint, "store": str(root),
                 "uptime_s": round(time.monotonic() - self.b.started_at, 1),
                 "disk": {"total": disk.total, "used": disk.used, "free": disk.free,
@@ -288,6 +296,9 @@ def admin_handler(broker: Broker, run: Run) -> grpc.GenericRpcHandler:
         def work(request: bytes, call: Call) -> bytes:
             req = _loads(request)
             broker.lookup.authorize(call, "Cluster", _ACTIONS[name])
+            refusal = broker.replication.refusal(name) if broker.replication else None
+            if refusal is not None:  # a slave's topics and groups are its master's
+                raise MetadataError("precondition", refusal)
             return _dumps(method(req))
 
         async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -11,6 +11,7 @@ Thread-safety: any thread; the registry's table is guarded by its own lock.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -26,6 +27,7 @@ __all__ = ["ClientRegistry", "ClientService", "ok_status"]
 
 Code = pb.Code
 _LIVE_MS = 60_000  # clients heartbeat every 10 s
+Route = Callable[[pb.Endpoints], tuple[pb.Endpoints, bool]]
 
 
 def ok_status(code: int = Code.OK, message: str = "OK") -> pb.Status:
@@ -65,8 +67,12 @@ class ClientService:
     where clients reach the broker and the two settings a producer is told."""
 
     def __init__(self, lookup: Lookup, registry: ClientRegistry, broker_name: str,
-                 advertised: tuple[str, int], max_message_size: int) -> None:
+                 advertised: tuple[str, int], max_message_size: int,
+                 route: Route | None = None) -> None:
         self.lookup = lookup
+        # Replication's say in routes (broker/replication.py): the endpoints to name and
+        # whether queues may be written (a slave names its master, or itself read-only).
+        self.route: Route = route or (lambda endpoints: (endpoints, True))
         self.registry = registry
         self.broker_name = broker_name
         self.advertised = advertised
@@ -80,10 +86,10 @@ class ClientService:
         return pb.Endpoints(scheme=pb.IPv6 if ":" in host else pb.IPv4,
                             addresses=[pb.Address(host=host, port=port)])
 
-    def _message_queue(self, topic: TopicConfig, qid: int, endpoints: pb.Endpoints
-                       ) -> pb.MessageQueue:
+    def _message_queue(self, topic: TopicConfig, qid: int, endpoints: pb.Endpoints,
+                       may_write: bool = True) -> pb.MessageQueue:
         readable = qid < topic.read_queue_nums and topic.perm & 4
-        writable = qid < topic.write_queue_nums and topic.perm & 2
+        writable = may_write and qid < topic.write_queue_nums and topic.perm & 2
         perm = {(True, True): pb.READ_WRITE, (True, False): pb.READ,
                 (False, True): pb.WRITE}.get((bool(readable), bool(writable)), pb.NONE)
         return pb.MessageQueue(
@@ -95,9 +101,10 @@ class ClientService:
                     ) -> svc.QueryRouteResponse:
         self.lookup.authorize(call, f"Topic:{request.topic.name}", "Get")
         topic = self.lookup.topic(request.topic.name, create=True)
-        endpoints = self._endpoints(request.endpoints)
+        endpoints, writable = self.route(self._endpoints(request.endpoints))
         return svc.QueryRouteResponse(status=ok_status(), message_queues=[
-            self._message_queue(topic, q, endpoints) for q in range(topic.queue_count)])
+            self._message_queue(topic, q, endpoints, writable)
+            for q in range(topic.queue_count)])
 
     def heartbeat(self, request: svc.HeartbeatRequest, call: Call) -> svc.HeartbeatResponse:
         self.lookup.authorize(call, "Cluster", "Get")
@@ -117,7 +124,8 @@ class ClientService:
     def query_assignment(self, request: svc.QueryAssignmentRequest, call: Call
                          ) -> svc.QueryAssignmentResponse:
         _, topic = self.lookup.subscription(call, request.group.name, request.topic.name)
-        mq = self._message_queue(topic, 0, self._endpoints(request.endpoints))
+        endpoints, writable = self.route(self._endpoints(request.endpoints))
+        mq = self._message_queue(topic, 0, endpoints, writable)
         mq.id = -1  # "any queue": a receive pops across all of them
         return svc.QueryAssignmentResponse(status=ok_status(),
                                            assignments=[pb.Assignment(message_queue=mq)])

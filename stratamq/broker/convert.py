@@ -67,10 +67,11 @@ def _parse_born_host(text: str) -> Host | None:
         return None
 
 
-def to_store_message(m: pb.Message, peer: Host, max_body: int
-                     ) -> tuple[Message, int | None, int]:
+def to_store_message(m: pb.Message, peer: Host, max_body: int, *,
+                     allow_empty_body: bool = False) -> tuple[Message, int | None, int]:
     """The store message for a SendMessage entry, its delivery time (ms) if it has one, and
-    the size of the body as sent (before a GZIP body is inflated).
+    the size of the body as sent (before a GZIP body is inflated). ``allow_empty_body``: a
+    compaction topic's tombstone (a key with an empty body).
 
     Raises BrokerError with the status RocketMQ's proxy answers for each bad field, checked in
     the proxy's order (SendMessageActivity.buildMessage / buildMessageProperty). Nothing here
@@ -83,7 +84,7 @@ def to_store_message(m: pb.Message, peer: Host, max_body: int
     if not topic:
         raise BrokerError(Code.ILLEGAL_TOPIC, "message has no topic")
     body = m.body
-    if not body:
+    if not body and not allow_empty_body:
         raise BrokerError(Code.MESSAGE_BODY_EMPTY, "message body cannot be empty")
     if len(body) > max_body:
         raise BrokerError(Code.MESSAGE_BODY_TOO_LARGE,

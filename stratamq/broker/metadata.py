@@ -25,6 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stratamq.compaction.policy import (
+    CLEANUP_POLICY,
+    COMPACTION,
+    DELETE,
+    DELETE_RETENTION_MS,
+    TopicPolicy,
+    attribute_problem,
+    policy_from_attributes,
+)
 from stratamq.fileutil import atomic_write
 from stratamq.names import NAME_CHARS, TOPIC_MAX_LENGTH, is_valid_name
 from stratamq.store.layout import StoreLayout
@@ -149,6 +158,36 @@ def _named(name: str, d: Any, name_key: str) -> dict[str, Any]:
     return d
 
 
+# Topic attributes besides message.type (compaction topics, issue 16): RocketMQ's
+# ``cleanup.policy`` (DELETE|COMPACTION, not changeable once set) and ``delete.retention.ms``.
+TOPIC_ATTRIBUTES = (CLEANUP_POLICY, DELETE_RETENTION_MS)
+
+
+def checked_attributes(attributes: dict[str, Any], message_type: str) -> dict[str, str]:
+    """``attributes`` (names with or without RocketMQ's ``+``) as the table stores them;
+    MetadataError("invalid") for a name or value the broker does not take."""
+    out: dict[str, str] = {}
+    for raw, value in attributes.items():
+        name = raw[1:] if isinstance(raw, str) and raw.startswith("+") else raw
+        if name == "message.type":
+            continue  # the topic's type, set on its own
+        if name not in TOPIC_ATTRIBUTES:
+            raise MetadataError("invalid", f"unknown topic attribute {raw!r}: supported are "
+                                f"{', '.join(TOPIC_ATTRIBUTES)} (and message.type)")
+        text = value if isinstance(value, str) else json.dumps(value)
+        problem = attribute_problem(name, text)
+        if problem is not None:
+            raise MetadataError("invalid", problem)
+        out[name] = text
+    if out.get(CLEANUP_POLICY) == COMPACTION and message_type != "NORMAL":
+        raise MetadataError("invalid", f"{CLEANUP_POLICY}={COMPACTION} needs a NORMAL topic, "
+                            f"not {message_type}: the broker routes each message to a queue "
+                            "by its key")
+    if out.get(CLEANUP_POLICY) == DELETE:
+        del out[CLEANUP_POLICY]  # the default, not stored
+    return out
+
+
 @dataclass
 class TopicConfig:
     name: str
@@ -156,6 +195,11 @@ class TopicConfig:
     write_queue_nums: int = 8
     perm: int = PERM_READ | PERM_WRITE
     message_type: str = "NORMAL"
+    attributes: dict[str, str] = field(default_factory=dict)  # besides message.type
+
+    def __post_init__(self) -> None:
+        # Looked up for every dispatched record and every send: computed once.
+        self.compaction: TopicPolicy | None = policy_from_attributes(self.attributes)
 
     @property
     def queue_count(self) -> int:
@@ -166,7 +210,8 @@ class TopicConfig:
                 "writeQueueNums": self.write_queue_nums, "perm": self.perm,
                 "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0,
                 "order": self.message_type == "FIFO",
-                "attributes": {"message.type": self.message_type}}  # fmt: skip
+                "attributes": {"message.type": self.message_type,
+                               **self.attributes}}  # fmt: skip
 
     @classmethod
     def from_json(cls, name: str, d: Any) -> TopicConfig:
@@ -184,9 +229,14 @@ class TopicConfig:
         if not isinstance(mtype, str) or mtype.upper() not in MESSAGE_TYPES:
             raise ValueError(f"key 'attributes.message.type' must be one of "
                              f"{'|'.join(MESSAGE_TYPES)}, not {mtype!r}")
+        try:
+            extra = checked_attributes(attrs, mtype.upper())
+        except MetadataError as exc:
+            raise ValueError(f"key 'attributes': {exc}") from None
         return cls(name, _get_int(d, "readQueueNums", 8, 1, MAX_QUEUES),
                    _get_int(d, "writeQueueNums", 8, 1, MAX_QUEUES),
-                   _get_int(d, "perm", PERM_READ | PERM_WRITE, 0, PERM_ALL), mtype.upper())
+                   _get_int(d, "perm", PERM_READ | PERM_WRITE, 0, PERM_ALL), mtype.upper(),
+                   extra)
 
 
 @dataclass
@@ -322,12 +372,14 @@ class MetadataStore:
                     if include_system or not is_system_topic(n)]
 
     def create_topic(self, name: str, queues: int, message_type: str = "NORMAL",
-                     *, exist_ok: bool = False) -> TopicConfig:
+                     *, exist_ok: bool = False,
+                     attributes: dict[str, Any] | None = None) -> TopicConfig:
         check_topic_name(name)
         if is_system_topic(name):
             raise MetadataError("invalid", f"topic name {name!r} is reserved for the broker's "
                                 f"system topics ({SYSTEM_TOPIC_PREFIX}*)")
         message_type = _checked_message_type(message_type)
+        extra = checked_attributes(attributes or {}, message_type)
         _check_queues(queues)
         with self._topics.lock:
             existing = self._topics.entries.get(name)
@@ -335,7 +387,7 @@ class MetadataStore:
                 if exist_ok:
                     return existing
                 raise MetadataError("exists", f"topic {name!r} already exists")
-            cfg = TopicConfig(name, queues, queues, PERM_READ | PERM_WRITE, message_type)
+            cfg = TopicConfig(name, queues, queues, PERM_READ | PERM_WRITE, message_type, extra)
             self._topics.entries[name] = cfg
             self._topics.save()
             return cfg
@@ -343,13 +395,14 @@ class MetadataStore:
     def update_topic(self, name: str, queues: int | None = None,
                      message_type: str | None = None, perm: int | None = None, *,
                      read_queues: int | None = None, write_queues: int | None = None,
-                     check: Callable[[TopicConfig, TopicConfig], None] | None = None
-                     ) -> TopicConfig:
+                     check: Callable[[TopicConfig, TopicConfig], None] | None = None,
+                     attributes: dict[str, Any] | None = None) -> TopicConfig:
         """Change a topic; ``queues`` sets both queue counts (``mqadmin updateTopic -r/-w``
         set them apart). ``check(old, new)`` may refuse the change (raise) before it is saved."""
         with self._topics.lock:
             old = self._topics.existing(name, "topic")
-            new = TopicConfig(**vars(old))
+            new = TopicConfig(old.name, old.read_queue_nums, old.write_queue_nums, old.perm,
+                              old.message_type, dict(old.attributes))
             if queues is not None:
                 read_queues = queues if read_queues is None else read_queues
                 write_queues = queues if write_queues is None else write_queues
@@ -365,11 +418,35 @@ class MetadataStore:
                 if not 0 <= perm <= PERM_ALL:
                     raise MetadataError("invalid", f"perm must be 0..{PERM_ALL}, not {perm}")
                 new.perm = perm
+            if attributes:
+                changed = checked_attributes({**new.attributes, **attributes},
+                                             new.message_type)
+                if changed.get(CLEANUP_POLICY) != new.attributes.get(CLEANUP_POLICY):
+                    raise MetadataError("invalid", f"{CLEANUP_POLICY} cannot be changed once "
+                                        "the topic exists (RocketMQ's rule)")
+                new = TopicConfig(new.name, new.read_queue_nums, new.write_queue_nums,
+                                  new.perm, new.message_type, changed)
+            if old.compaction is not None and (
+                    new.write_queue_nums != old.write_queue_nums
+                    or new.message_type != old.message_type):
+                raise MetadataError(
+                    "invalid", f"topic {name!r} is a compaction topic: its messages go to a "
+                    "queue by their key, so changing its write queues (or type) would move "
+                    "keys to other queues where their old values are never compacted away")
             if check is not None:
                 check(old, new)
             self._topics.entries[name] = new
             self._topics.save()
             return new
+
+    def compaction_policy(self, topic: str) -> TopicPolicy | None:
+        """The topic's compaction policy (None: not a compaction topic): the
+        ``TopicPolicies`` the broker hands its compaction store. A dictionary lookup."""
+        cfg = self._topics.entries.get(topic)
+        return cfg.compaction if cfg is not None else None
+
+    def policy(self, topic: str) -> TopicPolicy | None:
+        return self.compaction_policy(topic)
 
     def existing_topic(self, name: str) -> TopicConfig:
         """The topic ``name``; MetadataError("not_found") if there is none."""
@@ -419,6 +496,33 @@ class MetadataStore:
 
     def delete_group(self, name: str) -> None:
         self._groups.remove(name, "group")
+
+    # -- replication (a slave broker copies its master's topics and groups) ------------------
+
+    def export(self) -> dict[str, Any]:
+        """Every topic (system ones too) and group, as their config files hold them."""
+        with self._topics.lock, self._groups.lock:
+            return {"topics": [t.to_json() for t in self._topics.entries.values()],
+                    "groups": [g.to_json() for g in self._groups.entries.values()]}
+
+    def replace_all(self, exported: dict[str, Any]) -> list[str]:
+        """Make the topics and groups those of ``exported`` (from ``export``); return the names
+        of the topics that went. ValueError names an entry that is not valid."""
+        topics = {str(d.get("topicName")): d for d in exported.get("topics", [])
+                  if isinstance(d, dict)}
+        groups = {str(d.get("groupName")): d for d in exported.get("groups", [])
+                  if isinstance(d, dict)}
+        new_topics: dict[str, Any] = {n: TopicConfig.from_json(n, d) for n, d in topics.items()}
+        new_groups: dict[str, Any] = {n: GroupConfig.from_json(n, d) for n, d in groups.items()}
+        with self._topics.lock, self._groups.lock:
+            gone = sorted(set(self._topics.entries) - set(new_topics))
+            if new_topics != self._topics.entries:
+                self._topics.entries = new_topics
+                self._topics.save()
+            if new_groups != self._groups.entries:
+                self._groups.entries = new_groups
+                self._groups.save()
+        return gone
 
     @staticmethod
     def _check_group(cfg: GroupConfig) -> None:

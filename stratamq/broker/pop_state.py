@@ -33,12 +33,14 @@ another thread inserts a key raises "dictionary changed size during iteration".
 
 from __future__ import annotations
 
+import base64
 import os
 import struct
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
@@ -174,6 +176,58 @@ class PopState:
         self.db.write(batch, self.write_opts)
         with self._mutex:
             self.offsets[(group, topic, queue_id)] = offset
+
+    # -- replication (a slave broker copies its master's state: broker/replication.py) -------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as JSON-ready data (taken under the mutex: one consistent view)."""
+        with self._mutex:
+            return {
+                "receiptKey": base64.b64encode(self.receipt_key).decode(),
+                "cursors": [[g, t, q, o] for (g, t, q), o in sorted(self.cursors.items())],
+                "offsets": [[g, t, q, o] for (g, t, q), o in sorted(self.offsets.items())],
+                "inflight": [[g, t, q, o, e.visible_at, e.attempt, e.generation]
+                             for (g, t), table in sorted(self.inflight.items())
+                             for (q, o), e in sorted(table.items())],
+            }
+
+    def restore(self, snap: dict[str, Any]) -> bool:
+        """Make the state ``snap`` (from ``snapshot``), durably and atomically; False when it
+        already was. ValueError for a snapshot that is not one."""
+        try:
+            key = base64.b64decode(snap["receiptKey"], validate=True)
+            cursors = {(str(g), str(t), int(q)): int(o) for g, t, q, o in snap["cursors"]}
+            offsets = {(str(g), str(t), int(q)): int(o) for g, t, q, o in snap["offsets"]}
+            inflight: dict[tuple[str, str], dict[tuple[int, int], InFlight]] = {}
+            for g, t, q, o, visible_at, attempt, generation in snap["inflight"]:
+                inflight.setdefault((str(g), str(t)), {})[(int(q), int(o))] = InFlight(
+                    int(visible_at), int(attempt), int(generation))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a pop-state snapshot: {exc!r}") from None
+        if len(key) != 32:
+            raise ValueError("not a pop-state snapshot: the receipt key is not 32 bytes")
+        with self._mutex:
+            if (key == self.receipt_key and cursors == self.cursors and offsets == self.offsets
+                    and {k: v for k, v in self.inflight.items() if v} == inflight):
+                return False
+        batch = WriteBatch(raw_mode=True)
+        for old in list(self.db.keys()):
+            if bytes(old)[:1] in (b"C", b"I", b"O"):  # type: ignore[arg-type]
+                batch.delete(old)
+        for (g, t, q), o in cursors.items():
+            batch.put(_prefix(b"C", g, t) + _QID.pack(q), _OFFSET.pack(o))
+        for (g, t, q), o in offsets.items():
+            batch.put(_prefix(b"O", g, t) + _QID.pack(q), _OFFSET.pack(o))
+        for (g, t), table in inflight.items():
+            for (q, o), e in table.items():
+                batch.put(_prefix(b"I", g, t) + _QID_OFF.pack(q, o),
+                          _ENTRY.pack(e.visible_at, e.attempt, e.generation))
+        batch.put(_RECEIPT_KEY, key)
+        self.db.write(batch, self.write_opts)
+        with self._mutex:
+            self.receipt_key = key
+            self.cursors, self.offsets, self.inflight = cursors, offsets, inflight
+        return True
 
     def drop_topic(self, topic: str) -> None:
         """Forget every group's state for a deleted topic."""

@@ -29,6 +29,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from stratamq.broker.clients import ok_status
+from stratamq.broker.compaction_topics import route_by_key
 from stratamq.broker.convert import to_store_message
 from stratamq.broker.engine import now_ms
 from stratamq.broker.errors import BrokerError
@@ -116,7 +117,8 @@ class SendService:
     def _convert(self, m: pb.Message, topic: TopicConfig, peer: Host) -> tuple[Message, int]:
         """The store message for one entry (DELAY: the timer topic's record), checked, and
         its body size as sent."""
-        msg, deliver_at, size = to_store_message(m, peer, self.max_message_size)
+        msg, deliver_at, size = to_store_message(m, peer, self.max_message_size,
+                                                 allow_empty_body=topic.compaction is not None)
         sp = m.system_properties
         declared = sp.message_type
         if declared == pb.MESSAGE_TYPE_UNSPECIFIED:
@@ -134,7 +136,9 @@ class SendService:
         if topic.message_type == "DELAY" and deliver_at is None:
             raise BrokerError(Code.ILLEGAL_DELIVERY_TIME, "a DELAY message needs a delivery time")
         writable = topic.write_queue_nums
-        if sp.message_group:
+        if topic.compaction is not None:
+            route_by_key(topic, msg)  # every value of a key in one queue
+        elif sp.message_group:
             # Java String.hashCode, as RocketMQ's selectors use: a group always lands on one
             # queue while the queue count stays the same.
             msg.queue_id = abs(tags_hash_code(sp.message_group)) % writable

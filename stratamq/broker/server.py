@@ -27,6 +27,8 @@ built from the config by ``_install_extensions``):
   ``on_rpc(method, code, seconds)``; ``NullMetrics`` by default (``broker/metrics.py``).
 * ``Broker.timer``: ``hold(message, deliver_at_ms) -> Message`` for DELAY sends.
 * ``Broker.server_credentials``: a ``grpc.ServerCredentials`` for TLS (plaintext if None).
+* ``Broker.replication``: ``broker/replication.py`` by ``brokerRole`` (always made by
+  ``_build``): the store's HA service, a slave's state sync, route answers, admin refusals.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ import grpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from stratamq.broker.clients import ClientRegistry, ClientService
+from stratamq.broker.compaction_topics import compaction_admin_handler
+from stratamq.broker.compaction_topics import plug as plug_compaction
 from stratamq.broker.engine import PopEngine
 from stratamq.broker.lookup import Lookup
 from stratamq.broker.metadata import MetadataStore
@@ -56,7 +60,8 @@ from stratamq.broker.receiving import ReceiveService
 from stratamq.broker.rpc import MessagingServicer, Services
 from stratamq.broker.sending import SendService
 from stratamq.broker.writer import GroupWriter
-from stratamq.config import BrokerConfig, StoreConfig
+from stratamq.compaction.service import CompactionStore
+from stratamq.config import BrokerConfig, BrokerRole, StoreConfig
 from stratamq.message import DispatchInfo
 from stratamq.store.layout import StoreLayout
 from stratamq.store.message_store import MessageStore
@@ -103,11 +108,13 @@ class Broker:
         self.acl: Any = None
         self.metrics: Any = NullMetrics()
         self.timer: Any = None
+        self.replication: Any = None  # broker/replication.py, made in _build
         self.server_credentials: grpc.ServerCredentials | None = None
         self.clients = ClientRegistry()
         self.server: grpc.aio.Server | None = None
         self.store: MessageStore
         self.tiered: Any = None  # stratamq.tiered.TieredStore when tieredBackendServiceProvider
+        self.compaction: CompactionStore | None = None  # compaction topics (enableCompaction)
         self.advertised: tuple[str, int] = (self.listen_host, self.listen_port)
         self.started_at = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -175,7 +182,8 @@ class Broker:
 
             self.acl = AclChecker.from_config(cfg.acl_file, cfg.acl_access_key,
                                               cfg.acl_secret_key, cfg.acl_signature_window_sec)
-        if self.timer is None and cfg.timer_enable:
+        if (self.timer is None and cfg.timer_enable
+                and self.store_config.broker_role is not BrokerRole.SLAVE):  # puts refused
             from stratamq.broker.timer import TimerMessageStore
 
             self.timer = TimerMessageStore(self.store,
@@ -230,7 +238,13 @@ class Broker:
         self.server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", max_len),
             ("grpc.max_send_message_length", max_len),
-            ("grpc.so_reuseport", 0)])
+            ("grpc.so_reuseport", 0),
+            # gRPC Core holds calls that arrive faster than the loop takes them, and cancels
+            # those past 1,000 (3,000 at worst): thousands of clients reconnecting at once
+            # (a broker restart) would lose their first calls. Take them all, for 60 s.
+            ("grpc.server.max_pending_requests", 100_000),
+            ("grpc.server.max_pending_requests_hard_limit", 100_000),
+            ("grpc.server_max_unrequested_time_in_server", 60)])
         try:
             if self.server_credentials is not None:
                 return self.server.add_secure_port(address, self.server_credentials)
@@ -239,10 +253,10 @@ class Broker:
             raise OSError(f"cannot listen on {address}: {exc}") from None
 
     async def _serve(self, servicer: MessagingServicer,
-                     *admin: grpc.GenericRpcHandler) -> None:
+                     *handlers: grpc.GenericRpcHandler) -> None:
         assert self.server is not None
         service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, self.server)
-        self.server.add_generic_rpc_handlers(admin)
+        self.server.add_generic_rpc_handlers(handlers)
         await self.server.start()
 
     def start(self) -> str:
@@ -272,16 +286,23 @@ class Broker:
             # Plugged in before the open: its uploader replays from its own durable progress.
             self.tiered = wire(self.store, cluster=cfg.broker_cluster_name,
                                broker=cfg.broker_name)
+            # The topics first: compaction topics are split out from the first replay on.
+            self.meta = MetadataStore(self.store_config.root, cfg.default_retry_max_times)
+            self.compaction = plug_compaction(self.store, self.store_config, self.meta)
             self.store.open()
         except BaseException:
             self.server = None
             self._stop_loop()
             if self.tiered is not None:
                 self.tiered.close()
+            if self.compaction is not None:
+                self.compaction.close()
             raise
         try:
             if self.tiered is not None:
                 self.tiered.start()
+            if self.compaction is not None:
+                self.compaction.start()
             self._build(loop)
         except BaseException:
             self._abandon_start()
@@ -293,7 +314,6 @@ class Broker:
         """Metadata, pop state, logic; then serve."""
         cfg = self.config
         root = self.store_config.root
-        self.meta = MetadataStore(root, cfg.default_retry_max_times)
         self.state = PopState(StoreLayout(root).pop_state_dir, cfg.pop_state_sync_write)
         self.polls = LongPolls(loop, max_total=cfg.max_pop_polling_size,
                                max_per_group=cfg.pop_polling_size,
@@ -305,11 +325,16 @@ class Broker:
                                             thread_name_prefix="broker-exec")
         self.writer = GroupWriter(self.store).start()
         self.lookup = Lookup(self.meta, cfg, self.acl)
+        from stratamq.broker.replication import BrokerReplication, replication_handler
+
+        self.replication = BrokerReplication(self)
+        self.replication.start()
         timer = self.timer if cfg.timer_enable else None
         services = Services(
             lookup=self.lookup,
             clients=ClientService(self.lookup, self.clients, cfg.broker_name, self.advertised,
-                                  self.store_config.max_message_size),
+                                  self.store_config.max_message_size,
+                                  route=self.replication.route),
             sending=SendService(self.lookup, self.store_config.max_message_size, timer,
                                 lambda: self.metrics),
             receiving=ReceiveService(self.lookup, self.engine, self.polls,
@@ -321,7 +346,8 @@ class Broker:
         from stratamq.broker.tier_admin import tier_admin_handler
 
         self._on_loop(self._serve(self.servicer, admin_handler(self, self.run),
-                                  tier_admin_handler(self)))
+                                  tier_admin_handler(self), replication_handler(self, self.run),
+                                  compaction_admin_handler(self)))
 
     def _on_dispatch(self, info: DispatchInfo) -> None:
         self.polls.notify(info.topic)
@@ -337,6 +363,9 @@ class Broker:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self._stop_loop()
+        if self.replication is not None:
+            with _suppress_all():
+                self.replication.stop()
         with _suppress_all():
             self._close_extensions()
         if hasattr(self, "state"):
@@ -345,6 +374,8 @@ class Broker:
         self.store.close()
         if self.tiered is not None:
             self.tiered.close()
+        if self.compaction is not None:
+            self.compaction.close()
 
     async def _shutdown_server(self, grace: float) -> None:
         assert self.server is not None
@@ -408,6 +439,8 @@ class Broker:
 
         step("stopping the gRPC server", stop_server)
         self.server = None
+        if self.replication is not None:
+            step("stopping replication", self.replication.stop)
         step("writing queued sends", stop_writer)
         step("stopping the executor and the event loop", stop_executor)
         step("closing the timer and metrics", self._close_extensions)
@@ -415,6 +448,8 @@ class Broker:
         step("closing the store", self.store.close)
         if self.tiered is not None:
             step("closing the tier", self.tiered.close)
+        if self.compaction is not None:
+            step("closing the compaction store", self.compaction.close)
         if errors:
             raise BrokerStopError(errors)
         return stopped

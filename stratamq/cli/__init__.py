@@ -10,9 +10,11 @@ from stratamq.cli import (  # noqa: F401
     admin,  # topic ..., group ...
     bench,
     broker,  # broker start
+    compaction,  # compaction run, compaction status
     config,  # config show
     cq,  # store migrate-cq, bench cq
     demo,
+    ha,  # ha status
     message,  # message send, message consume, message get
     spark,  # spark export
     store,

@@ -74,6 +74,19 @@ def _emit(reply: dict, output: str, rows: list[dict]) -> None:
         emit_rows(rows, output)
 
 
+def _attributes(_ctx: click.Context, _param: click.Parameter,
+                values: tuple[str, ...]) -> dict[str, str]:
+    """``NAME=VALUE`` pairs (RocketMQ's ``+NAME=VALUE`` too) as a dict."""
+    out: dict[str, str] = {}
+    for value in values:
+        name, sep, text = value.partition("=")
+        name = name.strip().lstrip("+")
+        if not sep or not name:
+            raise click.BadParameter(f"must be NAME=VALUE, not {value!r}")
+        out[name] = text.strip()
+    return out
+
+
 @main.group()
 def topic() -> None:
     """Create, change, delete and list topics of a running broker."""
@@ -86,9 +99,16 @@ def topic() -> None:
               help="Read and write queues (1..1024).")
 @click.option("--type", "mtype", type=TYPES, default="NORMAL", show_default=True,
               help="The only message type the topic accepts.")
-def topic_create(endpoint: Connection, name: str, queues: int, mtype: str) -> None:
+@click.option("--attribute", "attributes", multiple=True, callback=_attributes,
+              metavar="NAME=VALUE",
+              help="A topic attribute (repeatable): cleanup.policy=COMPACTION makes a "
+                   "compaction topic (the latest value per key); delete.retention.ms=MS how "
+                   "long its tombstones stay (default 86400000).")
+def topic_create(endpoint: Connection, name: str, queues: int, mtype: str,
+                 attributes: dict[str, str]) -> None:
     """Create a topic; fails if it exists."""
-    emit(_call(endpoint, "CreateTopic", topic=name, queues=queues, type=mtype.upper())["topic"])
+    emit(_call(endpoint, "CreateTopic", topic=name, queues=queues, type=mtype.upper(),
+               attributes=attributes)["topic"])
 
 
 @topic.command("update")
@@ -102,13 +122,17 @@ def topic_create(endpoint: Connection, name: str, queues: int, mtype: str) -> No
 @click.option("--type", "mtype", type=TYPES, default=None, help="Message type.")
 @click.option("--force", is_flag=True, default=False,
               help="Shrink read queues even though they hold unconsumed messages.")
+@click.option("--attribute", "attributes", multiple=True, callback=_attributes,
+              metavar="NAME=VALUE",
+              help="Change a topic attribute (repeatable), e.g. delete.retention.ms=3600000.")
 def topic_update(endpoint: Connection, name: str, queues: int | None, read_queues: int | None,
-                 write_queues: int | None, mtype: str | None, force: bool) -> None:
+                 write_queues: int | None, mtype: str | None, force: bool,
+                 attributes: dict[str, str]) -> None:
     """Change a topic's queue counts or message type. To remove queues without losing
     messages: shrink the write queues, let consumers drain, then the read queues."""
     emit(_call(endpoint, "UpdateTopic", topic=name, queues=queues, read_queues=read_queues,
                write_queues=write_queues, force=force,
-               type=mtype.upper() if mtype else None)["topic"])
+               type=mtype.upper() if mtype else None, attributes=attributes or None)["topic"])
 
 
 @topic.command("delete")

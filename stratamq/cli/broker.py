@@ -116,6 +116,8 @@ def broker_start(config_file: str | None, store_dir: str | None, listen: str | N
     try:
         click.echo(f"StrataMQ broker {broker_cfg.broker_name} listening on {endpoint} "
                    f"(store: {store_cfg.store_path_root_dir})")
+        if b.replication is not None:
+            click.echo(f"replication: {b.replication.describe()}")
         sys.stdout.flush()
         while not stop.wait(1.0):
             pass

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +15,9 @@ from typing import Any, NamedTuple
 import click
 
 from stratamq import record as codec
+from stratamq.compaction.layout import CompactionLayout
+from stratamq.compaction.policy import policies_from_topics_json
+from stratamq.compaction.service import CompactionStore
 from stratamq.config import BrokerConfig, StoreConfig
 from stratamq.config_file import BrokerConf, read_broker_conf
 from stratamq.message import RecordCorrupt, StoredMessage
@@ -25,7 +29,7 @@ from stratamq.store.consume_queue_store import (
     read_store_type,
 )
 from stratamq.store.inspect import UndispatchedScan
-from stratamq.store.layout import CONSUMEQUEUE_DIR
+from stratamq.store.layout import CONSUMEQUEUE_DIR, StoreLayout
 from stratamq.store.mapped_file_queue import MappedFileQueue
 from stratamq.store.message_store import MessageStore, StoreLocked
 from stratamq.store.results import GetMessageStatus
@@ -158,12 +162,49 @@ def open_store_tiered(store_dir: str, *, read_only: bool, store_type: str | None
         store = MessageStore(config, read_only=read_only, force_store_type=store_type is not None)
         cluster, broker = broker_names()
         tier = wire_tier(store, cluster=cluster, broker=broker, background=False)
-        return store.open(), tier
+        _plug_compaction(store, config, read_only)
+        store.open()
+        compaction = _COMPACTION.get(store)
+        if compaction is not None and not read_only:
+            compaction.flush()  # what the open replayed into it is durable: clean-up may go on
+        return store, tier
     except StoreLocked as exc:
         raise click.ClickException(str(exc)) from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RuntimeError) as exc:
         where = "its tier" if tier is None and tiering_enabled(config) else f"store {root}"
         raise click.ClickException(f"cannot open {where}: {exc}") from None
+
+
+# The compaction store plugged into each store an offline command opened (see open_store).
+_COMPACTION: weakref.WeakKeyDictionary[MessageStore, CompactionStore] = (
+    weakref.WeakKeyDictionary())
+
+
+def _plug_compaction(store: MessageStore, config: StoreConfig, read_only: bool) -> None:
+    """Compaction topics (``cleanup.policy=COMPACTION`` in ``config/topics.json``) are read
+    from their CompactionLogs, and a read-write open splits new records into them, as the
+    broker does; otherwise clean-up could delete CommitLog files not yet split out."""
+    layout = StoreLayout(config.root)
+    if not config.enable_compaction:
+        return
+    policies = policies_from_topics_json(layout.topics_file)
+    if not policies.topics() and not CompactionLayout(layout).queues_on_disk():
+        return  # (a RocketMQ store has a compaction/ directory of its own, without queues)
+    _COMPACTION[store] = CompactionStore(config, policies, read_only=read_only).plug_into(store)
+
+
+def compaction_of(store: MessageStore) -> CompactionStore | None:
+    """The compaction store ``open_store`` plugged into ``store`` (None: no compaction
+    topics)."""
+    return _COMPACTION.get(store)
+
+
+def close_store(store: MessageStore) -> None:
+    """Close a store ``open_store`` opened, and its compaction store (flushed, checkpointed)."""
+    store.close()
+    compaction = _COMPACTION.pop(store, None)
+    if compaction is not None:
+        compaction.close()
 
 
 def _refuse_missing_rocksdb(root: Path, forced: str | None) -> None:

@@ -17,7 +17,7 @@ import click
 
 from stratamq.cli.app import main
 from stratamq.cli.bench import bench
-from stratamq.cli.common import config_option, emit, open_store
+from stratamq.cli.common import close_store, config_option, emit, open_store
 from stratamq.cli.progress import JobProgress, quiet_option
 from stratamq.cli.store import store
 from stratamq.store.consume_queue_store import (
@@ -82,7 +82,7 @@ def migrate_cq(store_dir: str, to: str, store_type: str | None, quiet: bool) -> 
                    "to": target_type, "records": records, "build_s": round(build_s, 3),
                    "recorded_type": target_type if check["same"] else s.store_type, **check}
     finally:
-        s.close()
+        close_store(s)
     emit(summary)
     if not summary["ok"]:
         sys.exit(1)

@@ -15,6 +15,7 @@ import click
 from stratamq.cli.app import main
 from stratamq.cli.common import (
     CorruptRecord,
+    close_store,
     emit,
     iter_queue,
     message_json,
@@ -76,7 +77,7 @@ def store_dump(store_dir: str, topic: str | None, queue_id: int | None) -> None:
                 for msg in iter_queue(s, name, qid, on_corrupt=corrupt.append):
                     emit(message_json(msg))
     finally:
-        s.close()
+        close_store(s)
     if corrupt:
         if len(corrupt) == 1:
             raise click.ClickException(str(corrupt[0]))
@@ -120,7 +121,7 @@ def store_verify(store_dir: str, quiet: bool) -> None:
             summary = verify_store(s.parts(), progress)
         rebuilt = [c.store_type for c in s.cq_stores if has_log and not had[c.store_type]]
     finally:
-        s.close()
+        close_store(s)
     for store_type in rebuilt:
         where = f"{ROCKSDB_CQ_DIR}/" if store_type == STORE_TYPE_ROCKSDB else "consumequeue/"
         summary["repaired"].insert(0, f"{where} was missing or empty: the open rebuilt the "
@@ -186,4 +187,4 @@ def store_stat(store_dir: str, full: bool) -> None:
         for text in warnings:
             warn(text)
     finally:
-        s.close()
+        close_store(s)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from stratamq.cli.common import emit, open_store, open_store_tiered, store_options
+from stratamq.cli.common import close_store, emit, open_store, open_store_tiered, store_options
 from stratamq.cli.store import store
 
 
@@ -40,7 +40,7 @@ def store_clean(store_dir: str, force: bool, tiered_only: bool) -> None:
         assert s.cleanup is not None  # a store opened for writing always has one
         report = s.cleanup.run_once(force=force, manual=True)
     finally:
-        s.close()
+        close_store(s)
     emit({"store": store_dir, **report.as_dict()})
 
 
@@ -64,6 +64,6 @@ def _clean_tiered(store_dir: str) -> dict:
                 "bytes_freed": sum(sizes[mf.path] for mf in gone),
                 "min_offset": files.min_offset(), "min_offset_before": before}
     finally:
-        s.close()
+        close_store(s)
         if tier is not None:
             tier.close()

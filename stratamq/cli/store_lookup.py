@@ -12,7 +12,15 @@ import struct
 
 import click
 
-from stratamq.cli.common import TIME, emit, message_json, open_store, store_options, warn
+from stratamq.cli.common import (
+    TIME,
+    close_store,
+    emit,
+    message_json,
+    open_store,
+    store_options,
+    warn,
+)
 from stratamq.cli.store import store
 from stratamq.record import parse_offset_msg_id
 from stratamq.store.inspect import IndexGap, index_gaps, record_problem_at
@@ -127,7 +135,7 @@ def store_query(store_dir: str, topic: str | None, key: str | None, msg_id: str 
         problems = _corrupt_hits(s, [topic], key, begin, NO_END if end is None else end,
                                  {m.physical_offset for m in found})
     finally:
-        s.close()
+        close_store(s)
     if problems:
         if found:
             for text in problems:
@@ -174,4 +182,4 @@ def store_offset_by_time(store_dir: str, topic: str, queue_id: int, timestamp: i
             "store_timestamp": store_ts,
         })
     finally:
-        s.close()
+        close_store(s)

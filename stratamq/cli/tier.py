@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from stratamq.cli.app import main
-from stratamq.cli.common import emit, open_store_tiered, store_options
+from stratamq.cli.common import close_store, emit, open_store_tiered, store_options
 
 
 def _one_of(store_dir: str | None, endpoint: str | None) -> None:
@@ -53,7 +53,7 @@ def _offline(store_dir: str, read_only: bool,
                 "tieredBackendServiceProvider and tieredStoreFilePath)")
         rows, ok = action(store, tier)
     finally:
-        store.close()
+        close_store(store)
         if tier is not None:
             tier.close()
     for row in rows:

@@ -42,7 +42,11 @@ class AdminClient:
                         else self.broker.channel())
 
     def call(self, method: str, **request: Any) -> dict[str, Any]:
-        stub = self.channel.unary_unary(f"/{SERVICE}/{method}")
+        return self.call_service(SERVICE, method, **request)
+
+    def call_service(self, service: str, method: str, **request: Any) -> dict[str, Any]:
+        """A method of another JSON service on the broker's port (``stratamq.admin.v1.*``)."""
+        stub = self.channel.unary_unary(f"/{service}/{method}")
         body = json.dumps({k: v for k, v in request.items() if v is not None}).encode()
         try:
             # Signed per call: the broker refuses stamps older than its signature window.

@@ -33,6 +33,8 @@ from stratamq.record.codec import (
     offset_msg_id,
     parse_offset_msg_id,
     read_size_and_magic,
+    record_body_length,
+    record_positions,
     record_property,
     record_store_timestamp,
     record_tags,
@@ -68,6 +70,7 @@ __all__ = [
     "Walk", "body_crc", "check_record", "decode", "decode_dispatch_info", "decode_properties",
     "decompress_body", "encode", "encode_blank", "encode_properties", "encode_record",
     "locate_fields", "offset_msg_id", "parse_offset_msg_id", "read_size_and_magic",
-    "record_property", "record_store_timestamp", "record_tags", "resync", "scan_records",
-    "skip_covered", "stamp", "tags_hash_code", "walk_records",
+    "record_body_length", "record_positions", "record_property", "record_store_timestamp",
+    "record_tags", "resync", "scan_records", "skip_covered", "stamp", "tags_hash_code",
+    "walk_records",
 ]  # fmt: skip

@@ -492,6 +492,17 @@ def record_store_timestamp(buf: Buffer, pos: int) -> int:
     return _TIMESTAMP.unpack_from(buf, pos + layout.store_timestamp_pos)[0]
 
 
+def record_body_length(buf: Buffer, pos: int) -> int:
+    """The body length of the record at ``pos`` (an empty body is a compaction tombstone)."""
+    layout = _layout_for(_INT.unpack_from(buf, pos + SYS_FLAG_POS)[0])
+    return _INT.unpack_from(buf, pos + layout.header.size - 4)[0]
+
+
+def record_positions(buf: Buffer, pos: int) -> tuple[int, int]:
+    """(queue offset, physical offset) stored in the record at ``pos``."""
+    return _POSITIONS.unpack_from(buf, pos + QUEUE_OFFSET_POS)
+
+
 def record_property(buf: bytes, name: str) -> str | None:
     """One property of the whole record ``buf`` (the tier uploader's KEYS and UNIQ_KEY), found
     in the raw properties without decoding all of them."""

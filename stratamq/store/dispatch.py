@@ -14,7 +14,8 @@ import errno
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 from stratamq import record as codec
@@ -84,6 +85,9 @@ class ReputService(ServiceThread):
         self._to_notify: dict[str, DispatchInfo] = {}
         self._caught_up = threading.Condition()
         self._idle = False
+        # Held by the thread for each round; ``paused()`` takes it so a replica can cut the
+        # log back between rounds.
+        self._round = threading.Lock()
         self.error: BaseException | None = None
         self.skipped = 0  # records no ConsumeQueue could take (RECORD_ERRNOS); logged each
         # (topic bytes, queue id) -> replay floor, only while a skip_covered replay runs.
@@ -118,6 +122,20 @@ class ReputService(ServiceThread):
                     destroy(topic)
             log.info("topic %s deleted: its ConsumeQueues are gone", topic)
             done.set()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No dispatch round runs inside this block (it waits for the current one to end)."""
+        with self._round:
+            yield
+
+    def rewind(self, offset: int) -> None:
+        """Dispatch again from ``offset``: a replica cut its log back to there (call inside
+        ``paused()``, after the dispatchers dropped what they held past it)."""
+        self.reput_from = min(self.reput_from, offset)
+        self.committed_to = min(self.committed_to, offset)
+        self._to_notify.clear()
+        self.recent.clear()
 
     def wakeup(self) -> None:
         # Called on every append: only pay for the Event when the thread is actually waiting.
@@ -263,7 +281,8 @@ class ReputService(ServiceThread):
     def run(self) -> None:
         while not self._stop.is_set():
             try:
-                progressed = self.replay() > 0
+                with self._round:
+                    progressed = self.replay() > 0
             except Exception as exc:  # keep serving reads; report loudly
                 self.error = exc
                 log.exception("dispatch stopped at offset %d", self.reput_from)

@@ -14,6 +14,9 @@ The directory is RocketMQ's, so either system can open the other's store::
     <root>/config/deletedTopics.json                  where deleted topics' records end
     <root>/config/popState/                           broker in-flight and progress state
     <root>/timerdb/  <root>/timercheck                DELAY messages by delivery time
+    <root>/epochFileCheckpoint                        replication epochs (storePathEpochFile)
+    <root>/compaction/                                compaction topics' logs (stratamq.compaction;
+                                                      its layout.py names what is inside)
 
 Every path under a store root is named here and nowhere else.
 """
@@ -79,6 +82,11 @@ class StoreLayout:
         return self.root / "lock"
 
     @property
+    def epoch_file(self) -> Path:
+        """Replication epochs (docs/formats/epoch-file.md); RocketMQ's default path."""
+        return self.root / "epochFileCheckpoint"
+
+    @property
     def deleted_topics(self) -> Path:
         return self.config_dir / "deletedTopics.json"
 
@@ -109,6 +117,10 @@ class StoreLayout:
     @property
     def timer_db(self) -> Path:
         return self.root / "timerdb"
+
+    @property
+    def compaction_dir(self) -> Path:
+        return self.root / "compaction"
 
     @property
     def timer_check(self) -> Path:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stratamq.config import FlushDiskType, StoreConfig
+from stratamq.config import BrokerRole, FlushDiskType, StoreConfig
 from stratamq.names import MAX_TOPIC_NAME_BYTES, topic_name_problem
 from stratamq.record import DispatchInfo, Message, Prop, StoredMessage, parse_offset_msg_id
 from stratamq.store.checkpoint import StoreCheckpoint
@@ -45,6 +45,7 @@ from stratamq.store.mapped_file_queue import AllocateMappedFileService, MappedFi
 from stratamq.store.parts import StoreParts
 from stratamq.store.read_chain import ReadChain, ReadRequest, ReadSource
 from stratamq.store.recovery import RecoveryReport, recover_commitlog
+from stratamq.store.replica import ReplicaLog
 from stratamq.store.results import (
     GetMessageResult,
     PutMessageResult,
@@ -164,6 +165,9 @@ class MessageStore:
         self.deleted_topics = DeletedTopics(self.layout.deleted_topics, read_only=self.read_only)
         self.deleted_topics.prune(self.commitlog.min_offset)
         self.reput.deleted = self.deleted_topics
+        # A slave's raw appends and cuts (stratamq/ha drives them; see replica.py).
+        self.replica = ReplicaLog(self.commitlog, self.cq_stores, self.reput, self._plugged,
+                                  cfg.check_crc_on_recover)
         self.local_source = LocalSource(lambda: self.consume_queues, self.commitlog, self.index,
                                         self.deleted_topics)
         self.read_chain = ReadChain([self.local_source])
@@ -351,6 +355,9 @@ class MessageStore:
         if not self._opened or self.read_only:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     error="store is not open for writing")
+        if self.config.broker_role is BrokerRole.SLAVE:  # RocketMQ's checkStoreStatus
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                                    error="broker role is SLAVE: puts are forbidden")
         if self.reput.error is not None:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     error=f"dispatch failed: {self.reput.error}")

@@ -1,0 +1,302 @@
+"""Replication in the broker: the store's ``HAService``, a slave's copy of its master's state,
+routes that move readers to the slave while the master is away, status and metrics.
+
+What a broker does by ``brokerRole`` (the store's part is ``stratamq.ha``):
+
+* A master (ASYNC_MASTER, SYNC_MASTER) serves slaves on ``haListenPort``. An ASYNC_MASTER
+  whose port is taken logs it and serves without replication (a standalone broker must not
+  fail to start because of a port it does not need); a SYNC_MASTER refuses to start.
+* A SLAVE copies its master's CommitLog (``HAClient``) and, every ``haStateSyncInterval``
+  (3 s by default), its topics, groups, consumer offsets and pop state (cursors, in-flight
+  messages, the receipt-handle key) through the master's ``SyncState`` RPC, as RocketMQ's
+  SlaveSynchronize does (it runs every 3 s and copies everything at least once a minute).
+  It refuses sends (the store answers SERVICE_NOT_AVAILABLE) and admin changes.
+
+Routes (``QueryRoute``): a master answers as always. A slave whose link to its master is up
+answers with the master's client endpoint (``haMasterEndpoint``), so clients that reached the
+slave go to the master; while the link is down it answers with its own endpoint and READ-only
+queues, broker id 0 as RocketMQ 5's slave-acting-master does, so consumers (which read only
+from broker id 0) keep consuming from the slave and producers find no writable queue. A
+client configured with both endpoints (``master;slave``) reaches the slave through gRPC's
+fail-over when the master is down, and is sent back once the master returns.
+
+The window: a consumer that moves to the slave resumes from the state the slave last copied,
+at most ``haStateSyncInterval`` old (plus one RPC): messages acknowledged on the master in
+that window may be delivered again; none is lost (at-least-once). State is copied one way:
+acknowledgements made on the slave while the master is down are not copied back, so after
+the master returns those messages may be delivered once more.
+
+``SERVICE`` (``/stratamq.admin.v1.Replication/<Method>``, JSON as the admin service):
+``HaStatus {}`` (ACL: Cluster Get) -> the ``HAService`` runtime info, plus ``"stateSync"``
+on a slave; ``SyncState {}`` (ACL: Cluster Update, it carries the receipt-handle key) ->
+``{"metadata": {"topics", "groups"}, "popState": {...}}`` (a master's).
+
+Thread-safety: the sync thread alone writes the slave's metadata and pop state from the
+master; ``route`` and the RPCs read plain attributes from gRPC threads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from prometheus_client.core import GaugeMetricFamily
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from stratamq.client.admin import AdminClient, AdminError
+from stratamq.config import BrokerRole
+from stratamq.ha import HAConnectionState, HAService
+
+if TYPE_CHECKING:
+    from stratamq.broker.server import Broker
+
+__all__ = ["SERVICE", "BrokerReplication", "master_endpoint"]
+
+log = logging.getLogger(__name__)
+
+SERVICE = "stratamq.admin.v1.Replication"
+_ADMIN_WRITES = frozenset({"CreateTopic", "UpdateTopic", "DeleteTopic", "CreateGroup",
+                           "UpdateGroup", "DeleteGroup", "ResetOffset"})
+
+
+def master_endpoint(ha_master_endpoint: str, ha_master_address: str) -> str:
+    """The master's client endpoint: ``haMasterEndpoint``, else ``haMasterAddress``'s host and
+    port - 1 (RocketMQ pairs haListenPort = listenPort + 1)."""
+    if ha_master_endpoint:
+        return ha_master_endpoint
+    host, _, port = ha_master_address.rpartition(":")
+    return f"{host}:{int(port) - 1}"
+
+
+def _endpoints(host: str, port: int) -> pb.Endpoints:
+    return pb.Endpoints(scheme=pb.IPv6 if ":" in host else pb.IPv4,
+                        addresses=[pb.Address(host=host, port=port)])
+
+
+class StateSync:
+    """A slave's copy of its master's topics, groups and pop state, every interval."""
+
+    def __init__(self, broker: Broker, endpoint: str, interval_ms: int) -> None:
+        self.b = broker
+        self.endpoint = endpoint
+        self.interval = interval_ms / 1000
+        self.last_sync_ms = 0
+        self.last_change_ms = 0
+        self.syncs = 0
+        self.last_error = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="ha-state-sync")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        cfg = self.b.config
+        with AdminClient(self.endpoint, timeout=max(2.0, self.interval),
+                         access_key=cfg.acl_access_key or None,
+                         secret_key=cfg.acl_secret_key or None) as client:
+            while not self._stop.wait(0 if not self.syncs and not self.last_error
+                                      else self.interval):
+                try:
+                    self.sync_once(client)
+                except (AdminError, ValueError, OSError) as exc:
+                    if str(exc) != self.last_error:
+                        log.warning("copying state from master %s failed: %s", self.endpoint,
+                                    exc)
+                    self.last_error = str(exc)
+
+    def sync_once(self, client: AdminClient) -> None:
+        snap = client.call_service(SERVICE, "SyncState")
+        broker = self.b
+        gone = broker.meta.replace_all(snap["metadata"])
+        for topic in gone:
+            log.info("topic %s is gone on the master: deleting it here", topic)
+            broker.store.delete_topic(topic)
+        changed = broker.state.restore(snap["popState"])
+        now = int(time.time() * 1000)
+        if changed or gone:
+            self.last_change_ms = now
+        self.last_sync_ms = now
+        self.syncs += 1
+        self.last_error = ""
+
+    def info(self) -> dict[str, Any]:
+        return {"masterEndpoint": self.endpoint, "intervalMs": int(self.interval * 1000),
+                "lastSyncTimestamp": self.last_sync_ms, "lastChangeTimestamp":
+                self.last_change_ms, "syncs": self.syncs, "lastError": self.last_error}
+
+
+class BrokerReplication:
+    """Replication for one broker; see the module docstring."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+        cfg = broker.store_config
+        self.role = cfg.broker_role
+        self.ha = HAService.for_store(broker.store, host=broker.listen_host)
+        self.sync: StateSync | None = None
+        self.error = ""
+        self.master_endpoint = (master_endpoint(cfg.ha_master_endpoint, cfg.ha_master_address)
+                                if self.is_slave else "")
+
+    @property
+    def is_slave(self) -> bool:
+        return self.role is BrokerRole.SLAVE
+
+    def start(self) -> None:
+        try:
+            self.ha.start()
+        except OSError as exc:
+            if self.role is not BrokerRole.ASYNC_MASTER:
+                raise OSError(f"replication cannot listen on haListenPort "
+                              f"{self.b.store_config.ha_listen_port}: {exc}") from None
+            self.error = (f"replication is off: cannot listen on haListenPort "
+                          f"{self.b.store_config.ha_listen_port}: {exc}")
+            log.error("%s (set haListenPort to a free port to serve slaves)", self.error)
+            self.ha.shutdown()
+        if self.is_slave:
+            self.sync = StateSync(self.b, self.master_endpoint,
+                                  self.b.store_config.ha_state_sync_interval)
+            self.sync.start()
+        registry = getattr(self.b.metrics, "registry", None)
+        if registry is not None:
+            registry.register(_ReplicationCollector(self, self.b.metrics.node))
+
+    def describe(self) -> str:
+        """One line for the broker's start-up output."""
+        if self.is_slave:
+            return (f"SLAVE of {self.b.store_config.ha_master_address} (state from "
+                    f"{self.master_endpoint})")
+        if self.ha.server is None or self.error:
+            return f"{self.role.value}, serving no slaves ({self.error})"
+        return f"{self.role.value} serving slaves on {self.ha.server.host}:{self.ha.listen_port}"
+
+    def stop(self) -> None:
+        if self.sync is not None:
+            self.sync.stop()
+        self.ha.shutdown()
+
+    # -- what the broker asks ------------------------------------------------------------------
+
+    def master_reachable(self) -> bool:
+        client = self.ha.client
+        return client is not None and client.state is HAConnectionState.TRANSFER
+
+    def route(self, endpoints: pb.Endpoints) -> tuple[pb.Endpoints, bool]:
+        """The endpoints a QueryRoute answer names and whether its queues may be written."""
+        if not self.is_slave:
+            return endpoints, True
+        if self.master_reachable():
+            host, _, port = self.master_endpoint.rpartition(":")
+            return _endpoints(host.strip("[]"), int(port)), True
+        return _endpoints(*self.b.advertised), False
+
+    def refusal(self, admin_method: str) -> str | None:
+        """Why an admin call may not run here (a slave's metadata is its master's)."""
+        if self.is_slave and admin_method in _ADMIN_WRITES:
+            return (f"this broker is a SLAVE: {admin_method} goes to its master "
+                    f"({self.master_endpoint}), whose topics and groups it copies")
+        return None
+
+    # -- RPCs ----------------------------------------------------------------------------------
+
+    def HaStatus(self, req: dict[str, Any]) -> dict[str, Any]:
+        info = self.ha.runtime_info()
+        info["brokerName"] = self.b.config.broker_name
+        if self.error:
+            info["error"] = self.error
+        if self.sync is not None:
+            info["masterEndpoint"] = self.master_endpoint
+            info["masterReachable"] = self.master_reachable()
+            info["stateSync"] = self.sync.info()
+        return info
+
+    def SyncState(self, req: dict[str, Any]) -> dict[str, Any]:
+        if self.is_slave:
+            raise _RpcError(grpc.StatusCode.FAILED_PRECONDITION,
+                            "this broker is a SLAVE: ask its master for state")
+        return {"metadata": self.b.meta.export(), "popState": self.b.state.snapshot()}
+
+
+class _RpcError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def replication_handler(broker: Broker, run: Any) -> grpc.GenericRpcHandler:
+    """``/stratamq.admin.v1.Replication/{HaStatus,SyncState}`` as ``grpc.aio`` handlers; the
+    work runs in the broker's executor (``run(fn, *args)``)."""
+    from stratamq.broker.errors import BrokerError
+    from stratamq.broker.ports import Call
+    from stratamq.broker.rpc import call_of
+
+    actions = {"HaStatus": "Get", "SyncState": "Update"}
+
+    def make(name: str) -> Any:
+        def work(request: bytes, call: Call) -> bytes:
+            broker.lookup.authorize(call, "Cluster", actions[name])
+            req = json.loads(request.decode("utf-8") or "{}")
+            reply = getattr(broker.replication, name)(req if isinstance(req, dict) else {})
+            return json.dumps(reply, separators=(",", ":")).encode()
+
+        async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            try:
+                return await run(work, request, call_of(context))
+            except BrokerError as exc:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED
+                                    if exc.code == pb.Code.UNAUTHORIZED
+                                    else grpc.StatusCode.PERMISSION_DENIED, exc.message)
+            except _RpcError as exc:
+                await context.abort(exc.code, str(exc))
+            except ValueError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request body: {exc}")
+            raise AssertionError("unreachable")  # context.abort raises
+
+        return grpc.unary_unary_rpc_method_handler(handle)
+
+    return grpc.method_handlers_generic_handler(SERVICE, {n: make(n) for n in actions})
+
+
+class _ReplicationCollector:
+    """Replication gauges at scrape time: lag per slave on a master, distance on a slave."""
+
+    def __init__(self, replication: BrokerReplication, node: tuple[str, str, str]) -> None:
+        self.r = replication
+        self.node = node
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["cluster", "node_type", "node_id"]
+        info = self.r.ha.runtime_info()
+        if info.get("master"):
+            lag_bytes = GaugeMetricFamily("stratamq_replication_lag_bytes",
+                                          "CommitLog bytes a slave has not acknowledged",
+                                          labels=[*labels, "slave"])
+            lag_ms = GaugeMetricFamily("stratamq_replication_lag_ms",
+                                       "age of the oldest message a slave has not acknowledged",
+                                       labels=[*labels, "slave"])
+            for conn in info.get("haConnectionInfo", []):
+                lag_bytes.add_metric([*self.node, conn["addr"]], conn["diff"])
+                lag_ms.add_metric([*self.node, conn["addr"]], conn["lagMs"])
+            yield lag_bytes
+            yield lag_ms
+            synced = GaugeMetricFamily("stratamq_replication_in_sync_slaves",
+                                       "slaves within haMaxGapNotInSync", labels=labels)
+            synced.add_metric(list(self.node), info.get("inSyncSlaveNums", 0))
+            yield synced
+        elif "haClientRuntimeInfo" in info:
+            client = info["haClientRuntimeInfo"]
+            behind = GaugeMetricFamily("stratamq_replication_slave_behind_bytes",
+                                       "bytes the master had sent past this slave's log",
+                                       labels=labels)
+            behind.add_metric(list(self.node), client["behindBytes"] or 0)
+            yield behind

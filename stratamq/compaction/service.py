@@ -1,0 +1,316 @@
+"""``CompactionStore``: compaction topics, plugged into a ``MessageStore`` through its seams.
+
+- **Dispatcher** (``add_dispatcher``): every record of a compaction topic (as the handed
+  :class:`TopicPolicies` says) is copied out of the CommitLog into its topic/queue's
+  ``CompactionLog`` (RocketMQ's ``CompactionService.putRequest``). Replays are harmless: a queue
+  takes only queue offsets past its newest. ``durable_offset()`` is the ``dispatch-checkpoint``,
+  written by the flush thread once every CompactionLog is flushed past it; an open replays the
+  CommitLog from there, and clean-up keeps the CommitLog files above it.
+- **Read source** (``add_read_source(first=True)``): reads of the queues it holds are answered
+  from the CompactionLogs, before the local ConsumeQueues (which still index every record of
+  the topic until clean-up).
+- **Scheduler**: a thread that gives every queue a round each ``compactionScheduleInternal``
+  ms, on up to ``compactionThreadNum`` worker threads (each with ``maxOffsetMapSize /
+  threads`` of OffsetMap); it starts with ``start()``, so compaction resumes after a restart.
+- **Flush**: a thread that flushes the CompactionLogs every ``flushIntervalConsumeQueue`` ms
+  and then writes the dispatch checkpoint.
+
+Handed what it needs (the store layout, the settings, the policies), never the store.
+Thread-safety: ``dispatch`` from the dispatch thread; reads from any thread; ``run_now`` and
+``status`` from any thread; ``start``/``close`` from the owner's thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import logging
+import os
+import random
+import shutil
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from stratamq import record as codec
+from stratamq.compaction import bcq_format as bcq
+from stratamq.compaction.layout import CompactionLayout
+from stratamq.compaction.log import CompactionLog
+from stratamq.compaction.policy import TOMBSTONE_PROPERTY, TopicPolicies, TopicPolicy
+from stratamq.compaction.round import RoundReport, run_round
+from stratamq.compaction.state_format import DispatchCheckpoint
+from stratamq.config import InvalidSetting, StoreConfig
+from stratamq.message import DispatchInfo, Prop, StoredMessage
+from stratamq.record import SysFlag
+from stratamq.store.layout import StoreLayout
+from stratamq.store.log_reader import CommitLogReader
+from stratamq.store.read_chain import QueueOffsets, ReadRequest
+from stratamq.store.results import GetMessageResult
+
+if TYPE_CHECKING:
+    from stratamq.store.message_store import MessageStore
+
+__all__ = ["CompactionStore"]
+
+log = logging.getLogger(__name__)
+
+NO_KEY = bytes(16)
+# A CompactionLog file must hold the largest record a put accepts: body, headers and the
+# largest properties and topic a record may carry.
+RECORD_OVERHEAD = 32767 + 255 + 256  # properties, topic, header with IPv6 hosts
+
+
+class CompactionStore:
+    """Compaction topics for one store (see the module docstring)."""
+
+    name = "compaction"
+
+    def __init__(self, config: StoreConfig, policies: TopicPolicies, *,
+                 read_only: bool = False) -> None:
+        needed = config.max_message_size + RECORD_OVERHEAD
+        if config.compaction_mapped_file_size < needed:
+            raise InvalidSetting(
+                f"compactionMappedFileSize={config.compaction_mapped_file_size} cannot hold the "
+                f"largest record a put accepts (maxMessageSize={config.max_message_size} plus "
+                f"headers): make it at least {needed}")
+        self.config = config
+        self.policies = policies
+        self.read_only = read_only
+        self.layout = CompactionLayout(StoreLayout(config.root))
+        self._queues: dict[tuple[str, int], CompactionLog] = {}
+        self._queues_lock = threading.Lock()
+        self._reader: CommitLogReader | None = None
+        self._checkpoint = DispatchCheckpoint()
+        self._seen_to = 0  # CommitLog end of the last record dispatched (all topics)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        workers = max(1, min(config.compaction_thread_num, os.cpu_count() or 1))
+        self.map_memory = config.max_offset_map_size // workers
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._workers = workers
+        self.last_reports: dict[tuple[str, int], RoundReport] = {}
+
+    def plug_into(self, store: MessageStore) -> CompactionStore:
+        """Add this to ``store`` (before it is opened) as a dispatcher and a first read
+        source."""
+        store.add_dispatcher(self)
+        store.add_read_source(self, first=True)
+        return self
+
+    # -- dispatcher -----------------------------------------------------------------------------
+
+    def attach(self, reader: CommitLogReader) -> None:
+        """On store open, before replay: load every queue on disk and the checkpoint."""
+        self._reader = reader
+        self._checkpoint = DispatchCheckpoint.read(self.layout.dispatch_checkpoint)
+        self._seen_to = self._checkpoint.dispatched_to
+        for topic, queue_id in self.layout.queues_on_disk():
+            self._queue(topic, queue_id)
+
+    def _queue(self, topic: str, queue_id: int) -> CompactionLog:
+        key = (topic, queue_id)
+        clog = self._queues.get(key)
+        if clog is not None:
+            return clog
+        with self._queues_lock:
+            clog = self._queues.get(key)
+            if clog is None:
+                clog = CompactionLog(self.layout.queue(topic, queue_id),
+                                     self.config.compaction_mapped_file_size,
+                                     bcq.cq_file_size(self.config.compaction_cq_mapped_file_size),
+                                     read_only=self.read_only,
+                                     destroy_interval_ms=(
+                                         self.config.destroy_mapped_file_interval_forcibly))
+                clog.load()
+                self._queues = {**self._queues, key: clog}  # replaced: readers need no lock
+        return clog
+
+    def dispatch(self, info: DispatchInfo) -> None:
+        policy = self.policies.policy(info.topic)
+        end = info.physical_offset + info.size
+        if policy is None or not SysFlag.is_dispatchable(info.sys_flag):
+            self._seen_to = end
+            return
+        clog = self._queue(info.topic, info.queue_id)
+        if info.queue_offset >= clog.next_offset:
+            assert self._reader is not None, "attach() is called before dispatch"
+            data = self._reader.read_bytes(info.physical_offset, info.size)
+            if data is None:
+                raise OSError(f"the record at CommitLog offset {info.physical_offset} is gone "
+                              "before compaction copied it")
+            key = info.properties.get(Prop.KEYS)
+            flags = 0
+            digest = NO_KEY
+            if key:
+                flags |= bcq.FLAG_HAS_KEY
+                digest = hashlib.md5(key.encode("utf-8")).digest()
+            if (codec.record_body_length(data, 0) == 0
+                    or info.properties.get(TOMBSTONE_PROPERTY, "").lower() == "true"):
+                flags |= bcq.FLAG_TOMBSTONE
+            clog.append(data, info.queue_offset, end, info.tags_code, info.store_timestamp,
+                        digest, flags)
+        self._seen_to = end  # after the append: the flush thread trusts what is below it
+
+    def durable_offset(self) -> int:
+        return self._checkpoint.dispatched_to
+
+    def replay_floor(self, topic: str, queue_id: int) -> int:
+        if self.policies.policy(topic) is None:
+            return 2**63 - 1  # nothing of this topic is needed here
+        clog = self._queues.get((topic, queue_id))
+        return clog.physical_end if clog is not None else 0
+
+    def destroy_topic(self, topic: str) -> None:
+        with self._queues_lock:
+            doomed = [c for k, c in self._queues.items() if k[0] == topic]
+            self._queues = {k: c for k, c in self._queues.items() if k[0] != topic}
+        for clog in doomed:
+            with clog.compacting:
+                clog.destroy()
+        for directory in self.layout.topic_dirs(topic):
+            shutil.rmtree(directory, ignore_errors=True)
+
+    # -- flushing -------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Flush every CompactionLog, then record how far the CommitLog is split out."""
+        if self.read_only:
+            return
+        upto = self._seen_to
+        for clog in list(self._queues.values()):
+            clog.flush()
+        if upto != self._checkpoint.dispatched_to:
+            checkpoint = DispatchCheckpoint(upto)
+            checkpoint.write(self.layout.dispatch_checkpoint)
+            self._checkpoint = checkpoint
+
+    # -- rounds ---------------------------------------------------------------------------------
+
+    def queues(self, topic: str | None = None) -> list[CompactionLog]:
+        return [c for (t, _q), c in sorted(self._queues.items()) if topic is None or t == topic]
+
+    def run_round(self, clog: CompactionLog, *, seal: bool = False,
+                  now_ms: int | None = None) -> RoundReport:
+        """One round of one queue now. ``seal`` first seals the file being written, so the
+        round covers everything written so far."""
+        policy = self.policies.policy(clog.topic) or TopicPolicy()
+        if seal:
+            clog.seal_active()
+        report = run_round(clog, policy, self.map_memory, now_ms)
+        self.last_reports[(clog.topic, clog.queue_id)] = report
+        if report.skipped is None:
+            log.info("compacted %s:%d: %d records read, %d kept, %d removed, %d tombstones "
+                     "dropped, %d -> %d bytes in %.0f ms", clog.topic, clog.queue_id,
+                     report.records_read, report.kept, report.removed,
+                     report.tombstones_dropped, report.bytes_before, report.bytes_after,
+                     report.elapsed_ms)
+        return report
+
+    def run_now(self, topic: str | None = None, *, seal: bool = True,
+                now_ms: int | None = None) -> list[RoundReport]:
+        """A round of every queue (of ``topic``) now, on the calling thread."""
+        if self.read_only:
+            raise RuntimeError("compaction needs the store open for writing")
+        return [self.run_round(c, seal=seal, now_ms=now_ms) for c in self.queues(topic)]
+
+    def status(self) -> list[dict[str, Any]]:
+        rows = []
+        for clog in self.queues():
+            held = clog.offsets()
+            rows.append({
+                "topic": clog.topic, "queue_id": clog.queue_id,
+                "files": len(clog.segments),
+                "bytes": sum(s.log_bytes for s in clog.segments),
+                "messages": sum(s.units for s in clog.segments),
+                "min_offset": held.low if held else 0,
+                "max_offset": held.high if held else 0,
+                "cleaned_to": clog.state.cleaned_to,
+                "last_round": clog.state.last_round or None,
+            })
+        return rows
+
+    # -- background threads ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the flush and schedule threads (after the store is open)."""
+        if self.read_only or self._threads or not self.config.enable_compaction:
+            return
+        self._stop.clear()
+        self._pool = concurrent.futures.ThreadPoolExecutor(self._workers,
+                                                           thread_name_prefix="compaction")
+        for name, target in (("compaction-flush", self._flush_loop),
+                             ("compaction-schedule", self._schedule_loop)):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _flush_loop(self) -> None:
+        interval = self.config.flush_interval_consume_queue / 1000
+        while not self._stop.wait(interval):
+            try:
+                self.flush()
+            except Exception:  # keep trying: the checkpoint only moves once a flush worked
+                log.exception("flushing the CompactionLogs failed")
+
+    def _schedule_loop(self) -> None:
+        interval = self.config.compaction_schedule_internal / 1000
+        # RocketMQ spreads queues' first rounds with a random delay; one jitter for all here.
+        wait = interval + random.uniform(0, min(interval, 1.0))
+        while not self._stop.wait(wait):
+            wait = interval
+            started = time.monotonic()
+            pool = self._pool
+            if pool is None:
+                return
+            futures = [pool.submit(self.run_round, clog) for clog in self.queues()]
+            for future in futures:
+                try:
+                    future.result()
+                except Exception:
+                    log.exception("a compaction round failed; the queue keeps its old files")
+            log.debug("compaction pass over %d queues took %.1f s", len(futures),
+                      time.monotonic() - started)
+
+    def close(self) -> None:
+        """Stop the threads, flush, write the checkpoint and unmap (after the store's
+        ``close``, so dispatch has drained)."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+        self._threads = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        try:
+            self.flush()
+        finally:
+            for clog in list(self._queues.values()):
+                clog.close()
+            self._queues = {}
+
+    # -- read source ----------------------------------------------------------------------------
+
+    def offsets(self, topic: str, queue_id: int) -> QueueOffsets | None:
+        clog = self._queues.get((topic, queue_id))
+        return clog.offsets() if clog is not None else None
+
+    def read(self, request: ReadRequest) -> GetMessageResult | None:
+        clog = self._queues.get((request.topic, request.queue_id))
+        return clog.read(request) if clog is not None else None
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int | None:
+        clog = self._queues.get((topic, queue_id))
+        return clog.offset_by_time(timestamp_ms) if clog is not None else None
+
+    def query_by_key(self, topic: str, key: str, max_num: int, begin_ms: int,
+                     end_ms: int) -> list[StoredMessage]:
+        return []  # no key index of its own: the store's index answers while it holds them
+
+    def read_by_physical_offset(self, physical_offset: int) -> StoredMessage | None:
+        return None  # records are found by queue offset only
+
+    def topics(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for topic, queue_id in sorted(self._queues):
+            out.setdefault(topic, []).append(queue_id)
+        return out

@@ -1,0 +1,318 @@
+"""The slave's side of replication: RocketMQ's DefaultHAClient as a thin socket adapter around
+``protocol.SlaveConnection``.
+
+One thread connects to ``haMasterAddress``, reports the log's end, and applies what arrives:
+
+* transfer frames go to ``ReplicaLog.append`` at their offsets (a record cut by a frame's end
+  waits for its rest, in memory only); after each read the new end is reported if it moved,
+  and at least every ``haSendHeartbeatInterval`` anyway;
+* a check frame (before the log's end) is compared with the local bytes; if they differ the
+  log is cut back to the frame's offset (``ReplicaLog.truncate``) and the link reconnects (a
+  check below where this slave's copy starts has nothing to compare and passes);
+* a heartbeat before the log's end (the master lost a tail this slave has) cuts the log back
+  to it; the stream then goes on from there;
+* a frame after the log's end (the master no longer holds what this slave needs), bytes that
+  are not records, or a silent link (``haHousekeepingInterval``) close the link; it is tried
+  again after ``haSendHeartbeatInterval`` (RocketMQ: 5 s, its default).
+
+Thread-safety: ``runtime_info`` from any thread (plain attribute reads); everything else runs
+on the client's thread. The client owns its socket; the store is reached through the
+``ReplicaLog`` and ``CommitLogReader`` it is handed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+
+from stratamq.config import StoreConfig
+from stratamq.ha.master import FlowMonitor
+from stratamq.ha.protocol import (
+    Gap,
+    HAConnectionState,
+    MasterEnd,
+    Overlap,
+    ProtocolError,
+    SlaveConnection,
+    Transfer,
+)
+from stratamq.store.log_reader import CommitLogReader
+from stratamq.store.replica import ReplicaDataError, ReplicaLog, TruncateReport
+
+__all__ = ["HAClient"]
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 3.0  # s (RocketMQ's connectTimeoutMillis)
+READ_SIZE = 4 * 1024 * 1024  # RocketMQ's READ_MAX_BUFFER_SIZE
+
+
+class _Tail:
+    """The head of a record whose rest comes in later frames (the master streams bytes, not
+    records). Its chunks are joined only once the record can be whole, so a large record costs
+    one copy, not one per frame."""
+
+    def __init__(self) -> None:
+        self.start = 0
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.need = 0  # the record's size, once its first 4 bytes are here
+
+    def clear(self) -> None:
+        self.chunks, self.size, self.need = [], 0, 0
+
+    def keep(self, start: int, rest: bytes) -> None:
+        self.start = start
+        self.chunks = [rest] if rest else []
+        self.size = len(rest)
+        self.need = int.from_bytes(rest[:4], "big") if len(rest) >= 4 else 0
+
+    def extend(self, bodies: list[memoryview]) -> None:
+        """Keep frames' bodies (copied: they are views of a buffer the next read reuses)."""
+        for body in bodies:
+            self.chunks.append(bytes(body))
+            self.size += len(body)
+
+
+class _Reconnect(Exception):
+    """Close the link and connect again; ``wait`` says whether to pause first."""
+
+    def __init__(self, why: str, wait: bool = True) -> None:
+        super().__init__(why)
+        self.wait = wait
+
+
+class HAClient:
+    """Copies the master's CommitLog into this store; see the module docstring."""
+
+    def __init__(self, config: StoreConfig, replica: ReplicaLog, reader: CommitLogReader,
+                 master_address: str | None = None) -> None:
+        self.config = config
+        self.replica = replica
+        self.reader = reader
+        self.master_address = master_address or config.ha_master_address
+        self.state = HAConnectionState.READY
+        self.flow = FlowMonitor(False, 0)
+        self.last_read_ms = 0
+        self.last_write_ms = 0
+        self.master_offset = -1  # the master's stream position last seen (frame or heartbeat)
+        self.reported = -1
+        self._report_time = 0.0  # monotonic time of the last report
+        self.last_error = ""
+        self.last_truncation: TruncateReport | None = None
+        self.connects = 0
+        self._sock: socket.socket | None = None
+        self._scratch = bytearray()  # consecutive frames gathered for one append
+        self._read_buf = bytearray(READ_SIZE)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="ha-client")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(10)
+        self.state = HAConnectionState.SHUTDOWN
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        pause = self.config.ha_send_heartbeat_interval / 1000
+        while not self._stop.is_set():
+            wait = True
+            try:
+                self._session()
+            except _Reconnect as exc:
+                wait = exc.wait
+                if str(exc):
+                    self._note_error(str(exc))
+            except (OSError, ProtocolError, ReplicaDataError) as exc:
+                self._note_error(f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # keep replicating; a bug is logged with its trace
+                log.exception("replication from %s failed", self.master_address)
+                self.last_error = repr(exc)
+            finally:
+                self._close()
+            if wait:
+                self._stop.wait(pause)
+
+    def _note_error(self, why: str) -> None:
+        if self._stop.is_set():
+            return  # shutting down: the link's end is expected
+        if why != self.last_error:
+            log.warning("replication from master %s: %s", self.master_address, why)
+        self.last_error = why
+
+    def _close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        if not self._stop.is_set():
+            self.state = HAConnectionState.READY
+
+    def _session(self) -> None:
+        host, _, port = self.master_address.rpartition(":")
+        sock = socket.create_connection((host.strip("[]"), int(port)), CONNECT_TIMEOUT)
+        self._sock = sock
+        if self._stop.is_set():
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(1.0)
+        self.connects += 1
+        self.state = HAConnectionState.TRANSFER
+        replica = self.replica
+        proto = SlaveConnection(replica.end(), replica.is_empty())
+        log.info("connected to master %s; asking for the CommitLog from offset %d",
+                 self.master_address, replica.end())
+        heartbeat = self.config.ha_send_heartbeat_interval / 1000
+        housekeeping = self.config.ha_housekeeping_interval / 1000
+        last_read = time.monotonic()
+        self._report(replica.end())
+        tail = _Tail()
+        # One buffer for every read: a fresh 4 MiB object per read would fault in new pages each
+        # time. Events are views of it, handled before the next read.
+        buf = self._read_buf
+        while not self._stop.is_set():
+            try:
+                n = sock.recv_into(buf)
+            except TimeoutError:
+                n = -1
+            now = time.monotonic()
+            if n == 0:
+                raise _Reconnect("the master closed the connection")
+            if n > 0:
+                last_read = now
+                self.last_read_ms = int(time.time() * 1000)
+                self.flow.add(n)
+                self._apply(proto, proto.receive_data(memoryview(buf)[:n]), tail)
+            elif now - last_read > housekeeping:
+                raise _Reconnect(f"nothing from the master for {housekeeping:.0f} s "
+                                 "(haHousekeepingInterval)")
+            end = replica.end()
+            if end != self.reported or now - self._report_time > heartbeat:
+                self._report(end)
+
+    def _apply(self, proto: SlaveConnection, events: list, tail: _Tail) -> None:
+        replica = self.replica
+        run: list[memoryview] = []  # bodies of consecutive frames, appended together
+        run_start = run_end = 0
+        for event in events:
+            if isinstance(event, Transfer):
+                size = len(event.body)
+                self.master_offset = event.offset + size
+                if run and event.offset == run_end:
+                    run.append(event.body)
+                else:
+                    self._append(run, run_start, tail)
+                    run, run_start = [event.body], event.offset
+                run_end = event.offset + size
+                continue
+            self._append(run, run_start, tail)
+            run = []
+            if isinstance(event, Overlap):
+                if event.offset < self.reader.min_offset:
+                    continue  # this slave's copy starts later: nothing there to compare
+                local = self.reader.read_bytes(event.offset, len(event.body))
+                if local != event.body:
+                    self._truncate(event.offset, "its bytes there differ from the master's (the "
+                                   "master's log took another course after that offset)")
+                    raise _Reconnect("", wait=False)
+            elif isinstance(event, MasterEnd):
+                self.master_offset = event.offset
+                tail.clear()
+                if event.offset < replica.end():
+                    self._truncate(event.offset, "the master's log ends there (it lost a tail "
+                                   "this slave holds)")
+                proto.expected = replica.end()
+            elif isinstance(event, Gap):
+                raise _Reconnect(
+                    f"the master sent bytes for offset {event.offset} but this slave's log "
+                    f"ends at {event.expected}: the master no longer holds what lies between "
+                    "(this slave needs a new copy of the master's store)")
+            else:  # Heartbeat
+                self.master_offset = event.offset
+                self.last_error = ""
+        self._append(run, run_start, tail)
+
+    def _append(self, run: list[memoryview], start: int, tail: _Tail) -> None:
+        """Append consecutive frames' bytes in one go (a slave catching up reads many frames
+        at once: one check and one copy each, not one per frame)."""
+        if not run:
+            return
+        if tail.size:
+            if tail.size + sum(len(body) for body in run) < tail.need:
+                tail.extend(run)  # still inside one large record
+                return
+            pieces: list = [*tail.chunks, *run]
+            start = tail.start
+        else:
+            pieces = run
+        data: bytes | memoryview
+        if len(pieces) == 1:
+            data = pieces[0]
+        else:
+            # Gathered into one reused buffer: a fresh object per read would fault in new
+            # pages every time (as costly as the copy itself when catching up).
+            total = sum(len(piece) for piece in pieces)
+            if len(self._scratch) < total:
+                self._scratch = bytearray(total)  # rebound, never resized: views may live on
+            scratch = self._scratch
+            pos = 0
+            for piece in pieces:
+                scratch[pos : pos + len(piece)] = piece
+                pos += len(piece)
+            data = memoryview(scratch)[:total]
+        view = memoryview(data)
+        done = 0
+        while done < len(view):  # a run may cross into the next segment
+            taken = self.replica.append(start + done, view[done:])
+            if not taken:
+                break
+            done += taken
+        tail.keep(start + done, bytes(view[done:]))
+        self.last_error = ""  # replicating again
+
+    def _truncate(self, offset: int, reason: str) -> None:
+        report = self.replica.truncate(offset, reason)
+        self.last_truncation = report
+
+    def _report(self, offset: int) -> None:
+        sock = self._sock
+        assert sock is not None
+        sock.sendall(SlaveConnection.report(offset))
+        self.reported = offset
+        self._report_time = time.monotonic()
+        self.last_write_ms = int(time.time() * 1000)
+
+    # -- status --------------------------------------------------------------------------------
+
+    def runtime_info(self) -> dict:
+        """RocketMQ's HARuntimeInfo for a slave (haClientRuntimeInfo), plus what was cut."""
+        end = self.replica.end()
+        return {
+            "master": False,
+            "role": "SLAVE",
+            "haClientRuntimeInfo": {
+                "masterAddr": self.master_address,
+                "state": self.state.value,
+                "maxOffset": end,
+                "masterOffset": self.master_offset,
+                "behindBytes": max(0, self.master_offset - end) if self.master_offset >= 0
+                else None,
+                "lastReadTimestamp": self.last_read_ms,
+                "lastWriteTimestamp": self.last_write_ms,
+                "transferredByteInSecond": self.flow.transferred_per_second(),
+                "connects": self.connects,
+                "lastError": self.last_error,
+                "lastTruncation": (self.last_truncation.as_dict()
+                                   if self.last_truncation is not None else None),
+            },
+        }

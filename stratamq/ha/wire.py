@@ -1,0 +1,36 @@
+"""The replication link's two messages, byte for byte (spec: ``docs/formats/ha-transfer.md``).
+
+Seed 004 section 1.6 and RocketMQ's ``DefaultHAConnection`` / ``DefaultHAClient``; big-endian
+as Java's ``ByteBuffer``:
+
+* master -> slave, a transfer frame: physical offset (8 bytes, signed), body size (4 bytes,
+  signed), then that many CommitLog bytes, which belong at that offset. A body size of 0 is a
+  heartbeat: the master has nothing to send and its transfer position is the offset.
+* slave -> master, a report: the slave's max CommitLog offset (8 bytes, signed). The first
+  report asks where to start; each later one acknowledges every byte before it.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = ["MAX_BODY_SIZE", "REPORT", "REPORT_SIZE", "TRANSFER_HEADER", "TRANSFER_HEADER_SIZE",
+           "encode_header", "encode_report"]
+
+TRANSFER_HEADER = struct.Struct(">qi")  # physical offset, body size
+TRANSFER_HEADER_SIZE = TRANSFER_HEADER.size  # 12, RocketMQ's TRANSFER_HEADER_SIZE = 8 + 4
+REPORT = struct.Struct(">q")  # the slave's max CommitLog offset
+REPORT_SIZE = REPORT.size  # 8, RocketMQ's REPORT_HEADER_SIZE
+# RocketMQ's slave reads into a 4 MiB buffer (HAClient READ_MAX_BUFFER_SIZE) and
+# haTransferBatchSize may not exceed it: a larger body is not a frame a master sends.
+MAX_BODY_SIZE = 4 * 1024 * 1024
+
+
+def encode_header(offset: int, size: int) -> bytes:
+    return TRANSFER_HEADER.pack(offset, size)
+
+
+def encode_report(offset: int) -> bytes:
+    return REPORT.pack(offset)
