@@ -137,3 +137,46 @@ def test_offload_under_spark_submit_then_served_from_the_tier(reference_store, t
     finally:
         store.close()
         tier_store.close()
+
+
+def test_compact_under_spark_submit(tmp_path):
+    """A compaction topic compacted by a two-executor cluster: the latest value per key."""
+    from compaction_util import TOPIC, as_table, put, read_from, small_config
+    from test_spark_compact import _open, _write_topics
+
+    from stratamq.spark.pipelines import compact
+
+    root = tmp_path / "store"
+    _write_topics(root)
+    store, compaction = _open(root)
+    try:
+        for i in range(900):
+            put(store, f"k{i % 50}", b"v%d" % i, i % 2)
+        assert store.wait_dispatched()
+    finally:
+        store.close()
+        compaction.close()
+    conf = tmp_path / "broker.conf"
+    cfg = small_config(root)
+    conf.write_text(f"mappedFileSizeCommitLog={cfg.mapped_file_size_commit_log}\n"
+                    f"maxMessageSize={cfg.max_message_size}\n"
+                    f"compactionMappedFileSize={cfg.compaction_mapped_file_size}\n"
+                    f"compactionCqMappedFileSize={cfg.compaction_cq_mapped_file_size}\n")
+    done = _submit([compact.__file__, "--store", str(root), "--topic", TOPIC, "--config",
+                    str(conf)], tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    summary = json.loads([line for line in lines if line.startswith("{\"ok\": ")][-1])
+    assert summary["removed"] > 700 and len(summary["queues"]) == 2
+    for stage in ("reduce", "rewrite"):
+        assert any(line.startswith(f"compact {stage}: done, ") for line in lines), stage
+    store, compaction = _open(root)
+    try:
+        for q in (0, 1):
+            messages = read_from(store, 0, q)
+            assert as_table(messages) == {f"k{k}": b"v%d" % max(
+                i for i in range(900) if i % 50 == k) for k in range(q, 50, 2)}
+            assert len(messages) < 60  # the superseded values are gone
+    finally:
+        store.close()
+        compaction.close()

@@ -140,3 +140,26 @@ def spark_offload(store_dir: str, tier: str, topics: str | None, master: str | N
         raise click.ClickException(str(exc)) from None
     finally:
         session.stop()
+
+
+@spark.command("compact")
+@click.option("--store", "store_dir", required=True, help="Store directory (its lock is taken).")
+@click.option("--topic", required=True, help="Compaction topic (cleanup.policy=COMPACTION).")
+@config_option
+@click.option("--master", default=None, help="Spark master [local[*]].")
+@quiet_option
+def spark_compact(store_dir: str, topic: str, master: str | None, quiet: bool) -> None:
+    """Compact a compaction topic as a distributed reduce over its keys (no OffsetMap limit):
+    the latest record per key, tombstones dropped per the topic's delete.retention.ms. Prints a
+    JSON summary with one report per queue."""
+    from stratamq.spark.pipelines.common import PipelineError, spark_session
+    from stratamq.spark.pipelines.compact import run_compact
+
+    config = store_config(store_dir)
+    session = spark_session("stratamq-compact", master)
+    try:
+        emit(run_compact(session, store_dir, topic, config=config, progress=not quiet))
+    except PipelineError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        session.stop()
