@@ -23,6 +23,10 @@ def spark() -> None:
 @spark.command("export")
 @click.option("--store", "store_dir", default=None, help="Store directory to read (read-only).")
 @click.option("--endpoints", default=None, help="Broker host:port to read from instead.")
+@click.option("--tier", default=None,
+              help="Or a tier to read (a directory or s3://bucket/prefix): history that is "
+                   "only in the tier.")
+@click.option("--s3-endpoint", default=None, help="S3-compatible server of --tier.")
 @click.option("--topics", default=None, help="Comma list or regex (default: every topic).")
 @click.option("--out", required=True, help="Output directory.")
 @click.option("--format", "fmt", default="parquet", show_default=True,
@@ -41,7 +45,8 @@ def spark() -> None:
               help="Connect to the broker over TLS (trusting gRPC's default roots).")
 @click.option("--tls-ca-file", default=None,
               help="PEM file of the CA(s) that signed the broker's certificate (implies --tls).")
-def spark_export(store_dir: str | None, endpoints: str | None, topics: str | None, out: str,
+def spark_export(store_dir: str | None, endpoints: str | None, tier: str | None,
+                 s3_endpoint: str | None, topics: str | None, out: str,
                  fmt: str, checkpoint: str | None, max_offsets_per_trigger: int | None,
                  master: str | None, progress: bool, access_key: str | None,
                  secret_key: str | None, tls: bool, tls_ca_file: str | None) -> None:
@@ -57,7 +62,7 @@ def spark_export(store_dir: str | None, endpoints: str | None, topics: str | Non
     try:
         source = source_options(store_dir, endpoints, topics, max_offsets_per_trigger,
                                 access_key=access_key, secret_key=secret_key, tls=tls,
-                                tls_ca_file=tls_ca_file)
+                                tls_ca_file=tls_ca_file, tier=tier, s3_endpoint=s3_endpoint)
         check_export_target(out, checkpoint)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
