@@ -1,5 +1,5 @@
-"""Spark pipelines benchmark: rows/s and MB/s of ``rebuild`` (and ``offload`` once it exists)
-with 1 and 2 local cores, against the single-process equivalent measured in the same run.
+"""Spark pipelines benchmark: rows/s and MB/s of ``rebuild`` and ``offload`` with 1 and 2 local
+cores, against the single-process equivalent measured in the same run.
 
     python bench/spark_pipelines.py [--quick] [--mb N] [--body-size B] [--store DIR] [--keep]
 
@@ -9,11 +9,14 @@ prints JSON lines:
 * ``generate``: the store;
 * ``single``: the single-process equivalents on copies of the store without derived files:
   ``dispatcher`` (the store's own open: its dispatcher replays the whole CommitLog into
-  ConsumeQueue files and the index, as after losing them) and ``migrate_cq`` (``stratamq store
-  migrate-cq``'s build of the RocksDB ConsumeQueue from the CommitLog, the check left out);
+  ConsumeQueue files and the index, as after losing them), ``migrate_cq`` (``stratamq store
+  migrate-cq``'s build of the RocksDB ConsumeQueue from the CommitLog, the check left out) and
+  ``tier_upload`` (the tier's own uploader moving the whole history to a POSIX tier: the store
+  opened with the tier wired in, then ``tier flush``);
 * ``spark``: per job (``rebuild_files`` = ``--what all``, ``rebuild_rocksdb`` = ``--what cq
-  --store-type defaultRocksDB``) and core count (``local[1]``, ``local[2]``): best of
-  ``--repeat`` runs, each on a fresh copy;
+  --store-type defaultRocksDB``, ``offload`` to a POSIX tier) and core count (``local[1]``,
+  ``local[2]``): best of ``--repeat`` runs, each on a fresh copy (a fresh tier), after one
+  untimed run on a small store (Python workers started, JVM warm);
 * ``summary``: ``scaling`` (2 cores over 1; the target is 1.6) and ``vs_single`` (2 cores over
   the single-process equivalent) per job.
 
@@ -124,17 +127,65 @@ def single_migrate_cq(src: Path, work: Path, rows: int, nbytes: int) -> dict:
             **_rates(rows, nbytes, time.perf_counter() - started, time.process_time() - cpu)}
 
 
+def single_tier_upload(src: Path, work: Path, rows: int, nbytes: int) -> dict:
+    """The tier's own uploader moving the whole history: the store opened with a POSIX tier
+    wired in (its dispatch replays everything to the uploader), then ``tier flush``."""
+    from stratamq import tiered
+
+    root = work / "single"
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(src, root)
+    tier = work / "single-tier"
+    shutil.rmtree(tier, ignore_errors=True)
+    config = StoreConfig(store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT,
+                         tiered_backend_service_provider="posix",
+                         tiered_store_file_path=str(tier))
+    store = MessageStore(config)
+    started, cpu = time.perf_counter(), time.process_time()
+    tier_store = tiered.wire(store, cluster="DefaultCluster", broker="broker-a",
+                             background=False)
+    assert tier_store is not None
+    store.open()
+    try:
+        tier_store.start()
+        assert tier_store.flush(3600)
+    finally:
+        store.close()
+        tier_store.close()
+    return {"bench": "single", "job": "tier_upload", "rows": rows,
+            **_rates(rows, nbytes, time.perf_counter() - started, time.process_time() - cpu)}
+
+
 JOBS = {
     "rebuild_files": {"what": "all", "store_type": "default"},
     "rebuild_rocksdb": {"what": "cq", "store_type": "defaultRocksDB"},
+    "offload": {},
 }
-BASELINE = {"rebuild_files": "dispatcher", "rebuild_rocksdb": "migrate_cq"}
+BASELINE = {"rebuild_files": "dispatcher", "rebuild_rocksdb": "migrate_cq",
+            "offload": "tier_upload"}
+SINGLE = {"dispatcher": single_dispatcher, "migrate_cq": single_migrate_cq,
+          "tier_upload": single_tier_upload}
+
+
+def _run(spark, job: str, src: Path, work: Path) -> dict:
+    """One run of a job on a fresh copy (rebuild) or into a fresh tier (offload)."""
+    from stratamq.spark.pipelines.offload import run_offload
+    from stratamq.spark.pipelines.rebuild import run_rebuild
+
+    if job == "offload":
+        tier = work / "spark-tier"
+        shutil.rmtree(tier, ignore_errors=True)
+        summary = run_offload(spark, str(src), str(tier), progress=False)
+        return {**summary, "records": summary["messages"]}
+    root = bare_copy(src, work / "spark")
+    config = StoreConfig(store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT)
+    return run_rebuild(spark, str(root), JOBS[job]["what"], JOBS[job]["store_type"],
+                       config=config, progress=False)
 
 
 def spark_job(cores: int, job: str, src: Path, work: Path, repeat: int, rows: int,
               nbytes: int, warm: Path) -> dict:
     from stratamq.spark.pipelines.common import spark_session
-    from stratamq.spark.pipelines.rebuild import run_rebuild
 
     spark = spark_session("stratamq-bench-pipelines", f"local[{cores}]",
                           {"spark.ui.enabled": "false", "spark.driver.memory": "2g"})
@@ -143,18 +194,11 @@ def spark_job(cores: int, job: str, src: Path, work: Path, repeat: int, rows: in
     try:
         # Untimed, on a small store: starts the Python workers (imports) and warms the JVM, a
         # cost per session rather than per byte.
-        root = bare_copy(warm, work / "spark")
-        run_rebuild(spark, str(root), JOBS[job]["what"], JOBS[job]["store_type"],
-                    config=StoreConfig(store_path_root_dir=str(root),
-                                       mapped_file_size_commit_log=SEGMENT), progress=False)
+        _run(spark, job, warm, work)
         for _ in range(repeat):
-            root = bare_copy(src, work / "spark")
-            config = StoreConfig(store_path_root_dir=str(root),
-                                 mapped_file_size_commit_log=SEGMENT)
             cpu = _tree_cpu(jvm) + time.process_time()
             started = time.perf_counter()
-            summary = run_rebuild(spark, str(root), JOBS[job]["what"],
-                                  JOBS[job]["store_type"], config=config, progress=False)
+            summary = _run(spark, job, src, work)
             runs.append((time.perf_counter() - started,
                          _tree_cpu(jvm) + time.process_time() - cpu, summary))
     finally:
@@ -204,8 +248,7 @@ def main() -> None:
         for job in jobs:
             base = BASELINE[job]
             if base not in single:
-                fn = single_dispatcher if base == "dispatcher" else single_migrate_cq
-                single[base] = fn(src, work, rows, nbytes)
+                single[base] = SINGLE[base](src, work, rows, nbytes)
                 emit(single[base])
         results = {}
         for job in jobs:

@@ -97,3 +97,86 @@ def test_rebuild_under_spark_submit_equals_what_rocketmq_wrote(reference_copy, r
     [ours] = (reference_copy / "index").iterdir()
     [theirs] = (reference_store / "index").iterdir()
     assert ours.read_bytes() == theirs.read_bytes()
+
+
+def test_offload_under_spark_submit_then_served_from_the_tier(reference_store, tmp_path):
+    """The reference store offloaded by a two-executor cluster; a store with that tier and
+    nothing local serves every queue whole."""
+    from stratamq import tiered
+    from stratamq.config import StoreConfig
+    from stratamq.spark.pipelines import offload
+    from stratamq.store.message_store import MessageStore
+
+    tier = tmp_path / "tier"
+    done = _submit([offload.__file__, "--store", str(reference_store), "--tier", str(tier),
+                    "--partition-mb", "4"], tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    summary = json.loads([line for line in lines if line.startswith("{\"ok\": ")][-1])
+    assert summary["messages"] == REFERENCE_MESSAGES and not summary["noop"]
+    for stage in ("read", "write", "index"):
+        assert any(line.startswith(f"offload {stage}: done, ") for line in lines), stage
+    started = next(i for i, line in enumerate(lines) if line.startswith("offload "))
+    assert not [line for line in lines[started:] if "org.apache." in line]
+
+    config = StoreConfig(store_path_root_dir=str(tmp_path / "empty"),
+                         tiered_backend_service_provider="posix",
+                         tiered_store_file_path=str(tier))
+    store = MessageStore(config)
+    tier_store = tiered.wire(store, cluster="DefaultCluster", broker="broker-a",
+                             background=False)
+    store.open()
+    try:
+        for i in range(0, REFERENCE_MESSAGES, 1999):  # REFERENCE.md's placement of message i
+            topic, queue_id, offset = f"BenchTopic{i % 4}", (i // 4) % 4, i // 16
+            with store.get_messages("g", topic, queue_id, offset, 1) as got:
+                [msg] = list(got.messages())
+            assert bytes(msg.body) == reference_body(i)
+        assert sum(store.get_max_offset_in_queue(f"BenchTopic{t}", q)
+                   for t in range(4) for q in range(4)) == REFERENCE_MESSAGES
+    finally:
+        store.close()
+        tier_store.close()
+
+
+def test_compact_under_spark_submit(tmp_path):
+    """A compaction topic compacted by a two-executor cluster: the latest value per key."""
+    from compaction_util import TOPIC, as_table, put, read_from, small_config
+    from test_spark_compact import _open, _write_topics
+
+    from stratamq.spark.pipelines import compact
+
+    root = tmp_path / "store"
+    _write_topics(root)
+    store, compaction = _open(root)
+    try:
+        for i in range(900):
+            put(store, f"k{i % 50}", b"v%d" % i, i % 2)
+        assert store.wait_dispatched()
+    finally:
+        store.close()
+        compaction.close()
+    conf = tmp_path / "broker.conf"
+    cfg = small_config(root)
+    conf.write_text(f"mappedFileSizeCommitLog={cfg.mapped_file_size_commit_log}\n"
+                    f"maxMessageSize={cfg.max_message_size}\n"
+                    f"compactionMappedFileSize={cfg.compaction_mapped_file_size}\n"
+                    f"compactionCqMappedFileSize={cfg.compaction_cq_mapped_file_size}\n")
+    done = _submit([compact.__file__, "--store", str(root), "--topic", TOPIC, "--config",
+                    str(conf)], tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    summary = json.loads([line for line in lines if line.startswith("{\"ok\": ")][-1])
+    assert summary["removed"] > 700 and len(summary["queues"]) == 2
+    for stage in ("reduce", "rewrite"):
+        assert any(line.startswith(f"compact {stage}: done, ") for line in lines), stage
+    store, compaction = _open(root)
+    try:
+        for q in (0, 1):
+            messages = read_from(store, 0, q)
+            assert as_table(messages) == {f"k{k}": b"v%d" % max(
+                i for i in range(900) if i % 50 == k) for k in range(q, 50, 2)}
+            assert len(messages) < 60  # the superseded values are gone
+    finally:
+        store.close()
+        compaction.close()

@@ -71,8 +71,14 @@ class RoundReport:
 
 
 def run_round(clog: CompactionLog, policy: TopicPolicy, map_memory: int,
-              now_ms: int | None = None) -> RoundReport:
-    """Compact ``clog`` once (see the module docstring) and return what was done."""
+              now_ms: int | None = None, *,
+              superseded: np.ndarray | None = None) -> RoundReport:
+    """Compact ``clog`` once (see the module docstring) and return what was done.
+
+    ``superseded``: the queue offsets of the sealed segments whose key has a later value at or
+    after ``cleaned_to``, worked out elsewhere over every key at once (the Spark ``compact``
+    pipeline's distributed reduce); no OffsetMap is built and the round covers every sealed
+    segment, as one whose OffsetMap held every key would."""
     started = time.monotonic()
     now = int(time.time() * 1000) if now_ms is None else now_ms
     report = RoundReport(clog.topic, clog.queue_id, time_ms=now)
@@ -80,7 +86,7 @@ def run_round(clog: CompactionLog, policy: TopicPolicy, map_memory: int,
         report.skipped = "a round of this queue is already running"
         return report
     try:
-        _round(clog, policy, map_memory, now, report, started)
+        _round(clog, policy, map_memory, now, report, started, superseded)
     finally:
         clog.compacting.release()
         report.elapsed_ms = round((time.monotonic() - started) * 1000, 3)
@@ -88,7 +94,7 @@ def run_round(clog: CompactionLog, policy: TopicPolicy, map_memory: int,
 
 
 def _round(clog: CompactionLog, policy: TopicPolicy, map_memory: int, now: int,
-           report: RoundReport, started: float) -> None:
+           report: RoundReport, started: float, superseded: np.ndarray | None) -> None:
     sealed = clog.sealed_segments()
     report.cleaned_to = clog.state.cleaned_to
     if not sealed:
@@ -101,7 +107,7 @@ def _round(clog: CompactionLog, policy: TopicPolicy, map_memory: int, now: int,
                 report.skipped = "the queue's files changed (topic deleted?)"
                 return
             held.append(seg)
-        _compact(clog, sealed, policy, map_memory, now, report, started)
+        _compact(clog, sealed, policy, map_memory, now, report, started, superseded)
     finally:
         for seg in held:
             seg.release()
@@ -137,20 +143,27 @@ def _build_map(sealed: Sequence[Segment], cleaned_to: int,
 
 
 def _compact(clog: CompactionLog, sealed: list[Segment], policy: TopicPolicy,
-             map_memory: int, now: int, report: RoundReport, started: float) -> None:
+             map_memory: int, now: int, report: RoundReport, started: float,
+             superseded: np.ndarray | None = None) -> None:
     state = clog.state
     expired_below, marks, due = _expire(state, policy.delete_retention_ms, now)
     last_sealed = max((s.last_offset for s in sealed if s.units), default=-1)
     if state.cleaned_to > last_sealed and not due:
         report.skipped = "nothing new since the last round"
         return
-    # No bigger than the dirty keys need: a small queue does not allocate maxOffsetMapSize.
-    dirty = sum(int(np.count_nonzero(s.units_array()["queue_offset"] >= state.cleaned_to))
-                for s in sealed if s.units and s.last_offset >= state.cleaned_to)
-    offset_map = OffsetMap(min(map_memory, int(dirty / LOAD_FACTOR + 16) * ENTRY_BYTES))
-    map_end = _build_map(sealed, state.cleaned_to, offset_map)
-    report.keys_mapped = offset_map.size
-    report.map_bytes = offset_map.nbytes
+    offset_map: OffsetMap | _Superseded
+    if superseded is not None:
+        offset_map = _Superseded(superseded)
+        map_end = max(state.cleaned_to, last_sealed + 1)
+    else:
+        # No bigger than the dirty keys need: a small queue does not allocate
+        # maxOffsetMapSize.
+        dirty = sum(int(np.count_nonzero(s.units_array()["queue_offset"] >= state.cleaned_to))
+                    for s in sealed if s.units and s.last_offset >= state.cleaned_to)
+        offset_map = OffsetMap(min(map_memory, int(dirty / LOAD_FACTOR + 16) * ENTRY_BYTES))
+        map_end = _build_map(sealed, state.cleaned_to, offset_map)
+        report.keys_mapped = offset_map.size
+        report.map_bytes = offset_map.nbytes
     rewrite = [s for s in sealed if not s.units or s.first_offset < map_end]
     if not rewrite:
         report.skipped = "nothing to rewrite"
@@ -194,7 +207,18 @@ def _compact(clog: CompactionLog, sealed: list[Segment], policy: TopicPolicy,
     clog.swap_in(rewrite, manifest)
 
 
-def _decide(seg: Segment, offset_map: OffsetMap, map_end: int,
+class _Superseded:
+    """What ``_decide`` asks of an OffsetMap, answered from the superseded queue offsets a
+    caller worked out (``run_round(superseded=...)``)."""
+
+    def __init__(self, offsets: np.ndarray) -> None:
+        self.offsets = np.unique(np.asarray(offsets, dtype=np.int64))
+
+    def later(self, units: np.ndarray, ask: np.ndarray, qo: np.ndarray) -> np.ndarray:
+        return np.isin(qo[ask], self.offsets)
+
+
+def _decide(seg: Segment, offset_map: OffsetMap | _Superseded, map_end: int,
             expired_below: int) -> tuple[np.ndarray, tuple[int, int]]:
     """Which units of ``seg`` to keep; (removed, tombstones dropped)."""
     units = seg.units_array()
@@ -206,8 +230,11 @@ def _decide(seg: Segment, offset_map: OffsetMap, map_end: int,
     keep[covered & ~keyed] = False  # no key: nothing to keep it for
     ask = np.flatnonzero(covered & keyed)
     if ask.size:
-        latest = offset_map.get_many(units["key_digest"][ask])
-        keep[ask[latest > qo[ask]]] = False  # a later value of the key exists
+        if isinstance(offset_map, _Superseded):
+            later = offset_map.later(units, ask, qo)
+        else:
+            later = offset_map.get_many(units["key_digest"][ask]) > qo[ask]
+        keep[ask[later]] = False  # a later value of the key exists
     removed = int(len(units) - np.count_nonzero(keep))
     expired = keep & ((flags & bcq.FLAG_TOMBSTONE) != 0) & (qo < expired_below)
     keep &= ~expired
@@ -253,7 +280,7 @@ class _Output:
             seg = self.segments[-1] if self.segments else self._next()
             room_bytes = seg.log.file_size - codec.END_FILE_MIN_BLANK_LENGTH \
                 - seg.log.wrote_position
-            room_units = seg.capacity - 2 - seg.units  # one for the end unit
+            room_units = seg.capacity - 1 - seg.units  # one for the end unit (Segment.fits)
             base = int(ends[a - 1]) if a else 0
             fit = int(np.searchsorted(ends[a:], base + room_bytes, side="right"))
             fit = min(fit, room_units, n - a)

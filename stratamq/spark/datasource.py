@@ -34,7 +34,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from stratamq.spark import planning, tier_io
+from stratamq.spark import planning, tier_io, tier_stream
 from stratamq.spark.broker_io import (
     BrokerCatalog,
     BrokerSplit,
@@ -151,6 +151,10 @@ def _read(partition: InputPartition, headers: bool = False) -> Iterator[pa.Recor
         return  # nothing to read (the placeholder partition of an empty read)
     if isinstance(partition, tier_io.TierSplit):
         batches = tier_io.read_tier_split(partition)
+    elif isinstance(partition, tier_stream.TierQueueSplit):
+        if partition.start >= partition.end:
+            return
+        batches = tier_stream.read_tier_queue_split(partition)
     elif isinstance(partition, BrokerSplit):
         batches = read_broker_split(partition)
     elif isinstance(partition, LogSplit):
@@ -372,10 +376,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]) -> None:
         opts = planning.read_options(options)
         self.options = opts
-        if "endpoints" not in opts and tier_io.is_tier_read(opts):
-            raise OptionError("a tier is read in batches only (spark.read): a stream reads "
-                              "a store directory or a broker")
-        self.root = None if "endpoints" in opts else planning.store_root(opts)
+        # A tier: offsets from its ConsumeQueue files (stratamq.spark.tier_stream).
+        self.tier = "endpoints" not in opts and tier_io.is_tier_read(opts)
+        self.root = None if "endpoints" in opts or self.tier else planning.store_root(opts)
         self.starting = planning.parse_offsets(opts, "startingOffsets", "latest")
         self.max_per_trigger = planning.int_option(opts, "maxOffsetsPerTrigger", None)
         # spark-sql-kafka's admission control: wait for this many new messages, but no longer
@@ -394,6 +397,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._queues()  # checks ``topics`` now
 
     def _queues(self) -> dict[Queue, tuple[int, int]]:
+        if self.tier:
+            bounds = tier_stream.tier_queue_bounds(self.options)
+            topics = planning.select_topics(self.options, sorted({t for t, _q in bounds}),
+                                            must_match=False, offsets=[self.starting])
+            return _only_assigned(self.options, {q: b for q, b in bounds.items()
+                                                 if topics is None or q[0] in topics})
         if self.root is None:  # a broker: latest offsets from QueryOffset
             with _broker(self.options) as broker:
                 with _topic_hints(self.options, None, None):
@@ -458,7 +467,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if queue in bounds and low < stop:
                 low = _check_loss(queue, low, bounds[queue], self.fail)
             ranges[queue] = (low, max(low, stop))
+        if self.tier:
+            return self._tier_splits(ranges)
         return _splits(self.options, self.root, ranges, self.min_parts, self.fail)
+
+    def _tier_splits(self, ranges: dict[Queue, tuple[int, int]]) -> list[InputPartition]:
+        endpoint = tier_io._settings(self.options)[0]
+        dirs = tier_stream._queue_dirs(self.options)[1]
+        return [tier_stream.TierQueueSplit(self.options["path"], endpoint,
+                                           dirs[(s.topic, s.queue_id)], s.topic, s.queue_id,
+                                           s.start, s.end)
+                for s in planning.queue_splits("", ranges, self.min_parts, self.fail)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(partition, planning.bool_option(self.options, "includeHeaders", False))

@@ -185,15 +185,27 @@ def _committed_offsets(checkpoint: str) -> dict[str, int]:
 def source_options(store: str | None, endpoints: str | None, topics: str | None,
                    max_per_trigger: int | None = None, *, access_key: str | None = None,
                    secret_key: str | None = None, tls: bool = False,
-                   tls_ca_file: str | None = None) -> dict[str, str]:
+                   tls_ca_file: str | None = None, tier: str | None = None,
+                   s3_endpoint: str | None = None) -> dict[str, str]:
     """The ``stratamq`` source options for the export's flags; ValueError names a bad flag.
 
     The credentials and TLS flags are for ``--endpoints``. With ``--store`` the keys are
     ignored (they may come from STRATAMQ_ACCESS_KEY / STRATAMQ_SECRET_KEY set for other
     commands), while ``--tls`` / ``--tls-ca-file`` are refused as a mistake.
     """
-    if bool(store) == bool(endpoints):
-        raise ValueError("give exactly one of --store and --endpoints")
+    if sum(map(bool, (store, endpoints, tier))) != 1:
+        raise ValueError("give exactly one of --store, --endpoints and --tier")
+    if s3_endpoint and not tier:
+        raise ValueError("--s3-endpoint is for --tier")
+    if tier:  # a tier (a directory or s3://...): its history, read from its files
+        opts_tier: dict[str, str] = {"path": tier}
+        if s3_endpoint:
+            opts_tier["tieredStoreS3Endpoint"] = s3_endpoint
+        if topics:
+            opts_tier["topics"] = topics
+        if max_per_trigger:
+            opts_tier["maxOffsetsPerTrigger"] = str(max_per_trigger)
+        return opts_tier
     if endpoints and bool(access_key) != bool(secret_key):
         raise ValueError("--access-key and --secret-key must be given together "
                          "(or STRATAMQ_ACCESS_KEY and STRATAMQ_SECRET_KEY)")
@@ -220,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--store", help="store directory to read (read-only)")
     where.add_argument("--endpoints", help="broker host:port to read from")
+    where.add_argument("--tier", help="tier (directory or s3://bucket/prefix) to read from")
+    parser.add_argument("--s3-endpoint", help="S3-compatible server of --tier")
     parser.add_argument("--topics", help="comma list or regex (default: every topic)")
     parser.add_argument("--out", required=True, help="output directory (Parquet dataset)")
     parser.add_argument("--format", default="parquet", choices=EXPORT_FORMATS)
@@ -239,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         source = source_options(args.store, args.endpoints, args.topics,
                                 args.max_offsets_per_trigger, access_key=args.access_key,
                                 secret_key=args.secret_key, tls=args.tls,
-                                tls_ca_file=args.tls_ca_file)
+                                tls_ca_file=args.tls_ca_file, tier=args.tier,
+                                s3_endpoint=args.s3_endpoint)
         check_export_target(args.out, args.checkpoint)
     except ValueError as exc:
         parser.error(str(exc))

@@ -69,6 +69,9 @@ class StoreView:
     def min_physical_offset(self) -> int:
         return self._commitlog().min_offset
 
+    def max_physical_offset(self) -> int:
+        return self._commitlog().max_offset
+
 
 class TieredStore:
     """The tier parts of one broker: metadata, flat files, index, uploader and fetcher.

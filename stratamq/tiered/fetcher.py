@@ -55,6 +55,8 @@ class LocalView(Protocol):
 
     def min_physical_offset(self) -> int: ...
 
+    def max_physical_offset(self) -> int: ...
+
 
 class TierFetcher:
     """The tier's read source (see the module docstring)."""
@@ -310,8 +312,10 @@ class TierFetcher:
     def read_by_physical_offset(self, physical_offset: int) -> StoredMessage | None:
         if self.policy is TieredStorageLevel.DISABLE or physical_offset < 0:
             return None
-        if self.local is not None and physical_offset >= self.local.min_physical_offset():
-            return None  # still in the local CommitLog: the local source answers
+        if self.local is not None and self.local.min_physical_offset() <= physical_offset \
+                < self.local.max_physical_offset():
+            return None  # in the local CommitLog: the local source answers (history an
+            # offload brought from another broker has offsets the local log never had)
         for flat in self.files.files():
             bounds = self._physical_bounds(flat)
             if bounds is None or not bounds[0] <= physical_offset <= bounds[1]:

@@ -58,7 +58,14 @@ from stratamq.store.layout import StoreLayout
 
 log = logging.getLogger(__name__)
 
-FINE = 4096  # queue offsets per block the read stage counts (chunks are whole blocks)
+BLOCK_MAX = 4096  # queue offsets per block the read stage counts (chunks are whole blocks)
+
+
+def block_size(partition_bytes: int) -> int:
+    """Queue offsets per block: fine enough that chunks of ``partition_bytes`` can be cut
+    from blocks of ordinary messages, coarse enough that the counts the driver gets stay few
+    (at most one per 4,096 messages of a queue, per read task)."""
+    return max(16, min(BLOCK_MAX, partition_bytes // 16384))
 MANIFEST_VERSION = 1
 
 
@@ -83,7 +90,8 @@ def run_offload(spark: Any, store: str, tier: str, topics: list[str] | None = No
                 broker: str | None = None, s3_endpoint: str | None = None,
                 progress: bool = True, split_bytes: int = SPLIT_BYTES,
                 partition_bytes: int = PARTITION_BYTES) -> dict[str, Any]:
-    """Offload ``store`` (``topics``, or every topic) to ``tier``; returns the summary."""
+    """Offload ``store`` (``topics``, or every topic) to ``tier``; returns the summary.
+    ``partition_bytes``: records one write task owns, and the size of a queue's chunks."""
     from stratamq.spark.pipelines.progress import PipelineProgress
     from stratamq.spark.reading import log_bounds
     from stratamq.store.deleted_topics import DeletedTopics
@@ -94,6 +102,7 @@ def run_offload(spark: Any, store: str, tier: str, topics: list[str] | None = No
     broker = broker or BrokerConfig().broker_name
     cfg = tier_config(tier, config, s3_endpoint)
     started = time.monotonic()
+    block = block_size(partition_bytes)
     try:
         docs = TierDocs(cfg, cluster, broker)
         manifest = docs.manifest()
@@ -102,7 +111,8 @@ def run_offload(spark: Any, store: str, tier: str, topics: list[str] | None = No
         raise PipelineError(f"--tier {tier}: {exc}") from None
     low, end = log_bounds(str(root))
     source = {"store": str(root.absolute()), "commitlog": [low, end],
-              "topics": sorted(topics) if topics else None}
+              "topics": sorted(topics) if topics else None, "block": block,
+              "partition_bytes": partition_bytes}
     summary: dict[str, Any] = {"ok": True, "store": str(root), "tier": tier, "cluster": cluster,
                                "broker": broker}
     if manifest is not None:
@@ -116,7 +126,7 @@ def run_offload(spark: Any, store: str, tier: str, topics: list[str] | None = No
     sc = spark.sparkContext
     bar = PipelineProgress(sc, "offload", quiet=not progress)
     job = _Job(sc, cfg, cluster, broker, root, low, end, deleted,
-               set(topics) if topics else None, bar, split_bytes, partition_bytes)
+               set(topics) if topics else None, bar, split_bytes, partition_bytes, block)
     try:
         out = job.run(docs, source)
     except PipelineError:
@@ -133,8 +143,9 @@ class _Job:
 
     def __init__(self, sc: Any, cfg: StoreConfig, cluster: str, broker: str, root: Path,
                  low: int, end: int, deleted: dict[str, int], topics: set[str] | None,
-                 bar: Any, split_bytes: int, partition_bytes: int) -> None:
+                 bar: Any, split_bytes: int, partition_bytes: int, block: int) -> None:
         self.sc, self.cfg, self.cluster, self.broker = sc, cfg, cluster, broker
+        self.block = block
         self.root, self.low, self.end, self.deleted, self.topics = root, low, end, deleted, topics
         self.bar, self.partition_bytes = bar, partition_bytes
         self.splits = commitlog_splits(root, low, end, split_bytes, sc.defaultParallelism)
@@ -166,10 +177,10 @@ class _Job:
     # -- stage 1 ---------------------------------------------------------------------------------
 
     def _read(self) -> list[tuple]:
-        deleted, topics = self.deleted, self.topics
+        deleted, topics, block = self.deleted, self.topics, self.block
         with self.bar.stage("read", total_bytes=self.end - self.low) as counters:
             return (self.sc.parallelize(list(enumerate(self.splits)), max(1, len(self.splits)))
-                    .mapPartitions(lambda it: _summarise(it, deleted, topics, counters))
+                    .mapPartitions(lambda it: _summarise(it, deleted, topics, block, counters))
                     .collect())
 
     # -- planning --------------------------------------------------------------------------------
@@ -188,7 +199,7 @@ class _Job:
             for block, (_count, size) in sorted(blocks.items()):
                 if acc and acc + size > target:
                     chunks.append((queue, start, base, acc))
-                    base, acc, start = base + acc, 0, block * FINE
+                    base, acc, start = base + acc, 0, block * self.block
                 acc += size
             chunks.append((queue, start, base, acc))
         tasks, filled, task = [], 0, 0
@@ -352,7 +363,7 @@ def _queues(info: list[tuple]) -> dict[tuple[str, int], dict[str, Any]]:
 
 
 def _summarise(items: Iterator[tuple[int, LogSplit]], deleted: dict[str, int],
-               topics: set[str] | None, counters: Any) -> Iterator[tuple]:
+               topics: set[str] | None, block: int, counters: Any) -> Iterator[tuple]:
     """Per split: (number, messages, index keys, [((topic, queue, block), (count, bytes,
     min offset, max offset, min time, max time))])."""
     import pyarrow as pa
@@ -373,7 +384,7 @@ def _summarise(items: Iterator[tuple[int, LogSplit]], deleted: dict[str, int],
             keys += len(pc.list_flatten(rows.column("keys")))
             table = pa.table({
                 "topic": rows.column("topic"), "queue_id": rows.column("queue_id"),
-                "block": pc.divide(rows.column("queue_offset"), FINE),
+                "block": pc.divide(rows.column("queue_offset"), block),
                 "queue_offset": rows.column("queue_offset"), "size": rows.column("size"),
                 "store_ts": rows.column("store_ts")})
             agg = table.group_by(["topic", "queue_id", "block"]).aggregate([
@@ -442,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
                         "else broker-a]")
     parser.add_argument("--s3-endpoint", help="S3-compatible server (tieredStoreS3Endpoint)")
     parser.add_argument("--master", help="Spark master (default: spark-submit's, or local[*])")
+    parser.add_argument("--partition-mb", type=float, default=PARTITION_BYTES / 2**20,
+                        help="MiB of records one write task owns [64]")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
     store_cfg, cluster, broker = None, args.cluster, args.broker_name
@@ -457,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run_offload(spark, args.store, args.tier, topics, config=store_cfg,
                               cluster=cluster, broker=broker, s3_endpoint=args.s3_endpoint,
-                              progress=not args.quiet)
+                              progress=not args.quiet,
+                              partition_bytes=int(args.partition_mb * 2**20))
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
