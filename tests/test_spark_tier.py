@@ -9,8 +9,6 @@ from conftest_spark import spark_session  # noqa: F401  (the shared `spark` fixt
 from s3_server import S3Server
 from test_tier_store import TOPIC, fill, open_tiered, tier_config
 
-from stratamq.spark.planning import OptionError
-
 COLUMNS = ("topic", "queue_id", "queue_offset", "commitlog_offset", "msg_id", "tags", "keys",
            "properties", "body", "born_timestamp", "store_timestamp", "born_host", "store_host",
            "reconsume_times", "sys_flag")
@@ -50,14 +48,25 @@ def test_tier_read_equals_store_read(kind, spark, tmp_path):
             server.stop()
 
 
-def test_tier_stream_read_is_refused(tmp_path):
-    from stratamq.spark.datasource import StreamReader
+def test_a_stream_of_a_tier_reads_what_the_uploader_committed(tmp_path):
+    """A tier a broker's uploader wrote (appended in place) streams by queue offsets taken
+    from its ConsumeQueue files: the same messages as the store held."""
+    from stratamq.spark.datasource import StreamReader, _read
 
     cfg = tier_config(tmp_path)
     store, tier = open_tiered(cfg)
     fill(store, 10)
     assert tier.flush(60)
+    with store.get_messages("g", TOPIC, 1, 0, 100) as got:
+        expected = [bytes(m.body) for m in got.messages()]
     store.close()
     tier.close()
-    with pytest.raises(OptionError, match="batches only"):
-        StreamReader({"path": cfg.tiered_store_file_path})
+    reader = StreamReader({"path": cfg.tiered_store_file_path, "startingOffsets": "earliest"})
+    assert reader.queue_bounds() == {(TOPIC, 0): (0, 5), (TOPIC, 1): (0, 5)}
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    rows = [row for part in reader.partitions(start, end) for batch in _read(part)
+            for row in batch.to_pylist()]
+    assert len(rows) == 10
+    assert [r["body"] for r in sorted(rows, key=lambda r: r["queue_offset"])
+            if r["queue_id"] == 1] == expected

@@ -46,7 +46,8 @@ LOCAL_TOPICS = Path("config") / "topics.json"  # under the store root (broker/me
 
 class TierDocs:
     """The offload documents of one broker in a tier: read, and written whole or not at all
-    (POSIX: a temporary file renamed over; object stores: one put)."""
+    (POSIX: a temporary file renamed over; object stores: one put). One thread at a time (the
+    offload's driver, or the opening thread adopting); it owns its filesystem client."""
 
     def __init__(self, config: StoreConfig, cluster: str, broker: str, *,
                  fs: Any = None) -> None:

@@ -175,6 +175,7 @@ class _Job:
 
     def __init__(self, sc: Any, plan: Plan, bar: Any, partition_bytes: int) -> None:
         self.sc, self.p, self.bar, self.partition_bytes = sc, plan, bar, partition_bytes
+        self._index_end_ts: int | None = None  # store time of the newest index entry written
 
     def run(self) -> dict[str, Any]:
         from pyspark import StorageLevel
@@ -347,7 +348,7 @@ class _Job:
             write_store_type(root, p.store_type)
         if p.index:
             swap_in(staging / "index", root / "index", staging / "old-index")
-            end_ts = getattr(self, "_index_end_ts", None)
+            end_ts = self._index_end_ts
             if end_ts is not None:
                 from stratamq.store.checkpoint import StoreCheckpoint
 
