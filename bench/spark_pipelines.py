@@ -167,20 +167,25 @@ SINGLE = {"dispatcher": single_dispatcher, "migrate_cq": single_migrate_cq,
           "tier_upload": single_tier_upload}
 
 
-def _run(spark, job: str, src: Path, work: Path) -> dict:
-    """One run of a job on a fresh copy (rebuild) or into a fresh tier (offload)."""
+def _prepare(spark, job: str, src: Path, work: Path):
+    """A run of a job on a fresh copy (rebuild) or into a fresh tier (offload), ready to go:
+    the copy is made here, outside the measured time."""
     from stratamq.spark.pipelines.offload import run_offload
     from stratamq.spark.pipelines.rebuild import run_rebuild
 
     if job == "offload":
         tier = work / "spark-tier"
         shutil.rmtree(tier, ignore_errors=True)
-        summary = run_offload(spark, str(src), str(tier), progress=False)
-        return {**summary, "records": summary["messages"]}
+
+        def offload() -> dict:
+            summary = run_offload(spark, str(src), str(tier), progress=False)
+            return {**summary, "records": summary["messages"]}
+
+        return offload
     root = bare_copy(src, work / "spark")
     config = StoreConfig(store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT)
-    return run_rebuild(spark, str(root), JOBS[job]["what"], JOBS[job]["store_type"],
-                       config=config, progress=False)
+    return lambda: run_rebuild(spark, str(root), JOBS[job]["what"], JOBS[job]["store_type"],
+                               config=config, progress=False)
 
 
 def spark_job(cores: int, job: str, src: Path, work: Path, repeat: int, rows: int,
@@ -194,11 +199,12 @@ def spark_job(cores: int, job: str, src: Path, work: Path, repeat: int, rows: in
     try:
         # Untimed, on a small store: starts the Python workers (imports) and warms the JVM, a
         # cost per session rather than per byte.
-        _run(spark, job, warm, work)
+        _prepare(spark, job, warm, work)()
         for _ in range(repeat):
+            run = _prepare(spark, job, src, work)
             cpu = _tree_cpu(jvm) + time.process_time()
             started = time.perf_counter()
-            summary = _run(spark, job, src, work)
+            summary = run()
             runs.append((time.perf_counter() - started,
                          _tree_cpu(jvm) + time.process_time() - cpu, summary))
     finally:
