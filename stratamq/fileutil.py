@@ -23,9 +23,13 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, backup: bool = False) -> None:
-    """Replace ``path`` with ``data`` durably. With ``backup`` the previous content is kept as
-    ``<name>.bak`` (renamed, so it is the last good version, whole)."""
+def atomic_write(path: Path, data: bytes | memoryview, *, backup: bool = False,
+                 size: int | None = None, sync_directory: bool = True) -> None:
+    """Replace ``path`` with ``data`` durably: written to ``<name>.tmp`` (extended to ``size``,
+    sparse, if given), synced, renamed over, and the directory synced. With ``backup`` the
+    previous content is kept as ``<name>.bak`` (renamed, so it is the last good version, whole).
+    ``sync_directory=False`` leaves the directory sync to a caller that renames a whole
+    directory of such files into place afterwards (the Spark pipelines)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -33,10 +37,13 @@ def atomic_write(path: Path, data: bytes, *, backup: bool = False) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
+        if size is not None:
+            os.ftruncate(fd, size)
         os.fsync(fd)
     finally:
         os.close(fd)
     if backup and path.exists():
         os.replace(path, path.with_name(path.name + ".bak"))
     os.replace(tmp, path)
-    fsync_directory(path.parent)
+    if sync_directory:
+        fsync_directory(path.parent)

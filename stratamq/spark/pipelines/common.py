@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from stratamq.fileutil import fsync_directory
+from stratamq.fileutil import atomic_write, fsync_directory
 from stratamq.spark.planning import Catalog, LogSplit, log_splits
 from stratamq.store.layout import StoreLayout, parse_segment_name
 from stratamq.store.mapped_file_queue import MappedFileQueue
@@ -118,22 +118,10 @@ def stable_hash(data: bytes) -> int:
 
 
 def write_file(path: Path, data: bytes | memoryview, size: int | None = None) -> None:
-    """Write ``path`` whole or not at all: to ``<name>.tmp``, extended to ``size`` (sparse) if
-    given, fdatasync'ed, renamed over. A retried task rewrites the same bytes; a killed one
-    leaves only a ``.tmp`` that nothing reads."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        if size is not None:
-            os.ftruncate(fd, size)
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """Write ``path`` whole or not at all (``fileutil.atomic_write``, extended to ``size`` if
+    given). A retried task rewrites the same bytes; a killed one leaves only a ``.tmp`` that
+    nothing reads. The directory is synced when the driver swaps it in."""
+    atomic_write(path, data, size=size, sync_directory=False)
 
 
 def swap_in(new: Path, target: Path, aside: Path) -> None:

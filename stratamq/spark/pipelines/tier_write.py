@@ -27,7 +27,8 @@ import numpy as np
 import pyarrow as pa
 
 from stratamq.config import StoreConfig, tier_provider
-from stratamq.spark.pipelines.common import PipelineError, write_file
+from stratamq.fileutil import atomic_write
+from stratamq.spark.pipelines.common import PipelineError
 from stratamq.tiered.naming import FileSegmentType, queue_file_path, segment_path
 
 UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("code", ">i8")])
@@ -68,7 +69,7 @@ class TierWriter:
                 size = -1
             if size == len(data):
                 return int(file_type), file_path, base, len(data), first_ts, last_ts, 0
-            write_file(path, data)
+            atomic_write(path, data)  # a tier file is final: its name is synced too
         else:
             segment = self.factory.create_segment(file_type, file_path, base)
             size = segment.get_size()
