@@ -10,11 +10,20 @@ and then has it compact once more, so what it keeps is compacted; after that the
 
 This module is that loop, free of sockets (``replicate_queue`` / ``replicate_topic``), plus a
 ``PullSource`` over the master's ``PullMessage`` RPC (``GrpcPullSource``, raw CommitLog records
-so every message keeps its queue offset, physical offset and store time). The sink is the
-compaction package's (issue 16): anything with ``put_replicated(message)`` and
-``force_compaction(topic)``. Once it exists, the slave broker's replication
-(``broker/replication.py``) calls ``replicate_topic`` for each compaction topic at start,
-with ``until`` = the slave's own min queue offset of each queue. Until then nothing calls it.
+so every message keeps its queue offset, physical offset and store time). The sink is anything
+with ``put_replicated(message)`` and ``force_compaction(topic)``; nothing calls this yet.
+
+Wiring it to ``stratamq.compaction.CompactionStore`` (which arrived after this hook) needs, on
+the compaction side, a public ``put_replicated`` doing what its ``dispatch`` does for one
+record (KEYS md5, tombstone flag, ``CompactionLog.append`` at the record's queue offset; the
+slave's CommitLog has the master's physical offsets, so ``physical_end`` stays meaningful),
+and ``run_now(topic)`` as ``force_compaction``. On the slave broker the pull must run before
+dispatch reaches the topic's replicated records: a CompactionLog takes queue offsets only past
+its newest, so the older ones pulled later would be refused. The place is
+``BrokerReplication.start`` on a SLAVE, before the ``HAClient`` starts copying, with ``until``
+= the queue offset of each queue's first record in the slave's own CommitLog (ask the master's
+``QueryOffset`` by that record's store time, or 0 for an empty slave), and the compaction
+topics from the master's ``SyncState`` metadata.
 """
 
 from __future__ import annotations
