@@ -39,7 +39,6 @@ master; ``route`` and the RPCs read plain attributes from gRPC threads.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -50,6 +49,7 @@ import grpc
 from prometheus_client.core import GaugeMetricFamily
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from stratamq.broker.metadata import MetadataError
 from stratamq.client.admin import AdminClient, AdminError
 from stratamq.config import BrokerRole
 from stratamq.ha import HAConnectionState, HAService
@@ -253,50 +253,21 @@ class BrokerReplication:
 
     def SyncState(self, req: dict[str, Any]) -> dict[str, Any]:
         if self.is_slave:
-            raise _RpcError(grpc.StatusCode.FAILED_PRECONDITION,
-                            "this broker is a SLAVE: ask its master for state")
+            raise MetadataError("precondition", "this broker is a SLAVE: ask its master for "
+                                "state")
         return {"metadata": self.b.meta.export(), "popState": self.b.state.snapshot(),
                 "deletedTopics": dict(self.b.store.deleted_topics.cutoffs)}
-
-
-class _RpcError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def replication_handler(broker: Broker, run: Any) -> grpc.GenericRpcHandler:
     """``/stratamq.admin.v1.Replication/{HaStatus,SyncState}`` as ``grpc.aio`` handlers; the
     work runs in the broker's executor (``run(fn, *args)``)."""
-    from stratamq.broker.errors import BrokerError
-    from stratamq.broker.ports import Call
-    from stratamq.broker.rpc import call_of
+    from stratamq.broker.admin import json_methods_handler
 
-    actions = {"HaStatus": "Get", "SyncState": "Update"}
-
-    def make(name: str) -> Any:
-        def work(request: bytes, call: Call) -> bytes:
-            broker.lookup.authorize(call, "Cluster", actions[name])
-            req = json.loads(request.decode("utf-8") or "{}")
-            reply = getattr(broker.replication, name)(req if isinstance(req, dict) else {})
-            return json.dumps(reply, separators=(",", ":")).encode()
-
-        async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            try:
-                return await run(work, request, call_of(context))
-            except BrokerError as exc:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED
-                                    if exc.code == pb.Code.UNAUTHORIZED
-                                    else grpc.StatusCode.PERMISSION_DENIED, exc.message)
-            except _RpcError as exc:
-                await context.abort(exc.code, str(exc))
-            except ValueError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request body: {exc}")
-            raise AssertionError("unreachable")  # context.abort raises
-
-        return grpc.unary_unary_rpc_method_handler(handle)
-
-    return grpc.method_handlers_generic_handler(SERVICE, {n: make(n) for n in actions})
+    replication = broker.replication
+    return json_methods_handler(
+        broker, SERVICE, {"HaStatus": (replication.HaStatus, "Get"),
+                          "SyncState": (replication.SyncState, "Update")}, run)
 
 
 class _ReplicationCollector:
