@@ -60,6 +60,17 @@ def local_files(store: Path, queue_id: int) -> list[str]:
     return sorted(p.name for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
 
 
+def check_tier_status(done: subprocess.CompletedProcess) -> None:
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    mine = [r for r in rows if r["topic"] == TOPIC]
+    assert [r["queue_id"] for r in mine] == list(range(QUEUES))
+    for r in mine:
+        assert r["tier_committed_offset"] == r["local_max_offset"] > 0
+        assert r["tier_min_offset"] is not None and r["tier_bytes"] > 0
+        assert (r["lag_messages"], r["lag_bytes"]) == (0, 0)
+
+
 def test_a_tiered_compaction_topic_reads_the_latest_values_after_local_files_go(tmp_path):
     tier = tmp_path / "tier"
     settings = {"maxMessageSize": 1024, "compactionMappedFileSize": 40 * 1024,
@@ -115,6 +126,9 @@ def test_a_tiered_compaction_topic_reads_the_latest_values_after_local_files_go(
                                                      MANIFEST_NAME).split("/"))
         assert manifest.is_file()  # the round uploaded the compacted files
         assert all(len(local_files(store, q)) > 1 for q in range(QUEUES))
+        # tier status: the topic is held by its compacted files, with no upload lag (the tier
+        # uploader skips its raw stream, which is never uploaded).
+        check_tier_status(broker.cli("tier", "status"))
         assert broker.terminate() == 0
         # Restarted with a scheduler pass every 500 ms: local retention lets the files go.
         broker.conf.write_text(conf + "compactionScheduleInternal=500\n")
@@ -137,6 +151,10 @@ def test_a_tiered_compaction_topic_reads_the_latest_values_after_local_files_go(
     finally:
         assert broker.terminate() == 0
 
+    check_tier_status(subprocess.run(
+        [sys.executable, "-m", "stratamq.cli", "tier", "status", "--store", str(store),
+         "--config", str(broker.conf)], cwd=PROJECT, capture_output=True, text=True,
+        timeout=120))
     # Offline, through the tier: the same table.
     dumped = subprocess.run([sys.executable, "-m", "stratamq.cli", "store", "dump", "--store",
                              str(store), "--config", str(broker.conf), "--topic", TOPIC],

@@ -9,7 +9,8 @@ service so that module stays as it is.
 
 ROW is ``{"topic", "queue_id", "local_min_offset", "local_max_offset", "tier_min_offset",
 "tier_max_offset", "tier_committed_offset", "tier_bytes", "lag_messages", "lag_bytes"}``
-(``stratamq tier status`` prints the same rows). Both answer ``FAILED_PRECONDITION`` when the
+(``stratamq tier status`` prints the same rows; a compaction topic's tier columns are its
+compacted files', ``CompactionTier.status_columns``). Both answer ``FAILED_PRECONDITION`` when the
 broker runs without a tier.
 """
 

@@ -101,6 +101,10 @@ class TieredStore:
             assert view is not None
             self.uploader = TierUploader(config, self.files, self.metadata, self.index, view)
         self.fetcher = TierFetcher(config, self.files, self.metadata, self.index, view)
+        # Queues another part tiers in its own way (compaction topics: their compacted files,
+        # ``compaction.tiering.link``): (topic, queue) -> the tier columns of its status row, or
+        # None for a queue this tier's uploader handles.
+        self.held_elsewhere: Callable[[str, int], dict[str, Any] | None] | None = None
         self._started = False
 
     def start(self) -> None:
@@ -126,6 +130,13 @@ class TieredStore:
                        if not is_filtered_topic(t)}
         rows = []
         for topic, queue_id in sorted(queues):
+            other = self.held_elsewhere(topic, queue_id) if self.held_elsewhere else None
+            if other is not None:
+                held = local(topic, queue_id)
+                rows.append({"topic": topic, "queue_id": queue_id,
+                             "local_min_offset": None if held is None else held[0],
+                             "local_max_offset": None if held is None else held[1], **other})
+                continue
             flat = self.files.get(topic, queue_id)
             init = flat is not None and flat.is_init()
             held = local(topic, queue_id)
