@@ -440,8 +440,12 @@ def link(compaction: CompactionStore | None, tier: TieredStore | None) -> Compac
     except (TierManifestError, OSError) as exc:
         raise TierIOError(f"compaction tier manifest: {exc}") from exc
     if not ctier.read_only:
-        # Files a crash left behind an upload (before or after its manifest) go now.
-        for topic, queue_id in sorted(ctier.manifest.queues):
+        # Files a crash left behind an upload (before or after its manifest) go now: the
+        # manifest's queues, and the local ones, whose first-ever upload a crash may have
+        # stopped before any manifest named the queue.
+        local = {(t, q) for t, q in compaction.layout.queues_on_disk()
+                 if compaction.policies.policy(t) is not None}
+        for topic, queue_id in sorted(set(ctier.manifest.queues) | local):
             try:
                 ctier.sweep(topic, queue_id)
             except OSError as exc:
