@@ -121,6 +121,8 @@ class CompactionStore:
                                   f"{clog.state.tier_floor} were released to the tier, but "
                                   "the tier's manifest does not hold the queue (another "
                                   "tier configured?)")
+        if not self.read_only:
+            self._cut_past(reader.end())
 
     def _adopt_tier(self, clog: CompactionLog) -> None:
         """Serve the queue's released files from the tier; a queue with no local files at
@@ -250,6 +252,17 @@ class CompactionStore:
                 self._dispatch_again({(c.topic, c.queue_id) for c, _p in plans}, low,
                                      physical_offset)
             self._seen_to = min(before, physical_offset)
+
+    def _cut_past(self, end: int) -> None:
+        """On open: the CommitLog recovered to ``end`` but this split out records past it (its
+        tail was lost: a power cut, a disk that lost pages); cut back as a slave does, so the
+        records written at those offsets now are split out."""
+        if (self._checkpoint.dispatched_to > end
+                or any(c.physical_end > end for c in self._queues.values())):
+            log.warning("compaction: the CommitLog ends at %d, before what the CompactionLogs "
+                        "hold (checkpoint %d): cutting them back", end,
+                        self._checkpoint.dispatched_to)
+            self.truncate_from(end)
 
     def _dispatch_again(self, queues: set[tuple[str, int]], start: int, end: int) -> None:
         """Dispatch ``queues``' records of CommitLog ``[start, end)`` again (each queue takes

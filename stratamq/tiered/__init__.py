@@ -169,15 +169,16 @@ class TieredStore:
 
 
 def wire(store: MessageStore, *, cluster: str, broker: str,
-         background: bool = True) -> TieredStore | None:
+         background: bool = True, upload: bool = True) -> TieredStore | None:
     """Plug tiered storage into ``store`` (before it is opened) when its config turns it on;
     None when it does not. Call ``start()`` on the result once the store is open: with
     ``background`` (a broker) that starts the uploads; offline commands pass False and upload
-    only when asked (``tier flush``)."""
+    only when asked (``tier flush``). ``upload=False`` (a SLAVE broker: the tier is its
+    master's) plugs in the reads only: no uploader, nothing written to the tier."""
     config = store.config
     if tier_provider(config) is None:
         return None
-    if not store.read_only:
+    if not store.read_only and upload:
         # History an offload registered in the tier for this broker, for a store that has no
         # tier metadata yet (a new broker taking over a retired one's history).
         from stratamq.tiered.offloaded import adopt
@@ -185,8 +186,8 @@ def wire(store: MessageStore, *, cluster: str, broker: str,
         adopt(config, cluster, broker)
     view = StoreView(lambda: store.consume_queues, lambda: store.commitlog,
                      config.access_message_in_memory_max_ratio)
-    tier = TieredStore(config, cluster, broker, view=view, read_only=store.read_only,
-                       background=background)
+    tier = TieredStore(config, cluster, broker, view=view,
+                       read_only=store.read_only or not upload, background=background)
     if tier.uploader is not None:
         store.add_dispatcher(tier.uploader)
     if TieredStorageLevel(config.tiered_storage_level) is not TieredStorageLevel.DISABLE:
