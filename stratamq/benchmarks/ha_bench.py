@@ -52,11 +52,11 @@ def _config(root: Path, role: str, segment: int, **extra: object) -> StoreConfig
                        message_index_enable=False, **extra)  # type: ignore[arg-type]
 
 
-def _start_slave(root: Path, master_port: int, segment: int, watch_end: int = 0
-                 ) -> subprocess.Popen:
+def _start_slave(root: Path, master_port: int, segment: int, watch_end: int = 0,
+                 dispatch_along: bool = False) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "stratamq.benchmarks.ha_bench", "slave", str(root),
-         f"127.0.0.1:{master_port}", str(segment), str(watch_end)],
+         f"127.0.0.1:{master_port}", str(segment), str(watch_end), str(int(dispatch_along))],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE if watch_end else subprocess.DEVNULL,
         text=True)
 
@@ -170,8 +170,11 @@ def _fill(store: MessageStore, total_bytes: int) -> None:
     store.flush()
 
 
-def run_catch_up(*, total_mb: int, segment: int, batch_size: int, workdir: Path) -> dict:
-    """A cold slave's copy of ``total_mb`` MB against a bare socket copy of the same bytes."""
+def run_catch_up(*, total_mb: int, segment: int, batch_size: int, workdir: Path,
+                 dispatch_along: bool = False) -> dict:
+    """A cold slave's copy of ``total_mb`` MB against a bare socket copy of the same bytes.
+    ``dispatch_along``: the slave never holds its dispatch back (how it copied before), for a
+    comparison in the same run."""
     root = workdir / "catch-up"
     cfg = _config(root / "master", "ASYNC_MASTER", segment,
                   ha_new_slave_transfer_from="MIN_OFFSET", ha_transfer_batch_size=batch_size)
@@ -185,7 +188,8 @@ def run_catch_up(*, total_mb: int, segment: int, batch_size: int, workdir: Path)
         ha.start()
         server = ha.server
         assert server is not None
-        slave = _start_slave(root / "slave", server.port, segment, watch_end=end)
+        slave = _start_slave(root / "slave", server.port, segment, watch_end=end,
+                             dispatch_along=dispatch_along)
         _wait(lambda: bool(server.links) and server.links[0].proto.plan is not None, 120,
               "the slave to connect")
         cpu_before = _cpu_seconds(slave.pid), time.process_time()
@@ -200,6 +204,7 @@ def run_catch_up(*, total_mb: int, segment: int, batch_size: int, workdir: Path)
         baseline = min(bare)
         mbps = end / elapsed / MB
         return {"bench": "catch_up", "bytes": end, "transfer_batch": batch_size,
+                "dispatch": "along the copy" if dispatch_along else "held while streaming",
                 "slave_seconds": round(elapsed, 2), "slave_mb_per_s": round(mbps, 1),
                 "slave_dispatched_seconds": round(dispatched, 2),
                 "slave_dispatched_mb_per_s": round(end / dispatched / MB, 1),
@@ -256,11 +261,14 @@ def _bare_copy(store: MessageStore, sink_dir: Path) -> float:
 
 # -- the helper processes ----------------------------------------------------------------------
 
-def _slave_main(root: str, master: str, segment: str, watch_end: str = "0") -> None:
+def _slave_main(root: str, master: str, segment: str, watch_end: str = "0",
+                dispatch_along: str = "0") -> None:
     cfg = StoreConfig(store_path_root_dir=root, mapped_file_size_commit_log=int(segment),
                       broker_role=BrokerRole.SLAVE, ha_master_address=master,
                       message_index_enable=False)
     store = MessageStore(cfg).open()
+    if int(dispatch_along):  # the comparison: a slave that never holds its dispatch back
+        store.replica.hold_dispatch = lambda: None  # type: ignore[method-assign]
     ha = HAService.for_store(store)
     ha.start()
     done = threading.Event()
@@ -302,16 +310,24 @@ def median_run(runs: list[dict]) -> dict:
     return ordered[len(ordered) // 2]
 
 
-def summary(puts: dict[str, dict], catch_ups: list[dict]) -> dict:
+def summary(puts: dict[str, dict], catch_ups: list[dict], along: list[dict] | None = None
+            ) -> dict:
     """Each replicated mode's median put throughput over no replication's (target: sync >=
     0.5), and the catch-up ratios (target >= 0.5)."""
     none = puts["none"]["msgs_per_s"]
-    ratios = sorted(c["ratio"] for c in catch_ups)
+    def median(key: str, runs: list[dict] = catch_ups) -> float:
+        values = sorted(c[key] for c in runs)
+        return values[len(values) // 2]
+
     return {"bench": "target",
             "async_over_none": round(puts["ASYNC_MASTER"]["msgs_per_s"] / none, 3),
             "sync_over_none": round(puts["SYNC_MASTER"]["msgs_per_s"] / none, 3),
             "target_sync_over_none": 0.5,
-            "catch_up_ratio": ratios[len(ratios) // 2], "target_catch_up_ratio": 0.5}
+            "catch_up_ratio": median("ratio"), "target_catch_up_ratio": 0.5,
+            "catch_up_dispatched_ratio": median("dispatched_ratio"),
+            **({"catch_up_ratio_dispatch_along": median("ratio", along),
+                "catch_up_dispatched_ratio_dispatch_along": median("dispatched_ratio", along)}
+               if along else {})}
 
 
 if __name__ == "__main__":
