@@ -58,6 +58,8 @@ READ_SIZE = 4 * 1024 * 1024  # RocketMQ's READ_MAX_BUFFER_SIZE
 STREAM_READ = 1024 * 1024
 CAUGHT_UP_READ = 256 * 1024  # a read below this (or none): in step again, dispatch goes on
 DISPATCH_LAG_MAX = 1024 * 1024 * 1024  # dispatch never lags more than a default segment
+IDLE_READ_WAIT = 1.0  # s a read waits before the loop looks at heartbeats and housekeeping
+HELD_READ_WAIT = 0.02  # s, while dispatch is held
 
 
 class _Tail:
@@ -179,7 +181,7 @@ class HAClient:
         if self._stop.is_set():
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(1.0)
+        sock.settimeout(IDLE_READ_WAIT)
         self.connects += 1
         self.state = HAConnectionState.TRANSFER
         replica = self.replica
@@ -210,20 +212,23 @@ class HAClient:
             elif now - last_read > housekeeping:
                 raise _Reconnect(f"nothing from the master for {housekeeping:.0f} s "
                                  "(haHousekeepingInterval)")
-            self._pace_dispatch(n)
+            self._pace_dispatch(sock, n)
             end = replica.end()
             if end != self.reported or now - self._report_time > heartbeat:
                 self._report(end)
 
-    def _pace_dispatch(self, read: int) -> None:
+    def _pace_dispatch(self, sock: socket.socket, read: int) -> None:
         """Hold dispatch back while a backlog streams in; let it go once in step (see the
-        module docstring)."""
+        module docstring). While held, a read waits only ``HELD_READ_WAIT``: the stream's end
+        shows as a read that finds nothing, and dispatch must not wait a whole second for it."""
         replica = self.replica
         if replica.dispatch_held:
             if read < CAUGHT_UP_READ or replica.dispatch_lag() >= DISPATCH_LAG_MAX:
                 replica.release_dispatch()
+                sock.settimeout(IDLE_READ_WAIT)
         elif read >= STREAM_READ and replica.dispatch_lag() < DISPATCH_LAG_MAX // 2:
             replica.hold_dispatch()
+            sock.settimeout(HELD_READ_WAIT)
 
     def _apply(self, proto: SlaveConnection, events: list, tail: _Tail) -> None:
         replica = self.replica
