@@ -29,7 +29,9 @@ the master returns those messages may be delivered once more.
 ``SERVICE`` (``/stratamq.admin.v1.Replication/<Method>``, JSON as the admin service):
 ``HaStatus {}`` (ACL: Cluster Get) -> the ``HAService`` runtime info, plus ``"stateSync"``
 on a slave; ``SyncState {}`` (ACL: Cluster Update, it carries the receipt-handle key) ->
-``{"metadata": {"topics", "groups"}, "popState": {...}}`` (a master's).
+``{"metadata": {"topics", "groups"}, "popState": {...}, "deletedTopics": {topic: cutoff}}``
+(a master's). A slave deletes a topic's queues only when its master lists the deletion, never
+because the topic is missing from the master's configuration.
 
 Thread-safety: the sync thread alone writes the slave's metadata and pop state from the
 master; ``route`` and the RPCs read plain attributes from gRPC threads.
@@ -37,7 +39,6 @@ master; ``route`` and the RPCs read plain attributes from gRPC threads.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -49,6 +50,7 @@ from prometheus_client.core import GaugeMetricFamily
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from stratamq.broker.compaction_topics import plug
+from stratamq.broker.metadata import MetadataError
 from stratamq.client.admin import AdminClient, AdminError
 from stratamq.client.connection import BrokerEndpoint
 from stratamq.compaction.service import CompactionStore
@@ -66,6 +68,9 @@ __all__ = ["SERVICE", "BrokerReplication", "master_endpoint", "plug_compaction"]
 log = logging.getLogger(__name__)
 
 SERVICE = "stratamq.admin.v1.Replication"
+# How long one sync waits for the slave's dispatch to reach a deletion (it finishes later
+# when it does not; the next sync sees the slave's cutoff and does not delete again).
+_DELETE_WAIT_S = 5.0
 _ADMIN_WRITES = frozenset({"CreateTopic", "UpdateTopic", "DeleteTopic", "CreateGroup",
                            "UpdateGroup", "DeleteGroup", "ResetOffset"})
 
@@ -118,7 +123,8 @@ class StateSync:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(10)
+        # A sync in progress ends within its RPC timeout and _DELETE_WAIT_S.
+        self._thread.join(10 + _DELETE_WAIT_S)
 
     def _run(self) -> None:
         cfg = self.b.config
@@ -134,21 +140,46 @@ class StateSync:
                         log.warning("copying state from master %s failed: %s", self.endpoint,
                                     exc)
                     self.last_error = str(exc)
+                except Exception as exc:  # a reply of another shape, a bug: keep the thread
+                    if str(exc) != self.last_error:
+                        log.exception("copying state from master %s failed", self.endpoint)
+                    self.last_error = f"{type(exc).__name__}: {exc}"
 
     def sync_once(self, client: AdminClient) -> None:
         snap = client.call_service(SERVICE, "SyncState")
         broker = self.b
         gone = broker.meta.replace_all(snap["metadata"])
         for topic in gone:
-            log.info("topic %s is gone on the master: deleting it here", topic)
-            broker.store.delete_topic(topic)
+            log.info("topic %s is no longer in the master's configuration", topic)
+        deleted = self._apply_deletions(snap.get("deletedTopics") or {})
         changed = broker.state.restore(snap["popState"])
         now = int(time.time() * 1000)
-        if changed or gone:
+        if changed or gone or deleted:
             self.last_change_ms = now
         self.last_sync_ms = now
         self.syncs += 1
         self.last_error = ""
+
+    def _apply_deletions(self, master_cutoffs: dict[str, int]) -> list[str]:
+        """Delete here the topics the master deleted (its ``deletedTopics`` cutoffs).
+
+        Only an explicit deletion removes data: a topic merely missing from the master's
+        configuration (a master restarted over an empty config directory) keeps its queues
+        here, as RocketMQ's slave only replaces its config table. A deletion is applied once
+        this CommitLog holds the master's cutoff, so the slave's cutoff is at or past it (the
+        old generation is never dispatched into the new one's queues)."""
+        store = self.b.store
+        applied: list[str] = []
+        for topic, cutoff in master_cutoffs.items():
+            if not isinstance(cutoff, int) or store.deleted_topics.cutoffs.get(topic, -1) >= cutoff:
+                continue
+            if store.max_physical_offset < cutoff:
+                continue  # not replicated that far yet: a later sync applies it
+            log.info("topic %s was deleted on the master (below CommitLog offset %d): deleting "
+                     "its queues here", topic, cutoff)
+            store.delete_topic(topic, timeout=_DELETE_WAIT_S)
+            applied.append(topic)
+        return applied
 
     def info(self) -> dict[str, Any]:
         return {"masterEndpoint": self.endpoint, "intervalMs": int(self.interval * 1000),
@@ -266,49 +297,21 @@ class BrokerReplication:
 
     def SyncState(self, req: dict[str, Any]) -> dict[str, Any]:
         if self.is_slave:
-            raise _RpcError(grpc.StatusCode.FAILED_PRECONDITION,
-                            "this broker is a SLAVE: ask its master for state")
-        return {"metadata": self.b.meta.export(), "popState": self.b.state.snapshot()}
-
-
-class _RpcError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+            raise MetadataError("precondition", "this broker is a SLAVE: ask its master for "
+                                "state")
+        return {"metadata": self.b.meta.export(), "popState": self.b.state.snapshot(),
+                "deletedTopics": dict(self.b.store.deleted_topics.cutoffs)}
 
 
 def replication_handler(broker: Broker, run: Any) -> grpc.GenericRpcHandler:
     """``/stratamq.admin.v1.Replication/{HaStatus,SyncState}`` as ``grpc.aio`` handlers; the
     work runs in the broker's executor (``run(fn, *args)``)."""
-    from stratamq.broker.errors import BrokerError
-    from stratamq.broker.ports import Call
-    from stratamq.broker.rpc import call_of
+    from stratamq.broker.admin import json_methods_handler
 
-    actions = {"HaStatus": "Get", "SyncState": "Update"}
-
-    def make(name: str) -> Any:
-        def work(request: bytes, call: Call) -> bytes:
-            broker.lookup.authorize(call, "Cluster", actions[name])
-            req = json.loads(request.decode("utf-8") or "{}")
-            reply = getattr(broker.replication, name)(req if isinstance(req, dict) else {})
-            return json.dumps(reply, separators=(",", ":")).encode()
-
-        async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            try:
-                return await run(work, request, call_of(context))
-            except BrokerError as exc:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED
-                                    if exc.code == pb.Code.UNAUTHORIZED
-                                    else grpc.StatusCode.PERMISSION_DENIED, exc.message)
-            except _RpcError as exc:
-                await context.abort(exc.code, str(exc))
-            except ValueError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request body: {exc}")
-            raise AssertionError("unreachable")  # context.abort raises
-
-        return grpc.unary_unary_rpc_method_handler(handle)
-
-    return grpc.method_handlers_generic_handler(SERVICE, {n: make(n) for n in actions})
+    replication = broker.replication
+    return json_methods_handler(
+        broker, SERVICE, {"HaStatus": (replication.HaStatus, "Get"),
+                          "SyncState": (replication.SyncState, "Update")}, run)
 
 
 class _ReplicationCollector:

@@ -281,6 +281,7 @@ class Broker:
         self.store_config = replace(self.store_config, listen_port=port)
         try:
             self.store = MessageStore(self.store_config)
+            from stratamq.compaction.tiering import link as link_compaction_tier
             from stratamq.tiered import wire
 
             # Plugged in before the open: its uploader replays from its own durable progress.
@@ -293,6 +294,7 @@ class Broker:
             # A slave's compaction queues are pulled from its master (message replication).
             self.compaction, self.compaction_gate = plug_compaction(
                 self.store, self.store_config, self.meta)
+            link_compaction_tier(self.compaction, self.tiered)  # compacted files in the tier
             self.store.open()
         except BaseException:
             self.server = None
