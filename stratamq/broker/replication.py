@@ -49,15 +49,21 @@ import grpc
 from prometheus_client.core import GaugeMetricFamily
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from stratamq.broker.compaction_topics import plug
 from stratamq.broker.metadata import MetadataError
 from stratamq.client.admin import AdminClient, AdminError
-from stratamq.config import BrokerRole
+from stratamq.client.connection import BrokerEndpoint
+from stratamq.compaction.service import CompactionStore
+from stratamq.config import BrokerRole, StoreConfig
 from stratamq.ha import HAConnectionState, HAService
+from stratamq.ha.message_replication import CompactionGate, CompactionReplicator, GrpcPullSource
+from stratamq.store.message_store import MessageStore
 
 if TYPE_CHECKING:
+    from stratamq.broker.metadata import MetadataStore
     from stratamq.broker.server import Broker
 
-__all__ = ["SERVICE", "BrokerReplication", "master_endpoint"]
+__all__ = ["SERVICE", "BrokerReplication", "master_endpoint", "plug_compaction"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +82,21 @@ def master_endpoint(ha_master_endpoint: str, ha_master_address: str) -> str:
         return ha_master_endpoint
     host, _, port = ha_master_address.rpartition(":")
     return f"{host}:{int(port) - 1}"
+
+
+def plug_compaction(store: MessageStore, config: StoreConfig, meta: MetadataStore
+                    ) -> tuple[CompactionStore | None, CompactionGate | None]:
+    """The broker's compaction store plugged into ``store`` (before it opens), and on a SLAVE
+    the gate in front of its dispatch (``ha/message_replication.py``): a slave's compaction
+    queues are rebuilt by pulling from the master, then follow its own CommitLog. (None,
+    None) when ``enableCompaction`` is off."""
+    if config.broker_role is not BrokerRole.SLAVE or not config.enable_compaction:
+        return plug(store, config, meta), None
+    compaction = CompactionStore(config, meta)
+    gate = CompactionGate(compaction, meta)
+    store.add_dispatcher(gate)
+    store.add_read_source(compaction, first=True)
+    return compaction, gate
 
 
 def _endpoints(host: str, port: int) -> pb.Endpoints:
@@ -175,6 +196,7 @@ class BrokerReplication:
         self.role = cfg.broker_role
         self.ha = HAService.for_store(broker.store, host=broker.listen_host)
         self.sync: StateSync | None = None
+        self.replicator: CompactionReplicator | None = None
         self.error = ""
         self.master_endpoint = (master_endpoint(cfg.ha_master_endpoint, cfg.ha_master_address)
                                 if self.is_slave else "")
@@ -198,9 +220,27 @@ class BrokerReplication:
             self.sync = StateSync(self.b, self.master_endpoint,
                                   self.b.store_config.ha_state_sync_interval)
             self.sync.start()
+            gate = getattr(self.b, "compaction_gate", None)
+            if gate is not None and self.b.compaction is not None:
+                self.replicator = self._compaction_replicator(gate, self.b.compaction)
+                self.replicator.start()
         registry = getattr(self.b.metrics, "registry", None)
         if registry is not None:
             registry.register(_ReplicationCollector(self, self.b.metrics.node))
+
+    def _compaction_replicator(self, gate: CompactionGate, compaction: CompactionStore
+                               ) -> CompactionReplicator:
+        cfg = self.b.config
+        endpoint = BrokerEndpoint(self.master_endpoint, access_key=cfg.acl_access_key or None,
+                                  secret_key=cfg.acl_secret_key or None)
+        meta = self.b.meta
+
+        def queues() -> list[tuple[str, int]]:  # the compaction topics copied from the master
+            return [(t.name, q) for t in meta.topics() if t.compaction is not None
+                    for q in range(t.queue_count)]
+
+        return CompactionReplicator(gate, compaction, lambda: GrpcPullSource(endpoint), queues,
+                                    self.b.store_config.ha_state_sync_interval / 1000)
 
     def describe(self) -> str:
         """One line for the broker's start-up output."""
@@ -212,6 +252,8 @@ class BrokerReplication:
         return f"{self.role.value} serving slaves on {self.ha.server.host}:{self.ha.listen_port}"
 
     def stop(self) -> None:
+        if self.replicator is not None:
+            self.replicator.stop()
         if self.sync is not None:
             self.sync.stop()
         self.ha.shutdown()
@@ -249,6 +291,8 @@ class BrokerReplication:
             info["masterEndpoint"] = self.master_endpoint
             info["masterReachable"] = self.master_reachable()
             info["stateSync"] = self.sync.info()
+        if self.replicator is not None:
+            info["compactionReplication"] = self.replicator.info()
         return info
 
     def SyncState(self, req: dict[str, Any]) -> dict[str, Any]:

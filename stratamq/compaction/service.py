@@ -62,6 +62,19 @@ NO_KEY = bytes(16)
 RECORD_OVERHEAD = 32767 + 255 + 256  # properties, topic, header with IPv6 hosts
 
 
+def _key_digest_and_flags(info: DispatchInfo, record: bytes | memoryview) -> tuple[bytes, int]:
+    """A batch ConsumeQueue unit's key md5 and flags (has a key, is a tombstone)."""
+    key = info.properties.get(Prop.KEYS)
+    flags, digest = 0, NO_KEY
+    if key:
+        flags |= bcq.FLAG_HAS_KEY
+        digest = hashlib.md5(key.encode("utf-8")).digest()
+    if (codec.record_body_length(record, 0) == 0
+            or info.properties.get(TOMBSTONE_PROPERTY, "").lower() == "true"):
+        flags |= bcq.FLAG_TOMBSTONE
+    return digest, flags
+
+
 class CompactionStore:
     """Compaction topics for one store (see the module docstring)."""
 
@@ -170,18 +183,24 @@ class CompactionStore:
             if data is None:
                 raise OSError(f"the record at CommitLog offset {info.physical_offset} is gone "
                               "before compaction copied it")
-            key = info.properties.get(Prop.KEYS)
-            flags = 0
-            digest = NO_KEY
-            if key:
-                flags |= bcq.FLAG_HAS_KEY
-                digest = hashlib.md5(key.encode("utf-8")).digest()
-            if (codec.record_body_length(data, 0) == 0
-                    or info.properties.get(TOMBSTONE_PROPERTY, "").lower() == "true"):
-                flags |= bcq.FLAG_TOMBSTONE
             clog.append(data, info.queue_offset, end, info.tags_code, info.store_timestamp,
-                        digest, flags)
+                        *_key_digest_and_flags(info, data))
         self._seen_to = end  # after the append: the flush thread trusts what is below it
+
+    def put_replicated(self, record: bytes | memoryview) -> bool:
+        """Append one CommitLog record pulled from the master (message-based replication,
+        ``stratamq.ha.message_replication``; RocketMQ's ``putMessageFromRemote``) to its
+        topic/queue's CompactionLog, as ``dispatch`` does for a local record: the same bytes,
+        queue offset, key digest and tombstone flag. The record keeps the master's physical
+        offset, which is the slave's too (byte replication copies at the same offsets), so
+        the queue's replay floor stays meaningful. False if the queue has that offset already
+        or the record is not a compaction topic's message."""
+        info = codec.decode_dispatch_info(record, 0)
+        if self.policies.policy(info.topic) is None or not SysFlag.is_dispatchable(info.sys_flag):
+            return False
+        return self._queue(info.topic, info.queue_id).append(
+            record, info.queue_offset, info.physical_offset + info.size, info.tags_code,
+            info.store_timestamp, *_key_digest_and_flags(info, record))
 
     def durable_offset(self) -> int:
         return self._checkpoint.dispatched_to
