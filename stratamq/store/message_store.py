@@ -276,7 +276,10 @@ class MessageStore:
     def _on_append(self) -> None:
         # The async flusher is not woken per put: it looks every flushIntervalCommitLog ms and
         # flushes once flushCommitLogLeastPages are dirty, which is what that setting means.
-        self.reput.wakeup()
+        # Dispatch runs here when the dispatcher thread is idle (see ReputService.dispatch_now).
+        reput = self.reput
+        if not reput.dispatch_now():
+            reput.wakeup()
 
     def _note_commitlog_flushed(self) -> None:
         ts = self.commitlog.files.store_timestamp
