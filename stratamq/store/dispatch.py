@@ -37,6 +37,10 @@ RECORD_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EINVAL})
 
 # The idle dispatcher thread's longest sleep, in dispatchIntervalMs (see ReputService.run).
 IDLE_BACKOFF = 64
+# An appender dispatches its own records (dispatch_now) only while this little is undispatched:
+# a big batch is left to the dispatcher thread, so an appender on an event loop is not held for
+# the whole of its dispatch (about 12 us a record) where the thread would share the GIL.
+INLINE_DISPATCH_MAX_BYTES = 128 * 1024
 
 
 class DispatchError(RuntimeError):
@@ -314,14 +318,16 @@ class ReputService(ServiceThread):
 
     def dispatch_now(self) -> bool:
         """Dispatch what was appended on the caller's thread (the appender's, right after its
-        append), if the dispatcher thread is idle and no round is running; False if not (the
-        thread then does it: wake it). Rounds are serialised by the round lock whichever thread
-        runs them, so dispatchers still see one round at a time, in log order.
+        append), if the dispatcher thread is idle, no round is running and little is waiting
+        (``INLINE_DISPATCH_MAX_BYTES``); False if not (the thread then does it: wake it).
+        Rounds are serialised by the round lock whichever thread runs them, so dispatchers
+        still see one round at a time, in log order.
 
         Why: with one-message appends every record is a round of its own, and handing each to
         the dispatcher thread (a wake-up, then the GIL handed over and back) cost several
         times the dispatch itself."""
         if (not self._idle or self.error is not None or self._stop.is_set()
+                or self.files.max_offset() - self.reput_from > INLINE_DISPATCH_MAX_BYTES
                 or not self._round.acquire(blocking=False)):
             return False
         try:
