@@ -34,7 +34,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from stratamq.spark import latest, planning, tier_io, tier_stream
+from stratamq.spark import planning, tier_io, tier_stream
 from stratamq.spark.broker_io import (
     BrokerCatalog,
     BrokerSplit,
@@ -161,10 +161,13 @@ def _read(partition: InputPartition, headers: bool = False) -> Iterator[pa.Recor
         batches = read_log_split(partition)
     elif isinstance(partition, QueueSplit):
         batches = read_queue_split(partition)
-    elif isinstance(partition, latest.CompactedSplit):
-        batches = latest.read_compacted_split(partition)
     else:
-        raise TypeError(f"not a stratamq split: {partition!r}")
+        # Imported here: tasks of other splits need not load the compaction package.
+        from stratamq.spark import latest
+
+        if not isinstance(partition, latest.CompactedSplit):
+            raise TypeError(f"not a stratamq split: {partition!r}")
+        batches = latest.read_compacted_split(partition)
     for batch in batches:
         if batch.num_rows:
             yield with_headers(batch) if headers else batch
@@ -226,8 +229,10 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
                 and starting == "earliest"
                 and ending == "latest" and timestamp is None and not by_times):
             low, end = planning.commitlog_bounds(root)
-            tables = _latest_splits(options, root, catalog, known, fail)
-            exclude = frozenset(_latest_topics(options, root, known))
+            from stratamq.spark import latest  # (tasks of other splits need not load it)
+
+            tables = latest.whole_queue_splits(options, root, catalog.queues, known, fail)
+            exclude = frozenset(latest.latest_topics(options, root, known))
             return [*planning.log_splits(root, catalog, low, end, min_parts,
                                          fail_on_data_loss=fail, exclude=exclude), *tables]
         topics = topics if topics is not None else known
@@ -242,7 +247,9 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
         assert broker is not None
         queues = broker.queues(topics)
     queues = _only_assigned(options, queues)
-    latest_topics = _latest_topics(options, root, topics)
+    from stratamq.spark import latest
+
+    latest_topics = latest.latest_topics(options, root, topics)
     if latest_topics:
         queues.update(latest.queue_bounds(
             root or "", {q: b for q, b in queues.items() if q[0] in latest_topics}))
@@ -286,25 +293,6 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
         for (t, q), (s, e) in sorted(ranges.items()) if t in latest_topics and e > s]
     rest = {q: r for q, r in ranges.items() if q[0] not in latest_topics}
     return [*_splits(options, root, rest, min_parts, fail), *compacted]
-
-
-def _latest_topics(options: Mapping[str, str], root: str | None,
-                   topics: list[str]) -> set[str]:
-    """The compaction topics among ``topics`` that a read of store directory ``root`` gives as
-    latest-value tables (none with ``latestValues=false`` or when reading a broker)."""
-    if root is None or not planning.latest_values(options)[0]:
-        return set()
-    return latest.compaction_topics(root) & set(topics)
-
-
-def _latest_splits(options: Mapping[str, str], root: str, catalog: Catalog,
-                   known: list[str], fail: bool) -> list[latest.CompactedSplit]:
-    """A whole-store read's compaction queues, each whole, as latest-value splits."""
-    topics = _latest_topics(options, root, known)
-    queues = {q: b for q, b in catalog.queues.items() if q[0] in topics}
-    _, tombstones = planning.latest_values(options)
-    return [latest.CompactedSplit(root, t, q, s, e, tombstones, fail)
-            for (t, q), (s, e) in sorted(latest.queue_bounds(root, queues).items()) if e > s]
 
 
 def _only_assigned(options: Mapping[str, str], queues: dict[Queue, tuple[int, int]]

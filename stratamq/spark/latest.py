@@ -24,7 +24,7 @@ are dropped (a round removes them too). Rows come out in queue offset order.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +37,7 @@ from stratamq.compaction.layout import CompactionLayout
 from stratamq.compaction.log import CompactionLog, CompactionLogError
 from stratamq.compaction.policy import TOMBSTONE_PROPERTY, PolicyError, policies_from_topics_json
 from stratamq.config import StoreConfig
+from stratamq.spark import planning
 from stratamq.spark.planning import OptionError, Queue, QueueSplit
 from stratamq.store.layout import StoreLayout
 
@@ -64,6 +65,26 @@ def compaction_topics(root: str) -> set[str]:
         return set(policies_from_topics_json(StoreLayout(root).topics_file).topics())
     except PolicyError as exc:
         raise OptionError(f"option 'path': {exc}") from None
+
+
+def latest_topics(options: Mapping[str, str], root: str | None,
+                  topics: Collection[str]) -> set[str]:
+    """The compaction topics among ``topics`` that a read of store directory ``root`` gives as
+    latest-value tables (none with ``latestValues=false`` or when reading a broker)."""
+    if root is None or not planning.latest_values(options)[0]:
+        return set()
+    return compaction_topics(root) & set(topics)
+
+
+def whole_queue_splits(options: Mapping[str, str], root: str,
+                       queues: Mapping[Queue, tuple[int, int]], known: Collection[str],
+                       fail: bool) -> list[InputPartition]:
+    """A whole-store read's compaction queues, each whole, as latest-value splits."""
+    topics = latest_topics(options, root, known)
+    _, tombstones = planning.latest_values(options)
+    wanted = {q: b for q, b in queues.items() if q[0] in topics}
+    return [CompactedSplit(root, t, q, s, e, tombstones, fail)
+            for (t, q), (s, e) in sorted(queue_bounds(root, wanted).items()) if e > s]
 
 
 def _open_log(root: str, queue: Queue) -> CompactionLog | None:
@@ -205,4 +226,5 @@ def _check(batch: pa.RecordBatch, split: CompactedSplit, expected: np.ndarray) -
                                   "or offset")
 
 
-__all__ = ["CompactedSplit", "compaction_topics", "queue_bounds", "read_compacted_split"]
+__all__ = ["CompactedSplit", "compaction_topics", "latest_topics", "queue_bounds",
+           "read_compacted_split", "whole_queue_splits"]
