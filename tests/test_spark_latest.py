@@ -197,3 +197,19 @@ def test_include_tombstones_needs_latest_values(spark, compacted):
     assert "latestValues=false" in str(info.value)
     with pytest.raises(Exception, match="latestValues"):
         spark.read.format("stratamq").option("latestValues", "maybe").load(str(compacted))
+
+
+def test_a_queue_whose_older_files_are_only_in_the_tier_is_refused(compacted, tmp_path):
+    """A table from the local files alone would silently lack the keys the tier holds."""
+    from stratamq.compaction.log import CompactionLogError
+    from stratamq.spark.datasource import plan_batch
+
+    root = tmp_path / "store"
+    shutil.copytree(compacted, root)
+    state = root / "compaction" / "compactionLog" / TOPIC / "0" / "state.json"
+    doc = json.loads(state.read_text())
+    doc["tierFloor"] = 10
+    state.write_text(json.dumps(doc))
+    with pytest.raises(CompactionLogError, match=r"Kv/0: .*below offset 10 are in the tier"):
+        plan_batch({"path": str(root), "topics": TOPIC})
+    assert len(plan_batch({"path": str(root), "topics": TOPIC, "latestValues": "false"})) >= 1

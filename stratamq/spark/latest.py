@@ -102,6 +102,15 @@ def _open_log(root: str, queue: Queue) -> CompactionLog | None:
     except CompactionLogError as exc:
         clog.close()
         raise CompactionLogError(f"compaction topic {queue[0]}/{queue[1]}: {exc}") from None
+    if clog.state.tier_floor:
+        # Older compacted files live only in the tier: a table without them would silently
+        # lack the keys they hold.
+        clog.close()
+        raise CompactionLogError(
+            f"compaction topic {queue[0]}/{queue[1]}: its compacted files below offset "
+            f"{clog.state.tier_floor} are in the tier only ({paths.state}: tierFloor); read the "
+            "topic through the broker (option endpoints), or with latestValues=false for "
+            "the versions the store still holds")
     return clog
 
 
