@@ -34,15 +34,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from stratamq.spark import planning, tier_io, tier_stream
-from stratamq.spark.broker_io import (
-    BrokerCatalog,
-    BrokerSplit,
-    connection_of,
-    pull_group,
-    read_broker_split,
-    send_batches,
-)
+from stratamq.spark import planning
 from stratamq.spark.planning import (
     EARLIEST,
     LATEST,
@@ -58,6 +50,12 @@ from stratamq.spark.rows import spark_schema, with_headers
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
+    from stratamq.spark.broker_io import BrokerCatalog
+
+# broker_io (grpc) and tier_io/tier_stream (the tier drivers) are imported where a broker or a
+# tier is read: every fresh Python worker imports this module, and a store-directory read (or
+# a pipeline's task) need not pay their import time (0.1-0.4 s a worker).
+
 log = logging.getLogger(__name__)
 
 
@@ -71,7 +69,11 @@ class StrataMQDataSource(DataSource):
     def schema(self):
         options = planning.read_options(self.options)  # checked at load(), before any task
         root, catalog = None, None
+        from stratamq.spark import tier_io
+
         if "endpoints" in options:
+            from stratamq.spark.broker_io import pull_group
+
             pull_group(options)
             with _broker(options) as broker:
                 existing = _broker_queues(broker)
@@ -102,6 +104,8 @@ def _broker(options: Mapping[str, str]) -> BrokerCatalog:
     """The broker ``endpoints`` names (lower-case keys); a path alongside it is refused."""
     if options.get("path"):
         raise OptionError("option 'endpoints': give either a store path or endpoints, not both")
+    from stratamq.spark.broker_io import BrokerCatalog, connection_of
+
     return BrokerCatalog(connection_of(options), options)
 
 
@@ -147,30 +151,49 @@ def _has_records(root: str) -> bool:
 
 
 def _read(partition: InputPartition, headers: bool = False) -> Iterator[pa.RecordBatch]:
-    if isinstance(partition, (QueueSplit, BrokerSplit)) and partition.start >= partition.end:
-        return  # nothing to read (the placeholder partition of an empty read)
-    if isinstance(partition, tier_io.TierSplit):
-        batches = tier_io.read_tier_split(partition)
-    elif isinstance(partition, tier_stream.TierQueueSplit):
-        if partition.start >= partition.end:
-            return
-        batches = tier_stream.read_tier_queue_split(partition)
-    elif isinstance(partition, BrokerSplit):
-        batches = read_broker_split(partition)
-    elif isinstance(partition, LogSplit):
+    if isinstance(partition, LogSplit):
         batches = read_log_split(partition)
     elif isinstance(partition, QueueSplit):
+        if partition.start >= partition.end:
+            return  # nothing to read (the placeholder partition of an empty read)
         batches = read_queue_split(partition)
+    else:
+        batches = _read_remote(partition)
+    for batch in batches:
+        if batch.num_rows:
+            yield with_headers(batch) if headers else batch
+
+
+def _read_remote(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """A broker's, a tier's or a compacted split. Unpickling the split imported its module
+    already; the isinstance checks go by module so no other one is loaded."""
+    module = type(partition).__module__
+    if module == "stratamq.spark.broker_io":
+        from stratamq.spark.broker_io import BrokerSplit, read_broker_split
+
+        if isinstance(partition, BrokerSplit):
+            if partition.start >= partition.end:
+                return iter(())
+            return read_broker_split(partition)
+    elif module == "stratamq.spark.tier_io":
+        from stratamq.spark import tier_io
+
+        if isinstance(partition, tier_io.TierSplit):
+            return tier_io.read_tier_split(partition)
+    elif module == "stratamq.spark.tier_stream":
+        from stratamq.spark import tier_stream
+
+        if isinstance(partition, tier_stream.TierQueueSplit):
+            if partition.start >= partition.end:
+                return iter(())
+            return tier_stream.read_tier_queue_split(partition)
     else:
         # Imported here: tasks of other splits need not load the compaction package.
         from stratamq.spark import latest
 
-        if not isinstance(partition, latest.CompactedSplit):
-            raise TypeError(f"not a stratamq split: {partition!r}")
-        batches = latest.read_compacted_split(partition)
-    for batch in batches:
-        if batch.num_rows:
-            yield with_headers(batch) if headers else batch
+        if isinstance(partition, latest.CompactedSplit):
+            return latest.read_compacted_split(partition)
+    raise TypeError(f"not a stratamq split: {partition!r}")
 
 
 # -- batch read ---------------------------------------------------------------------------------
@@ -190,6 +213,8 @@ class BatchReader(DataSourceReader):
 
 
 def plan_batch(options: Mapping[str, str]) -> list[InputPartition]:
+    from stratamq.spark import tier_io
+
     options = planning.read_options(options)
     if "endpoints" in options:
         with _broker(options) as broker:
@@ -330,6 +355,8 @@ def _splits(options: Mapping[str, str], root: str | None, ranges: dict[Queue, tu
     splits = planning.queue_splits(root or "", ranges, min_parts, fail)
     if root is not None:
         return list(splits)
+    from stratamq.spark.broker_io import BrokerSplit, connection_of, pull_group
+
     connection = connection_of(options)  # TLS roots and credentials travel with each split
     group = pull_group(options)
     return [BrokerSplit.of(connection, s, group) for s in splits]
@@ -394,6 +421,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     restarted query continues where the last committed micro-batch ended."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
+        from stratamq.spark import tier_io
+
         opts = planning.read_options(options)
         self.options = opts
         # A tier: offsets from its ConsumeQueue files (stratamq.spark.tier_stream).
@@ -418,6 +447,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _queues(self) -> dict[Queue, tuple[int, int]]:
         if self.tier:
+            from stratamq.spark import tier_stream
+
             bounds = tier_stream.tier_queue_bounds(self.options)
             topics = planning.select_topics(self.options, sorted({t for t, _q in bounds}),
                                             must_match=False, offsets=[self.starting])
@@ -492,6 +523,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _splits(self.options, self.root, ranges, self.min_parts, self.fail)
 
     def _tier_splits(self, ranges: dict[Queue, tuple[int, int]]) -> list[InputPartition]:
+        from stratamq.spark import tier_io, tier_stream
+
         endpoint = tier_io._settings(self.options)[0]
         dirs = tier_stream._queue_dirs(self.options)[1]
         return [tier_stream.TierQueueSplit(self.options["path"], endpoint,
@@ -561,6 +594,8 @@ class BatchWriter(DataSourceArrowWriter):
         from stratamq.spark.write import append_batches
 
         if self.endpoint is not None:
+            from stratamq.spark.broker_io import send_batches
+
             return WriteCount(send_batches(self.connection, self.options, iterator))
         return WriteCount(append_batches(self.root, self.options, iterator))
 
