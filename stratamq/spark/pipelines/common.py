@@ -20,6 +20,7 @@ import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from stratamq.fileutil import atomic_write, fsync_directory
 from stratamq.spark.planning import Catalog, LogSplit, log_splits
@@ -32,6 +33,15 @@ SPLIT_BYTES = 64 * 1024 * 1024
 # Bytes of output (ConsumeQueue units, RocksDB rows, index entries) one write task owns, and
 # so about what it holds in memory: a task's whole partition is sorted before it is written.
 PARTITION_BYTES = 64 * 1024 * 1024
+# Tasks per core at least, in every stage: with one task per core the slowest task (a split
+# of dense small records, a range holding the busiest queues) sets the stage's time while the
+# other cores idle; two let the scheduler even the cores out. The cost is a task's start-up.
+TASKS_PER_CORE = 2
+
+
+def min_tasks(sc: Any) -> int:
+    """The fewest tasks a stage is cut into on ``sc``'s executors."""
+    return TASKS_PER_CORE * max(1, int(sc.defaultParallelism))
 
 
 class PipelineError(RuntimeError):

@@ -49,6 +49,7 @@ from stratamq.spark.pipelines.common import (
     SPLIT_BYTES,
     PipelineError,
     commitlog_splits,
+    min_tasks,
     spark_session,
     store_dir,
     user_message,
@@ -148,7 +149,7 @@ class _Job:
         self.block = block
         self.root, self.low, self.end, self.deleted, self.topics = root, low, end, deleted, topics
         self.bar, self.partition_bytes = bar, partition_bytes
-        self.splits = commitlog_splits(root, low, end, split_bytes, sc.defaultParallelism)
+        self.splits = commitlog_splits(root, low, end, split_bytes, min_tasks(sc))
 
     def run(self, docs: Any, source: dict[str, Any]) -> dict[str, Any]:
         info = self._read()
@@ -202,9 +203,13 @@ class _Job:
                     base, acc, start = base + acc, 0, block * self.block
                 acc += size
             chunks.append((queue, start, base, acc))
+        # Tasks of at most partition_bytes, and at least min_tasks of them when there are
+        # that many chunks: which task writes a chunk changes no byte of the tier.
+        task_bytes = min(self.partition_bytes,
+                         max(1, math.ceil(sum(c[3] for c in chunks) / min_tasks(self.sc))))
         tasks, filled, task = [], 0, 0
         for _queue, _start, _base, size in chunks:
-            if filled and filled + size > self.partition_bytes:
+            if filled and filled + size > task_bytes:
                 task, filled = task + 1, 0
             tasks.append(task)
             filled += size

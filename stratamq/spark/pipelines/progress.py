@@ -46,8 +46,9 @@ class Counters:
 class PipelineProgress:
     """Driver side. ``with progress.stage("read", total_bytes=n) as counters: <action>``.
 
-    Not thread-safe: one stage at a time, from the thread that runs the job's actions; the
-    printing thread only reads the accumulators."""
+    Stages may run at once, each from its own driver thread (rebuild's ConsumeQueue and index
+    jobs): a stage owns its counters and printing thread, and only adds its own key to
+    ``stages`` when it ends."""
 
     def __init__(self, sc: Any, job: str, *, quiet: bool = False,
                  stream: TextIO | None = None) -> None:

@@ -17,7 +17,9 @@ Stages (``docs/SPARK.md``, "Pipelines on a cluster"):
    queue's first and last record into the offset table's rows, written as SST files too, and
    the driver ingests the SST files into a new RocksDB.
 3. **write index**: entries are numbered from the read counts; file ``k`` holds entries
-   ``k * (maxIndexNum - 1)`` on, and each task writes whole files (``index_write``).
+   ``k * (maxIndexNum - 1)`` on, and each task writes whole files (``index_write``). With
+   ``--what all`` this job runs at the same time as stage 2's (both read the cached stage 1),
+   so the cores its few tasks leave idle write ConsumeQueues.
 
 Everything is written under ``<store>/spark-rebuild/`` and moved into place by the driver once
 every task succeeded, so a failed or killed run leaves the store as it was. The driver holds
@@ -45,6 +47,7 @@ from stratamq.spark.pipelines.common import (
     SPLIT_BYTES,
     PipelineError,
     commitlog_splits,
+    min_tasks,
     spark_session,
     store_dir,
     store_lock,
@@ -152,7 +155,7 @@ def run_rebuild(spark: Any, store: str, what: str, store_type: str | None = None
     sc = spark.sparkContext
     started = time.monotonic()
     with store_lock(root):
-        p = plan(root, what, store_type, config, split_bytes, sc.defaultParallelism)
+        p = plan(root, what, store_type, config, split_bytes, min_tasks(sc))
         shutil.rmtree(p.staging, ignore_errors=True)  # a killed run's leftovers
         p.staging.mkdir()
         bar = PipelineProgress(sc, "rebuild", quiet=not progress)
@@ -190,9 +193,22 @@ class _Job:
             units = sum(i[1] for i in info)
             entries = [i[2] for i in sorted(info)]
             out["records"] = units
-            if p.cq:
+            if p.cq and p.index:
+                # Two Spark jobs at once (a driver thread each): the index is written by one
+                # task per 20M-entry file, so alone it would leave the other cores idle; the
+                # scheduler gives them the ConsumeQueue tasks meanwhile. The index job goes
+                # first, as its single writing task is the longest.
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(1, thread_name_prefix="rebuild-index") as pool:
+                    index = pool.submit(self._write_index, decoded, entries)
+                    try:
+                        out.update(self._write_cq(decoded, info, units))
+                    finally:
+                        out.update(index.result())
+            elif p.cq:
                 out.update(self._write_cq(decoded, info, units))
-            if p.index:
+            elif p.index:
                 out.update(self._write_index(decoded, entries))
         finally:
             decoded.unpersist()
@@ -208,7 +224,7 @@ class _Job:
     # -- ConsumeQueues --------------------------------------------------------------------------
 
     def _partitions(self, units: int, row_bytes: int) -> int:
-        return max(self.sc.defaultParallelism,
+        return max(min_tasks(self.sc),
                    math.ceil(units * row_bytes / self.partition_bytes), 1)
 
     def _write_cq(self, decoded: Any, info: list, units: int) -> dict[str, Any]:
