@@ -30,7 +30,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 from test_broker_harness import PROJECT
-from test_ha_processes import SEGMENT, Node, Pair, wait_until
+from test_ha_processes import SEGMENT, Node, Pair
+from waiting import wait_until
 
 from stratamq.message import Message
 from stratamq.store.message_store import MessageStore

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from stratamq.config import StoreConfig
 from stratamq.ha import HAService
@@ -20,14 +20,6 @@ from stratamq.store.message_store import MessageStore
 from stratamq.store.results import PutMessageStatus
 
 SEGMENT = 256 * 1024
-
-
-def wait_until(condition, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def _config(root: Path, **extra) -> StoreConfig:

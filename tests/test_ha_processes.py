@@ -24,6 +24,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 from test_broker_harness import BrokerProcess, create_topic, message
+from waiting import wait_until
 
 from stratamq.client.admin import AdminClient, AdminError
 
@@ -39,14 +40,6 @@ BASE_CONF = {
     "haStateSyncInterval": "300",
     "grpcThreadPoolNums": "32",
 }
-
-
-def wait_until(condition, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 class Node(BrokerProcess):
