@@ -59,6 +59,8 @@ class FlatAppendFile:
             segment = self.factory.create_segment(self.file_type, self.file_path,
                                                   meta.baseOffset)
             segment.init_position(meta.size)
+            if meta.parts is not None:
+                segment.known_parts(meta.parts, meta.size)
             segment.min_timestamp = meta.beginTimestamp
             segment.max_timestamp = meta.endTimestamp
             found.append(segment)
@@ -87,6 +89,7 @@ class FlatAppendFile:
         if meta is None:
             meta = FileSegmentMetadata(self.file_path, int(self.file_type), segment.base_offset)
         meta.size = segment.commit_position
+        meta.parts = segment.part_positions()
         meta.beginTimestamp = segment.min_timestamp
         meta.endTimestamp = segment.max_timestamp
         if sealed:
@@ -126,15 +129,20 @@ class FlatAppendFile:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def init_offset(self, offset: int) -> None:
-        """Start the file at ``offset`` (no-op when it has segments)."""
+    def init_offset(self, offset: int, *, known_new: bool = False,
+                    persist: bool = True) -> None:
+        """Start the file at ``offset`` (no-op when it has segments); ``known_new``: the caller
+        checked that the tier holds nothing of this queue."""
         with self.lock:
             if not self.segments:
-                self.roll(offset)
+                self.roll(offset, known_new=known_new, persist=persist)
 
-    def roll(self, offset: int) -> FileSegment:
-        """Start a new last segment at ``offset``; recorded (and persisted) before any byte
-        goes to it, so a crash never leaves tier data the metadata does not know of."""
+    def roll(self, offset: int, *, known_new: bool = False, persist: bool = True
+             ) -> FileSegment:
+        """Start a new last segment at ``offset``; recorded (and persisted, unless the caller
+        persists before anything is uploaded) before any byte goes to it, so a crash never
+        leaves tier data the metadata does not know of. Its size is asked of the tier (a file
+        a lost metadata file forgot), unless ``known_new``."""
         with self.lock:
             if self.segments and self.segments[-1].needs_commit():
                 raise TierIOError(f"tier file {self.segments[-1].path}: cannot roll over "
@@ -142,13 +150,18 @@ class FlatAppendFile:
             if self.segments:
                 self.flush_segment_meta(self.segments[-1], sealed=True)
             segment = self.factory.create_segment(self.file_type, self.file_path, offset)
-            existing = segment.get_size()  # a file left by a crash before it was recorded
+            if known_new:
+                segment.mark_new()
+                existing = 0
+            else:
+                existing = segment.get_size()
             if existing:
                 log.warning("tier file %s already holds %d bytes the metadata did not know of: "
                             "kept", segment.path, existing)
             segment.init_position(existing)
             self.flush_segment_meta(segment)
-            self.metadata.persist()
+            if persist:
+                self.metadata.persist()
             self.segments = (*self.segments, segment)
             return segment
 

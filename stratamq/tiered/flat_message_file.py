@@ -24,8 +24,11 @@ import threading
 from collections.abc import Iterator
 from typing import NamedTuple
 
+import numpy as np
+
 from stratamq import record as codec
 from stratamq.store.consume_queue_format import UNIT, UNIT_SIZE
+from stratamq.tiered.batch import Batch
 from stratamq.tiered.drivers import AppendResult, FileSegmentFactory, TierIOError
 from stratamq.tiered.drivers.base import NO_TIMESTAMP
 from stratamq.tiered.flat_file import FlatCommitLogFile, FlatConsumeQueueFile
@@ -36,27 +39,12 @@ __all__ = ["FlatFileStore", "FlatMessageFile", "TierRecord"]
 
 log = logging.getLogger(__name__)
 
-UNIT_FORMAT = UNIT.format.lstrip(">")  # "qiq"
-
 _QUEUE_OFFSET = struct.Struct(">q")
 
 
-class _Units:
-    """Many ConsumeQueue units packed in one call (``consume_queue_format.UNIT``'s layout)."""
-
-    def __init__(self) -> None:
-        self._formats: dict[int, struct.Struct] = {}
-
-    def pack_many(self, units: list[tuple[int, int, int]]) -> bytes:
-        fmt = self._formats.get(len(units))
-        if fmt is None:
-            fmt = self._formats[len(units)] = struct.Struct(">" + UNIT_FORMAT * len(units))
-            if len(self._formats) > 64:
-                self._formats.clear()
-        return fmt.pack(*[v for unit in units for v in unit])
-
-
-_UNITS = _Units()
+# ``consume_queue_format.UNIT``'s layout as a numpy record, to pack many units at once.
+_UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("code", ">i8")])
+assert _UNIT_DTYPE.itemsize == UNIT_SIZE and UNIT.format.lstrip(">") == "qiq"
 HEADER_PEEK = 128  # bytes of a record that hold every header field up to the store time
 
 
@@ -84,6 +72,7 @@ class FlatMessageFile:
             queue_meta = queue_meta or metadata.add_queue(topic, broker, queue_id)
         self.topic_meta: TopicMetadata | None = topic_meta
         self.queue_meta: QueueMetadata | None = queue_meta
+        self.factory = factory
         self.commit_log = FlatCommitLogFile(factory, metadata, self.file_path)
         self.consume_queue = FlatConsumeQueueFile(factory, metadata, self.file_path)
         self.file_lock = threading.RLock()
@@ -148,8 +137,15 @@ class FlatMessageFile:
     # -- writing (the uploader, under file_lock) ---------------------------------------------
 
     def init_offset(self, queue_offset: int) -> None:
-        self.commit_log.init_offset(0)
-        self.consume_queue.init_offset(queue_offset * UNIT_SIZE)
+        """Start the queue's files, its first record at ``queue_offset``: both recorded in
+        the metadata, persisted once, before anything is uploaded."""
+        known_new = self.factory.queue_absent(self.file_path)
+        self.commit_log.init_offset(0, known_new=known_new, persist=False)
+        self.consume_queue.init_offset(queue_offset * UNIT_SIZE, known_new=known_new,
+                                       persist=False)
+        self.metadata.persist()
+        if self.commit_log.commit_offset == 0:
+            self._first_queue_offset = (0, queue_offset)
 
     def append_message(self, record: bytes, queue_offset: int, tags_code: int,
                        store_timestamp: int) -> AppendResult:
@@ -170,56 +166,67 @@ class FlatMessageFile:
 
     def append_batch(self, batch: list[tuple[int, bytes, int, int]]) -> list[int]:
         """Buffer consecutive records (queue offset, record, tags code, store time) and their
-        units, a file's worth at a time (one buffer per file, not per record); returns the
-        records' flat CommitLog offsets, fewer than the batch when a full file could not be
-        committed before rolling over."""
-        if self.closed or not batch:
+        units; returns the records' flat CommitLog offsets, fewer than the batch when a full
+        file could not be committed before rolling over (``append_block`` of a list)."""
+        if not batch:
             return []
-        first = batch[0][0]
+        block = Batch.of(batch[0][0], [r for _q, r, _c, _t in batch],
+                         [c for _q, _r, c, _t in batch])
+        return self.append_block(block).tolist()
+
+    def append_block(self, batch: Batch) -> np.ndarray:
+        """Buffer a batch of consecutive records and their units, a file's worth at a time
+        (one buffer per file, the units packed with numpy); returns the flat CommitLog offsets
+        of the records taken, fewer than the batch when a full file could not be committed
+        before rolling over."""
+        n = len(batch)
+        if self.closed or not n:
+            return np.empty(0, dtype=np.int64)
+        first = batch.first
         if not self.is_init():
             self.init_offset(first)
         elif first != self.append_offset:
             self.consume_queue.resume_at(first)
-        offsets: list[int] = []
         cl, cq = self.commit_log, self.consume_queue
-        while len(offsets) < len(batch):
+        data, sizes = memoryview(batch.data), batch.sizes
+        offsets = np.empty(n, dtype=np.int64)
+        done = 0
+        while done < n:
             cl_room = cl.segments[-1].room()
             cq_room = cq.segments[-1].room() // UNIT_SIZE
-            take, size = 0, 0
-            for _queue_offset, record, _code, _ts in batch[len(offsets):]:
-                if take >= cq_room or size + len(record) > cl_room:
-                    break
-                take += 1
-                size += len(record)
+            ends = np.cumsum(sizes[done:])
+            take = min(cq_room, int(np.searchsorted(ends, cl_room, side="right")))
             if take == 0:  # a file is full: commit it and start the next
+                size = int(sizes[done])
                 if cl.segments[-1].append_position == 0 and cq_room:
-                    raise TierIOError(f"tier queue {self.file_path}: a record of "
-                                      f"{len(batch[len(offsets)][1])} bytes is larger than "
-                                      "tieredStoreCommitLogMaxSize")
-                for flat, full in ((cl, cl_room < len(batch[len(offsets)][1])),
-                                   (cq, cq_room < 1)):
+                    raise TierIOError(f"tier queue {self.file_path}: a record of {size} bytes "
+                                      "is larger than tieredStoreCommitLogMaxSize")
+                for flat, full in ((cl, cl_room < size), (cq, cq_room < 1)):
                     if not full:
                         continue
                     last = flat.segments[-1]
                     if not flat.commit():
-                        return offsets
+                        return offsets[:done]
                     flat.roll(last.append_offset)
                 continue
-            part = batch[len(offsets):len(offsets) + take]
             base = cl.append_offset
-            units, at = [], base
-            for _queue_offset, record, code, _ts in part:
-                units.append((at, len(record), code))
-                offsets.append(at)
-                at += len(record)
-            # Store times grow along the log: a part's first and last bound it (the uploader
-            # fills in only the batch's ends; zeros elsewhere are not times).
-            times = [ts for *_rest, ts in part if ts] or [batch[0][3] or batch[-1][3]]
-            low, high = min(times), max(times)
-            if cl.segments[-1].append(b"".join(r for _q, r, _c, _t in part), low, high) \
-                    is not AppendResult.SUCCESS or cq.segments[-1].append(
-                        _UNITS.pack_many(units), low, high) is not AppendResult.SUCCESS:
+            stop = done + take
+            at = int(batch.starts[done])
+            end = at + int(ends[take - 1])
+            offsets[done:stop] = base + (batch.starts[done:stop] - at)
+            units = np.empty(take, dtype=_UNIT_DTYPE)
+            units["offset"] = offsets[done:stop]
+            units["size"] = sizes[done:stop]
+            units["code"] = batch.codes[done:stop]
+            # Store times grow along the log: a part's first and last record bound it.
+            low = codec.record_store_timestamp(data, at)
+            high = codec.record_store_timestamp(data, int(batch.starts[stop - 1]))
+            low, high = min(low, high), max(low, high)
+            if cl.segments[-1].append(data[at:end], low, high) is not AppendResult.SUCCESS or \
+                    cq.segments[-1].append(units.tobytes(), low, high) \
+                    is not AppendResult.SUCCESS:
                 raise TierIOError(f"tier queue {self.file_path}: append refused")
+            done = stop
         return offsets
 
     def commit(self) -> bool:
@@ -423,6 +430,7 @@ class FlatMessageFile:
     def destroy(self) -> None:
         with self.file_lock:
             self.closed = True
+            self.factory.forget_topic(self.file_path)
             self.consume_queue.destroy()
             self.commit_log.destroy()
             self.metadata.delete_queue(self.topic, self.queue_id)

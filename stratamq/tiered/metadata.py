@@ -97,6 +97,9 @@ class FileSegmentMetadata:
     beginTimestamp: int = 2**63 - 1  # store time of its oldest message (Long.MAX_VALUE: none)
     endTimestamp: int = 2**63 - 1
     sealTimestamp: int = 0
+    # StrataMQ's: on an object store, where each upload (part object) of the committed bytes
+    # starts, so a reader needs no listing; null when unknown or too many (then it lists).
+    parts: list[int] | None = None
 
 
 class MetadataStore:

@@ -30,6 +30,8 @@ __all__ = ["ObjectFileSegment", "list_parts"]
 
 log = logging.getLogger(__name__)
 
+MAX_RECORDED_PARTS = 256  # part positions a file's metadata records (more: it is listed)
+
 
 def list_parts(fs: Any, path: str) -> list[tuple[int, int]]:
     """(position, size) of each part of the file at ``path``, sorted; [] when there is none.
@@ -85,6 +87,28 @@ class ObjectFileSegment(FileSegment):
 
     def get_size(self) -> int:
         return self._refresh()
+
+    def mark_new(self) -> None:
+        with self._parts_lock:
+            self._starts, self._sizes, self._listed = [], [], True
+
+    def part_positions(self) -> list[int] | None:
+        limit = self.commit_position
+        with self._parts_lock:
+            if not self._listed:
+                return None
+            positions = [p for p in self._starts if p < limit]
+        # A file of many small uploads (a quiet queue) is listed instead: the metadata stays
+        # small.
+        return positions if len(positions) <= MAX_RECORDED_PARTS else None
+
+    def known_parts(self, positions: list[int], size: int) -> None:
+        starts = sorted(p for p in positions if 0 <= p < size)
+        if not starts or starts[0] != 0:
+            return  # not a layout this file can have: list it when it is read
+        sizes = [b - a for a, b in zip(starts, [*starts[1:], size], strict=True)]
+        with self._parts_lock:
+            self._starts, self._sizes, self._listed = starts, sizes, True
 
     def exists(self) -> bool:
         return bool(list_parts(self._fs, self._full_path))
