@@ -23,7 +23,7 @@ from stratamq.record import codec
 from stratamq.record.layout import _V4, MESSAGE_MAGIC_CODE_V1, SYS_FLAG_POS
 from stratamq.store.log_reader import CommitLogReader
 
-__all__ = ["Batch", "DENSE_SPAN", "gather", "index_entries", "store_times"]
+__all__ = ["Batch", "DENSE_SPAN", "be_ints", "gather", "index_entries", "store_times"]
 
 DENSE_SPAN = 4  # read a window whole when it is at most this many times the bytes needed
 _HOST_FLAGS = int(codec.SysFlag.BORN_HOST_V6 | codec.SysFlag.STORE_HOST_V6)
@@ -106,12 +106,12 @@ def gather(reader: CommitLogReader, first: int, units: list[tuple[int, int, int]
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
     # Each record's own size field must match its unit (a unit pointing at the wrong bytes
     # must not be copied into the tier).
-    if (_be(np.frombuffer(data, dtype=np.uint8), starts, 4) != sizes).any():
+    if (be_ints(np.frombuffer(data, dtype=np.uint8), starts, 4) != sizes).any():
         return None
     return Batch(first, data, starts, sizes, codes)
 
 
-def _be(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+def be_ints(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     """Big-endian unsigned integers of ``width`` bytes at each position (int64)."""
     rows = data[at[:, None] + np.arange(width)].astype(np.int64)
     out = rows[:, 0].copy()
@@ -123,8 +123,8 @@ def _be(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
 def store_times(batch: Batch) -> np.ndarray:
     """Each record's store time."""
     data = np.frombuffer(batch.data, dtype=np.uint8)
-    v6 = (_be(data, batch.starts + SYS_FLAG_POS, 4) & _HOST_FLAGS) != 0
-    times = _be(data, batch.starts + _V4.store_timestamp_pos, 8)
+    v6 = (be_ints(data, batch.starts + SYS_FLAG_POS, 4) & _HOST_FLAGS) != 0
+    times = be_ints(data, batch.starts + _V4.store_timestamp_pos, 8)
     for row in np.flatnonzero(v6).tolist():  # IPv6 hosts move the field: rare, one by one
         times[row] = codec.record_store_timestamp(batch.data, int(batch.starts[row]))
     return times
@@ -137,9 +137,9 @@ def index_entries(batch: Batch, flat_offsets: np.ndarray, times: np.ndarray
     their bytes are searched."""
     data = np.frombuffer(batch.data, dtype=np.uint8)
     pos = batch.starts
-    v6 = (_be(data, pos + SYS_FLAG_POS, 4) & _HOST_FLAGS) != 0
-    magic = _be(data, pos + 4, 4)
-    body_len = _be(data, pos + _V4.header.size - 4, 4)
+    v6 = (be_ints(data, pos + SYS_FLAG_POS, 4) & _HOST_FLAGS) != 0
+    magic = be_ints(data, pos + 4, 4)
+    body_len = be_ints(data, pos + _V4.header.size - 4, 4)
     p = pos + _V4.header.size + body_len
     v1 = magic == MESSAGE_MAGIC_CODE_V1
     safe = np.minimum(p, len(data) - 2)

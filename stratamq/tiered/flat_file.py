@@ -28,13 +28,19 @@ import logging
 import threading
 import time
 
+import numpy as np
+
 from stratamq.store.consume_queue_format import UNIT, UNIT_SIZE
 from stratamq.tiered.drivers import AppendResult, FileSegment, FileSegmentFactory, TierIOError
 from stratamq.tiered.drivers.base import NO_TIMESTAMP
 from stratamq.tiered.metadata import STATUS_SEALED, FileSegmentMetadata, MetadataStore
 from stratamq.tiered.naming import FileSegmentType
 
-__all__ = ["FlatAppendFile", "FlatCommitLogFile", "FlatConsumeQueueFile"]
+__all__ = ["UNIT_DTYPE", "FlatAppendFile", "FlatCommitLogFile", "FlatConsumeQueueFile"]
+
+# ``consume_queue_format.UNIT``'s layout as a numpy record, to pack or read many units at once.
+UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("code", ">i8")])
+assert UNIT_DTYPE.itemsize == UNIT_SIZE and UNIT.format.lstrip(">") == "qiq"
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +337,11 @@ class FlatConsumeQueueFile(FlatAppendFile):
             if segment.commit_offset // UNIT_SIZE > queue_offset and segment.commit_position:
                 return max(queue_offset, segment.base_offset // UNIT_SIZE)
         return None
+
+    def read_unit_table(self, queue_offset: int, count: int) -> np.ndarray:
+        """``read_units`` as a numpy record array (fields offset, size, code)."""
+        data = self.read(queue_offset * UNIT_SIZE, count * UNIT_SIZE)
+        return np.frombuffer(data, dtype=UNIT_DTYPE, count=len(data) // UNIT_SIZE)
 
     def read_units(self, queue_offset: int, count: int) -> list[tuple[int, int, int]]:
         """Up to ``count`` committed units from ``queue_offset`` (fewer at a gap or the end)."""

@@ -27,24 +27,21 @@ from typing import NamedTuple
 import numpy as np
 
 from stratamq import record as codec
-from stratamq.store.consume_queue_format import UNIT, UNIT_SIZE
-from stratamq.tiered.batch import Batch
+from stratamq.store.consume_queue_format import UNIT_SIZE
+from stratamq.tiered.batch import Batch, be_ints
 from stratamq.tiered.drivers import AppendResult, FileSegmentFactory, TierIOError
 from stratamq.tiered.drivers.base import NO_TIMESTAMP
-from stratamq.tiered.flat_file import FlatCommitLogFile, FlatConsumeQueueFile
+from stratamq.tiered.flat_file import UNIT_DTYPE, FlatCommitLogFile, FlatConsumeQueueFile
 from stratamq.tiered.metadata import MetadataStore, QueueMetadata, TopicMetadata
 from stratamq.tiered.naming import queue_file_path
 
-__all__ = ["FlatFileStore", "FlatMessageFile", "TierRecord"]
+__all__ = ["FlatFileStore", "FlatMessageFile", "RecordBlock", "TierRecord"]
 
 log = logging.getLogger(__name__)
 
 _QUEUE_OFFSET = struct.Struct(">q")
 
 
-# ``consume_queue_format.UNIT``'s layout as a numpy record, to pack many units at once.
-_UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("code", ">i8")])
-assert _UNIT_DTYPE.itemsize == UNIT_SIZE and UNIT.format.lstrip(">") == "qiq"
 HEADER_PEEK = 128  # bytes of a record that hold every header field up to the store time
 
 
@@ -53,6 +50,33 @@ class TierRecord(NamedTuple):
     flat_offset: int  # in the queue's tier CommitLog
     tags_code: int
     data: memoryview  # the whole record, as stored locally (a view of one ranged read)
+
+
+class RecordBlock(NamedTuple):
+    """Consecutive records from queue offset ``start``: record ``i`` is
+    ``buffer[starts[i]:starts[i] + sizes[i]]`` (one ranged read's buffer), with tags code
+    ``codes[i]``, original CommitLog offset ``physical[i]`` and tier CommitLog offset
+    ``flat_offsets[i]``. Parallel lists, not an object per record: a block holds thousands."""
+
+    start: int
+    buffer: memoryview
+    starts: list[int]
+    sizes: list[int]
+    codes: list[int]
+    physical: list[int]
+    flat_offsets: list[int]
+
+    @property
+    def length(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.sizes)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.buffer)
 
 
 class FlatMessageFile:
@@ -214,7 +238,7 @@ class FlatMessageFile:
             at = int(batch.starts[done])
             end = at + int(ends[take - 1])
             offsets[done:stop] = base + (batch.starts[done:stop] - at)
-            units = np.empty(take, dtype=_UNIT_DTYPE)
+            units = np.empty(take, dtype=UNIT_DTYPE)
             units["offset"] = offsets[done:stop]
             units["size"] = sizes[done:stop]
             units["code"] = batch.codes[done:stop]
@@ -315,30 +339,44 @@ class FlatMessageFile:
         return self.consume_queue.read_units(queue_offset, count)
 
     def records(self, queue_offset: int, max_count: int, max_bytes: int) -> list[TierRecord]:
+        """``read_block`` as one ``TierRecord`` per record."""
+        block = self.read_block(queue_offset, max_count, max_bytes)
+        if block is None:
+            return []
+        buf = block.buffer
+        return [TierRecord(block.start + i, flat, code, buf[at : at + size])
+                for i, (flat, code, at, size) in enumerate(zip(
+                    block.flat_offsets, block.codes, block.starts, block.sizes, strict=True))]
+
+    def read_block(self, queue_offset: int, max_count: int, max_bytes: int) -> RecordBlock | None:
         """Records from ``queue_offset`` (committed, in one run of units): one ranged read of
         units, then one of the CommitLog span they cover (at least one record, at most
-        ``max_bytes`` beyond the first)."""
+        ``max_bytes`` beyond the first); None when there is none. Units and the records'
+        fields are read with numpy: nothing is done per record here."""
         end = self.consume_queue.segment_end_queue_offset(queue_offset)
         count = min(max_count, end - queue_offset)
         if count <= 0:
-            return []
-        units = self.units(queue_offset, count)
-        if not units:
-            return []
-        first = units[0][0]
-        keep = 1
-        while keep < len(units) and units[keep][0] + units[keep][1] - first <= max_bytes:
-            keep += 1
-        units = units[:keep]
-        span_end = units[-1][0] + units[-1][1]
-        data = memoryview(self.commit_log.read(first, span_end - first))  # views, no copies
-        out = []
-        for i, (flat, size, code) in enumerate(units):
-            at = flat - first
-            if at + size > len(data):
-                break  # the CommitLog read stopped early (the end of what is committed)
-            out.append(TierRecord(queue_offset + i, flat, code, data[at : at + size]))
-        return out
+            return None
+        units = self.consume_queue.read_unit_table(queue_offset, count)
+        if not len(units):
+            return None
+        flat = units["offset"].astype(np.int64)
+        sizes = units["size"].astype(np.int64)
+        first = int(flat[0])
+        keep = max(1, int(np.searchsorted(flat + sizes - first, max_bytes, side="right")))
+        span_end = int(flat[keep - 1] + sizes[keep - 1])
+        data = self.commit_log.read(first, span_end - first)
+        starts = flat[:keep] - first
+        # The CommitLog read stops early at the end of what is committed.
+        keep = int(np.searchsorted(starts + sizes[:keep], len(data), side="right"))
+        if keep == 0:
+            return None
+        starts = starts[:keep]
+        physical = be_ints(np.frombuffer(data, dtype=np.uint8),
+                           starts + codec.PHYSICAL_OFFSET_POS, 8)
+        return RecordBlock(queue_offset, memoryview(data), starts.tolist(),
+                           sizes[:keep].tolist(), units["code"][:keep].tolist(),
+                           physical.tolist(), flat[:keep].tolist())
 
     def record_at(self, queue_offset: int) -> bytes | None:
         units = self.units(queue_offset, 1)
