@@ -6,8 +6,10 @@ slave's catch-up rate against a bare socket copy of the same bytes.
 
 Prints one JSON object per line: ``env``; ``put`` per mode (``none``, ``ASYNC_MASTER``,
 ``SYNC_MASTER``) with messages/s, MB/s, p50/p99 ms of one batch put, and for ASYNC_MASTER the
-``lag`` sampled every 20 ms (bytes and ms); ``catch_up`` (slave MB/s, bare copy MB/s, their
-ratio; target >= 0.5); ``target`` (each mode over no replication; target sync >= 0.5).
+``lag`` sampled every 20 ms (bytes and ms); ``catch_up`` (slave MB/s to the bytes being in
+its CommitLog, bare copy MB/s, their ratio, target >= 0.5; apart: MB/s to the slave's dispatch
+finishing, and the CPU seconds both processes spent); ``target`` (each mode over no
+replication, target sync >= 0.5; the median catch-up ratios).
 Everything is measured in the same run; see stratamq/benchmarks/ha_bench.py.
 """
 
@@ -40,6 +42,8 @@ def main() -> None:
                         help="haTransferBatchSize for the catch-up (RocketMQ's default 32 KiB)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds; modes alternate within a round, medians are reported")
+    parser.add_argument("--catch-up-rounds", type=int, default=3,
+                        help="cold catch-ups (each with its bare copies); the median is reported")
     parser.add_argument("--dir", default=None, help="where to put the stores (default: /tmp)")
     args = parser.parse_args()
     if args.quick:
@@ -66,12 +70,17 @@ def main() -> None:
         for mode in modes:
             print(json.dumps({**puts[mode], "bench": "put_median", "rounds": args.repeat}),
                   flush=True)
-        catch = [run_catch_up(total_mb=args.catch_up_mb, segment=segment,
-                              batch_size=args.transfer_batch, workdir=work)
-                 for _ in range(max(1, min(args.repeat, 2)))]
-        for c in catch:
-            print(json.dumps(c), flush=True)
-        print(json.dumps(summary(puts, catch)), flush=True)
+        # Each round: the slave as it runs, then one whose dispatch runs along the copy (how it
+        # copied before it held dispatch back), for a comparison in the same run.
+        catch, along = [], []
+        for _ in range(max(1, args.catch_up_rounds)):
+            for dispatch_along, runs in ((False, catch), (True, along)):
+                c = run_catch_up(total_mb=args.catch_up_mb, segment=segment,
+                                 batch_size=args.transfer_batch, workdir=work,
+                                 dispatch_along=dispatch_along)
+                runs.append(c)
+                print(json.dumps(c), flush=True)
+        print(json.dumps(summary(puts, catch, along)), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

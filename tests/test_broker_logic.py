@@ -107,6 +107,34 @@ def test_concurrent_puts_combine_and_each_gets_its_own_offsets(store):
             assert bodies[r.appended.queue_offset] == b"%d-%d" % (i, j)
 
 
+def test_a_put_waiter_that_raises_answers_its_puts_and_the_writer_goes_on(store):
+    """A bug in what a put waits for (a flusher, a replication waiter) must not kill the writer
+    thread: the puts it held are answered UNKNOWN_ERROR (their messages are stored, as after a
+    flush timeout), and the next puts, from threads and from a loop, are answered as usual."""
+    failures = [RuntimeError("waiter bug")]
+
+    def flaky(end: int) -> PutMessageStatus | None:
+        if failures:
+            raise failures.pop()
+        return None
+
+    store.add_put_waiter(flaky)
+    writer = GroupWriter(store).start()
+
+    async def from_loop(body: bytes):
+        return await asyncio.wait_for(writer.put_async([_msg("F", body)]), 30)
+
+    try:
+        first = asyncio.run(from_loop(b"one"))  # appended on the loop, waited on the thread
+        second = writer.put_wait([_msg("F", b"two")], timeout=30)
+        third = asyncio.run(from_loop(b"three"))
+    finally:
+        assert writer.close()
+    assert first[0].status is PutMessageStatus.UNKNOWN_ERROR and "waiter bug" in first[0].error
+    assert second[0].ok and third[0].ok
+    assert [second[0].appended.queue_offset, third[0].appended.queue_offset] == [1, 2]
+
+
 def test_puts_from_threads_go_through_the_writer_thread(store):
     writer = GroupWriter(store).start()
     try:

@@ -243,3 +243,38 @@ def test_large_chunks_are_checked_in_bulk_as_strictly(tmp_path):
     torn[middle + 4] ^= 0xFF  # a magic code
     with pytest.raises(ReplicaDataError, match=f"offset {middle}"):
         whole_records(memoryview(torn), 0, segment)
+
+
+def test_dispatch_held_back_while_catching_up_goes_on_when_released(tmp_path):
+    master = _master(tmp_path)
+    slave = _slave(tmp_path)
+    try:
+        half = master.get_messages("g", "Repl", 0, 50, max_count=1)
+        middle = half.records[0].physical_offset
+        half.release()
+        while slave.replica.end() < middle:  # whole segments, then up to the middle
+            at = slave.replica.end()
+            assert slave.replica.append(at, master.log_reader.read_range(at, middle)) > 0
+        assert slave.wait_dispatched()
+        assert slave.get_max_offset_in_queue("Repl", 0) == 50
+        slave.replica.hold_dispatch()
+        _copy(master, slave, middle, random.Random(5))
+        # Copied, not dispatched: the queues stay where they were (but for the one record
+        # the dispatch thread was on when the hold came: it waits after dispatching it).
+        assert slave.commitlog.max_offset == master.commitlog.max_offset
+        assert not slave.wait_dispatched(timeout=0.5)
+        assert sum(slave.get_max_offset_in_queue("Repl", q) for q in range(3)) <= 151
+        assert slave.replica.dispatch_lag() > 0
+        slave.replica.release_dispatch()
+        assert slave.wait_dispatched()
+        assert slave.replica.dispatch_lag() == 0
+        assert [slave.get_max_offset_in_queue("Repl", q) for q in range(3)] == [100, 100, 100]
+        # A cut while dispatch is held releases it first (it waits for the round to end).
+        slave.replica.hold_dispatch()
+        report = slave.replica.truncate(middle, reason="test")
+        assert report.offset == middle and not slave.replica.dispatch_held
+        assert slave.wait_dispatched()
+        assert slave.get_max_offset_in_queue("Repl", 0) == 50
+    finally:
+        master.close()
+        slave.close()

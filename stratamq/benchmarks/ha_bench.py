@@ -10,13 +10,19 @@ share a GIL.
   MB/s and the p50/p99 latency of one batch put. While the ASYNC_MASTER runs, the slave's lag
   is sampled every 20 ms (bytes not acknowledged, and the age of the oldest such message).
 * ``catch_up``: a slave with an empty store copies the master's whole CommitLog (MIN_OFFSET);
-  MB/s from its request to its acknowledgement of the last byte, against a bare copy of the
-  same bytes on loopback: the segment files sent with ``sendfile`` to a process that writes
-  them to a file and answers when it has them all.
+  MB/s from its request to its acknowledgement of the last byte (the bytes are in the slave's
+  CommitLog: written to its mapped files, flushed by its flush service as any append), against
+  a bare copy of the same bytes on loopback: the segment files sent with ``sendfile`` to a
+  process that writes them to a file and answers when it has them all, run before and after
+  the slave (the faster of the two is the baseline: the machine is shared). Reported apart:
+  when the slave's dispatch (ConsumeQueues: what makes the bytes readable there) finished,
+  which the slave process tells on its stdout (``time.monotonic`` is one clock for every
+  process on Linux).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -46,11 +52,13 @@ def _config(root: Path, role: str, segment: int, **extra: object) -> StoreConfig
                        message_index_enable=False, **extra)  # type: ignore[arg-type]
 
 
-def _start_slave(root: Path, master_port: int, segment: int) -> subprocess.Popen:
+def _start_slave(root: Path, master_port: int, segment: int, watch_end: int = 0,
+                 dispatch_along: bool = False) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "stratamq.benchmarks.ha_bench", "slave", str(root),
-         f"127.0.0.1:{master_port}", str(segment)],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+         f"127.0.0.1:{master_port}", str(segment), str(watch_end), str(int(dispatch_along))],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE if watch_end else subprocess.DEVNULL,
+        text=True)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -162,8 +170,11 @@ def _fill(store: MessageStore, total_bytes: int) -> None:
     store.flush()
 
 
-def run_catch_up(*, total_mb: int, segment: int, batch_size: int, workdir: Path) -> dict:
-    """A cold slave's copy of ``total_mb`` MB against a bare socket copy of the same bytes."""
+def run_catch_up(*, total_mb: int, segment: int, batch_size: int, workdir: Path,
+                 dispatch_along: bool = False) -> dict:
+    """A cold slave's copy of ``total_mb`` MB against a bare socket copy of the same bytes.
+    ``dispatch_along``: the slave never holds its dispatch back (how it copied before), for a
+    comparison in the same run."""
     root = workdir / "catch-up"
     cfg = _config(root / "master", "ASYNC_MASTER", segment,
                   ha_new_slave_transfer_from="MIN_OFFSET", ha_transfer_batch_size=batch_size)
@@ -173,28 +184,50 @@ def run_catch_up(*, total_mb: int, segment: int, batch_size: int, workdir: Path)
     try:
         _fill(store, total_mb * MB)
         end = store.commitlog.max_offset
-        baseline = _bare_copy(store, root / "sink")
+        bare = [_bare_copy(store, root / "sink")]
         ha.start()
         server = ha.server
         assert server is not None
-        slave = _start_slave(root / "slave", server.port, segment)
+        slave = _start_slave(root / "slave", server.port, segment, watch_end=end,
+                             dispatch_along=dispatch_along)
         _wait(lambda: bool(server.links) and server.links[0].proto.plan is not None, 120,
               "the slave to connect")
-        started = time.perf_counter()
+        cpu_before = _cpu_seconds(slave.pid), time.process_time()
+        started = time.monotonic()
         _wait(lambda: server.push2slave_max_offset >= end, 1800, "the slave to catch up")
-        elapsed = time.perf_counter() - started
+        elapsed = time.monotonic() - started
+        slave_cpu = _cpu_seconds(slave.pid) - cpu_before[0]
+        master_cpu = time.process_time() - cpu_before[1]
+        assert slave.stdout is not None
+        dispatched = json.loads(slave.stdout.readline())["dispatched"] - started
+        bare.append(_bare_copy(store, root / "sink2"))
+        baseline = min(bare)
         mbps = end / elapsed / MB
         return {"bench": "catch_up", "bytes": end, "transfer_batch": batch_size,
+                "dispatch": "along the copy" if dispatch_along else "held while streaming",
                 "slave_seconds": round(elapsed, 2), "slave_mb_per_s": round(mbps, 1),
-                "bare_copy_seconds": round(baseline, 2),
+                "slave_dispatched_seconds": round(dispatched, 2),
+                "slave_dispatched_mb_per_s": round(end / dispatched / MB, 1),
+                # CPU spent on the copy (not on waiting for a CPU on a shared machine):
+                "slave_cpu_seconds": round(slave_cpu, 2),
+                "master_cpu_seconds": round(master_cpu, 2),
+                "bare_copy_seconds": [round(b, 2) for b in bare],
                 "bare_copy_mb_per_s": round(end / baseline / MB, 1),
-                "ratio": round(mbps / (end / baseline / MB), 3), "target_ratio": 0.5}
+                "ratio": round(mbps / (end / baseline / MB), 3),
+                "dispatched_ratio": round(end / dispatched / (end / baseline), 3),
+                "target_ratio": 0.5}
     finally:
         if slave is not None:
             _stop(slave)
         ha.shutdown()
         store.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _bare_copy(store: MessageStore, sink_dir: Path) -> float:
@@ -228,15 +261,24 @@ def _bare_copy(store: MessageStore, sink_dir: Path) -> float:
 
 # -- the helper processes ----------------------------------------------------------------------
 
-def _slave_main(root: str, master: str, segment: str) -> None:
+def _slave_main(root: str, master: str, segment: str, watch_end: str = "0",
+                dispatch_along: str = "0") -> None:
     cfg = StoreConfig(store_path_root_dir=root, mapped_file_size_commit_log=int(segment),
                       broker_role=BrokerRole.SLAVE, ha_master_address=master,
                       message_index_enable=False)
     store = MessageStore(cfg).open()
+    if int(dispatch_along):  # the comparison: a slave that never holds its dispatch back
+        store.replica.hold_dispatch = lambda: None  # type: ignore[method-assign]
     ha = HAService.for_store(store)
     ha.start()
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
+    if int(watch_end):  # say when everything up to there is copied and dispatched
+        while not done.wait(0.005):
+            if (store.max_physical_offset >= int(watch_end)
+                    and store.dispatch_behind_bytes() == 0):
+                print(json.dumps({"dispatched": time.monotonic()}), flush=True)
+                break
     done.wait()
     ha.shutdown()
     store.close()
@@ -268,16 +310,24 @@ def median_run(runs: list[dict]) -> dict:
     return ordered[len(ordered) // 2]
 
 
-def summary(puts: dict[str, dict], catch_ups: list[dict]) -> dict:
+def summary(puts: dict[str, dict], catch_ups: list[dict], along: list[dict] | None = None
+            ) -> dict:
     """Each replicated mode's median put throughput over no replication's (target: sync >=
     0.5), and the catch-up ratios (target >= 0.5)."""
     none = puts["none"]["msgs_per_s"]
-    ratios = sorted(c["ratio"] for c in catch_ups)
+    def median(key: str, runs: list[dict] = catch_ups) -> float:
+        values = sorted(c[key] for c in runs)
+        return values[len(values) // 2]
+
     return {"bench": "target",
             "async_over_none": round(puts["ASYNC_MASTER"]["msgs_per_s"] / none, 3),
             "sync_over_none": round(puts["SYNC_MASTER"]["msgs_per_s"] / none, 3),
             "target_sync_over_none": 0.5,
-            "catch_up_ratio": ratios[len(ratios) // 2], "target_catch_up_ratio": 0.5}
+            "catch_up_ratio": median("ratio"), "target_catch_up_ratio": 0.5,
+            "catch_up_dispatched_ratio": median("dispatched_ratio"),
+            **({"catch_up_ratio_dispatch_along": median("ratio", along),
+                "catch_up_dispatched_ratio_dispatch_along": median("dispatched_ratio", along)}
+               if along else {})}
 
 
 if __name__ == "__main__":

@@ -289,13 +289,32 @@ def admin_handler(broker: Broker, run: Run) -> grpc.GenericRpcHandler:
     """The admin methods as ``grpc.aio`` handlers; ``run(fn, *args)`` runs each method (they
     write metadata, delete topics...) in the broker's executor."""
     service = AdminService(broker)
+    return json_methods_handler(
+        broker, SERVICE, {name: (getattr(service, name), action)
+                          for name, action in _ACTIONS.items()}, run)
 
-    def make(name: str) -> Callable:
-        method = getattr(service, name)
 
+JsonMethod = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def json_methods_handler(broker: Broker, service: str,
+                         methods: dict[str, tuple[JsonMethod, str]], run: Run
+                         ) -> grpc.GenericRpcHandler:
+    """``methods`` (name -> (method, ACL action on the Cluster resource)) as ``grpc.aio``
+    handlers of ``service``, the one shape of every StrataMQ admin service: a JSON object in,
+    the caller authorized, the method refused on a SLAVE when it changes what the slave copies
+    from its master, run in the broker's executor (``run``), a JSON object out.
+
+    Errors, the same for every method: ``MetadataError`` by kind (INVALID_ARGUMENT, NOT_FOUND,
+    ALREADY_EXISTS, FAILED_PRECONDITION); a ``BrokerError`` UNAUTHORIZED -> UNAUTHENTICATED,
+    FORBIDDEN -> PERMISSION_DENIED, any other -> INVALID_ARGUMENT; ``OSError`` (a disk, a
+    tier) -> UNAVAILABLE; anything else is logged and answered INTERNAL, never gRPC's
+    UNKNOWN without a word."""
+
+    def make(name: str, method: JsonMethod, action: str) -> grpc.RpcMethodHandler:
         def work(request: bytes, call: Call) -> bytes:
             req = _loads(request)
-            broker.lookup.authorize(call, "Cluster", _ACTIONS[name])
+            broker.lookup.authorize(call, "Cluster", action)
             refusal = broker.replication.refusal(name) if broker.replication else None
             if refusal is not None:  # a slave's topics and groups are its master's
                 raise MetadataError("precondition", refusal)
@@ -305,14 +324,21 @@ def admin_handler(broker: Broker, run: Run) -> grpc.GenericRpcHandler:
             try:
                 return await run(work, request, call_of(context))
             except MetadataError as exc:
-                await context.abort(_KIND_CODES[exc.kind], str(exc))
+                code, message = _KIND_CODES[exc.kind], str(exc)
             except BrokerError as exc:
                 code = (grpc.StatusCode.UNAUTHENTICATED if exc.code == pb.Code.UNAUTHORIZED
                         else grpc.StatusCode.PERMISSION_DENIED if exc.code == pb.Code.FORBIDDEN
                         else grpc.StatusCode.INVALID_ARGUMENT)
-                await context.abort(code, exc.message)
+                message = exc.message
+            except OSError as exc:
+                code, message = grpc.StatusCode.UNAVAILABLE, f"{type(exc).__name__}: {exc}"
+            except Exception as exc:
+                log.exception("%s/%s failed", service, name)
+                code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+            await context.abort(code, message)
             raise AssertionError("unreachable")  # context.abort raises
 
         return grpc.unary_unary_rpc_method_handler(handle)
 
-    return grpc.method_handlers_generic_handler(SERVICE, {n: make(n) for n in _ACTIONS})
+    return grpc.method_handlers_generic_handler(
+        service, {name: make(name, method, action) for name, (method, action) in methods.items()})

@@ -26,7 +26,6 @@ Both answer ``FAILED_PRECONDITION`` when compaction is off (``enableCompaction=f
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -34,7 +33,6 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from stratamq.broker.errors import BrokerError
 from stratamq.broker.metadata import MetadataError, MetadataStore, TopicConfig
-from stratamq.broker.ports import Call
 from stratamq.client.admin import SERVICE
 from stratamq.compaction.service import CompactionStore
 from stratamq.config import StoreConfig
@@ -69,20 +67,16 @@ def route_by_key(topic: TopicConfig, msg: Message) -> None:
     msg.queue_id = abs(java_string_hash(key)) % topic.write_queue_nums
 
 
-class _Off(Exception):
-    """The broker runs with compaction off."""
-
-
 def compaction_admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
     """The methods as ``grpc.aio`` handlers, each run in the broker's executor (a round takes
     a while)."""
-    from stratamq.broker.admin import _dumps, _field, _loads
-    from stratamq.broker.rpc import call_of
+    from stratamq.broker.admin import _field, json_methods_handler
 
     def compaction() -> CompactionStore:
         comp = getattr(broker, "compaction", None)
         if comp is None:
-            raise _Off()
+            raise MetadataError("precondition", "compaction is off on this broker "
+                                "(enableCompaction=false)")
         return comp
 
     def run(req: dict[str, Any]) -> dict[str, Any]:
@@ -102,30 +96,6 @@ def compaction_admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
         return {"queues": [r for r in compaction().status()
                            if topic is None or r["topic"] == topic]}
 
-    methods = {"CompactionRun": (run, "Update"), "CompactionStatus": (status, "Get")}
-
-    def make(method: Callable[[dict[str, Any]], dict[str, Any]], action: str) -> Callable:
-        def work(request: bytes, call: Call) -> bytes:
-            req = _loads(request)
-            broker.lookup.authorize(call, "Cluster", action)
-            return _dumps(method(req))
-
-        async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            try:
-                return await broker.run(work, request, call_of(context))
-            except _Off:
-                await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                    "compaction is off on this broker (enableCompaction=false)")
-            except MetadataError as exc:
-                await context.abort(grpc.StatusCode.NOT_FOUND if exc.kind == "not_found"
-                                    else grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            except BrokerError as exc:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED
-                                    if exc.code == Code.UNAUTHORIZED
-                                    else grpc.StatusCode.PERMISSION_DENIED, exc.message)
-            raise AssertionError("unreachable")  # context.abort raises
-
-        return grpc.unary_unary_rpc_method_handler(handle)
-
-    return grpc.method_handlers_generic_handler(
-        SERVICE, {name: make(method, action) for name, (method, action) in methods.items()})
+    return json_methods_handler(
+        broker, SERVICE, {"CompactionRun": (run, "Update"), "CompactionStatus": (status, "Get")},
+        broker.run)

@@ -111,8 +111,12 @@ class Lookup:
             raise BrokerError(Code.BAD_REQUEST, f"batch_size must be 1..{most}, not {batch_size}")
 
     def poll_ms(self, wanted_ms: int, call: Call) -> int:
-        """How long a receive or pull may wait: capped by the broker, and short enough to
-        answer before the client gives up on the call."""
+        """How long a receive or pull may wait: capped by the broker
+        (``grpcClientConsumerMaxLongPollingTimeoutMillis``, 20 s as the proxy), and short
+        enough to answer before the client gives up on the call. Unlike the proxy, which raises
+        a shorter wait to its 5 s minimum (and answers ILLEGAL_POLLING_TIME when the deadline
+        leaves less), a shorter wait is honoured: an empty queue is answered sooner, never
+        later."""
         poll = min(wanted_ms, self.config.max_long_polling_time_mills)
         if call.time_remaining is not None:
             poll = max(0, min(poll, int((call.time_remaining - 1.0) * 1000)))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -66,6 +67,10 @@ class LongPolls:
         self.max_per_group = max_per_group
         self.max_per_client = max_per_client
         self._seq: dict[str, int] = {}
+        # notify runs on the dispatcher thread and on executor threads (acks, invisible-time
+        # changes): without the lock two increments could collapse into one, and a receive that
+        # read the sequence between them would sleep through the wake-up.
+        self._seq_lock = threading.Lock()
         # Read by notify on other threads (membership only); changed on the loop.
         self._topics: dict[str, int] = {}  # topic -> waiters registered
         self._scheduled: set[str] = set()  # topics with a wake-up queued on the loop
@@ -83,7 +88,8 @@ class LongPolls:
         return self._seq.get(topic, 0)
 
     def notify(self, topic: str) -> None:
-        self._seq[topic] = self._seq.get(topic, 0) + 1
+        with self._seq_lock:
+            self._seq[topic] = self._seq.get(topic, 0) + 1
         if topic in self._topics and topic not in self._scheduled:
             self._scheduled.add(topic)
             with contextlib.suppress(RuntimeError):  # a closed loop: the broker is stopping

@@ -29,7 +29,9 @@ the master returns those messages may be delivered once more.
 ``SERVICE`` (``/stratamq.admin.v1.Replication/<Method>``, JSON as the admin service):
 ``HaStatus {}`` (ACL: Cluster Get) -> the ``HAService`` runtime info, plus ``"stateSync"``
 on a slave; ``SyncState {}`` (ACL: Cluster Update, it carries the receipt-handle key) ->
-``{"metadata": {"topics", "groups"}, "popState": {...}}`` (a master's).
+``{"metadata": {"topics", "groups"}, "popState": {...}, "deletedTopics": {topic: cutoff}}``
+(a master's). A slave deletes a topic's queues only when its master lists the deletion, never
+because the topic is missing from the master's configuration.
 
 Thread-safety: the sync thread alone writes the slave's metadata and pop state from the
 master; ``route`` and the RPCs read plain attributes from gRPC threads.
@@ -37,7 +39,6 @@ master; ``route`` and the RPCs read plain attributes from gRPC threads.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -48,18 +49,28 @@ import grpc
 from prometheus_client.core import GaugeMetricFamily
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from stratamq.broker.compaction_topics import plug
+from stratamq.broker.metadata import MetadataError
 from stratamq.client.admin import AdminClient, AdminError
-from stratamq.config import BrokerRole
+from stratamq.client.connection import BrokerEndpoint
+from stratamq.compaction.service import CompactionStore
+from stratamq.config import BrokerRole, StoreConfig
 from stratamq.ha import HAConnectionState, HAService
+from stratamq.ha.message_replication import CompactionGate, CompactionReplicator, GrpcPullSource
+from stratamq.store.message_store import MessageStore
 
 if TYPE_CHECKING:
+    from stratamq.broker.metadata import MetadataStore
     from stratamq.broker.server import Broker
 
-__all__ = ["SERVICE", "BrokerReplication", "master_endpoint"]
+__all__ = ["SERVICE", "BrokerReplication", "master_endpoint", "plug_compaction"]
 
 log = logging.getLogger(__name__)
 
 SERVICE = "stratamq.admin.v1.Replication"
+# How long one sync waits for the slave's dispatch to reach a deletion (it finishes later
+# when it does not; the next sync sees the slave's cutoff and does not delete again).
+_DELETE_WAIT_S = 5.0
 _ADMIN_WRITES = frozenset({"CreateTopic", "UpdateTopic", "DeleteTopic", "CreateGroup",
                            "UpdateGroup", "DeleteGroup", "ResetOffset"})
 
@@ -71,6 +82,21 @@ def master_endpoint(ha_master_endpoint: str, ha_master_address: str) -> str:
         return ha_master_endpoint
     host, _, port = ha_master_address.rpartition(":")
     return f"{host}:{int(port) - 1}"
+
+
+def plug_compaction(store: MessageStore, config: StoreConfig, meta: MetadataStore
+                    ) -> tuple[CompactionStore | None, CompactionGate | None]:
+    """The broker's compaction store plugged into ``store`` (before it opens), and on a SLAVE
+    the gate in front of its dispatch (``ha/message_replication.py``): a slave's compaction
+    queues are rebuilt by pulling from the master, then follow its own CommitLog. (None,
+    None) when ``enableCompaction`` is off."""
+    if config.broker_role is not BrokerRole.SLAVE or not config.enable_compaction:
+        return plug(store, config, meta), None
+    compaction = CompactionStore(config, meta)
+    gate = CompactionGate(compaction, meta)
+    store.add_dispatcher(gate)
+    store.add_read_source(compaction, first=True)
+    return compaction, gate
 
 
 def _endpoints(host: str, port: int) -> pb.Endpoints:
@@ -97,7 +123,8 @@ class StateSync:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(10)
+        # A sync in progress ends within its RPC timeout and _DELETE_WAIT_S.
+        self._thread.join(10 + _DELETE_WAIT_S)
 
     def _run(self) -> None:
         cfg = self.b.config
@@ -113,21 +140,46 @@ class StateSync:
                         log.warning("copying state from master %s failed: %s", self.endpoint,
                                     exc)
                     self.last_error = str(exc)
+                except Exception as exc:  # a reply of another shape, a bug: keep the thread
+                    if str(exc) != self.last_error:
+                        log.exception("copying state from master %s failed", self.endpoint)
+                    self.last_error = f"{type(exc).__name__}: {exc}"
 
     def sync_once(self, client: AdminClient) -> None:
         snap = client.call_service(SERVICE, "SyncState")
         broker = self.b
         gone = broker.meta.replace_all(snap["metadata"])
         for topic in gone:
-            log.info("topic %s is gone on the master: deleting it here", topic)
-            broker.store.delete_topic(topic)
+            log.info("topic %s is no longer in the master's configuration", topic)
+        deleted = self._apply_deletions(snap.get("deletedTopics") or {})
         changed = broker.state.restore(snap["popState"])
         now = int(time.time() * 1000)
-        if changed or gone:
+        if changed or gone or deleted:
             self.last_change_ms = now
         self.last_sync_ms = now
         self.syncs += 1
         self.last_error = ""
+
+    def _apply_deletions(self, master_cutoffs: dict[str, int]) -> list[str]:
+        """Delete here the topics the master deleted (its ``deletedTopics`` cutoffs).
+
+        Only an explicit deletion removes data: a topic merely missing from the master's
+        configuration (a master restarted over an empty config directory) keeps its queues
+        here, as RocketMQ's slave only replaces its config table. A deletion is applied once
+        this CommitLog holds the master's cutoff, so the slave's cutoff is at or past it (the
+        old generation is never dispatched into the new one's queues)."""
+        store = self.b.store
+        applied: list[str] = []
+        for topic, cutoff in master_cutoffs.items():
+            if not isinstance(cutoff, int) or store.deleted_topics.cutoffs.get(topic, -1) >= cutoff:
+                continue
+            if store.max_physical_offset < cutoff:
+                continue  # not replicated that far yet: a later sync applies it
+            log.info("topic %s was deleted on the master (below CommitLog offset %d): deleting "
+                     "its queues here", topic, cutoff)
+            store.delete_topic(topic, timeout=_DELETE_WAIT_S)
+            applied.append(topic)
+        return applied
 
     def info(self) -> dict[str, Any]:
         return {"masterEndpoint": self.endpoint, "intervalMs": int(self.interval * 1000),
@@ -144,6 +196,7 @@ class BrokerReplication:
         self.role = cfg.broker_role
         self.ha = HAService.for_store(broker.store, host=broker.listen_host)
         self.sync: StateSync | None = None
+        self.replicator: CompactionReplicator | None = None
         self.error = ""
         self.master_endpoint = (master_endpoint(cfg.ha_master_endpoint, cfg.ha_master_address)
                                 if self.is_slave else "")
@@ -167,9 +220,27 @@ class BrokerReplication:
             self.sync = StateSync(self.b, self.master_endpoint,
                                   self.b.store_config.ha_state_sync_interval)
             self.sync.start()
+            gate = getattr(self.b, "compaction_gate", None)
+            if gate is not None and self.b.compaction is not None:
+                self.replicator = self._compaction_replicator(gate, self.b.compaction)
+                self.replicator.start()
         registry = getattr(self.b.metrics, "registry", None)
         if registry is not None:
             registry.register(_ReplicationCollector(self, self.b.metrics.node))
+
+    def _compaction_replicator(self, gate: CompactionGate, compaction: CompactionStore
+                               ) -> CompactionReplicator:
+        cfg = self.b.config
+        endpoint = BrokerEndpoint(self.master_endpoint, access_key=cfg.acl_access_key or None,
+                                  secret_key=cfg.acl_secret_key or None)
+        meta = self.b.meta
+
+        def queues() -> list[tuple[str, int]]:  # the compaction topics copied from the master
+            return [(t.name, q) for t in meta.topics() if t.compaction is not None
+                    for q in range(t.queue_count)]
+
+        return CompactionReplicator(gate, compaction, lambda: GrpcPullSource(endpoint), queues,
+                                    self.b.store_config.ha_state_sync_interval / 1000)
 
     def describe(self) -> str:
         """One line for the broker's start-up output."""
@@ -181,6 +252,8 @@ class BrokerReplication:
         return f"{self.role.value} serving slaves on {self.ha.server.host}:{self.ha.listen_port}"
 
     def stop(self) -> None:
+        if self.replicator is not None:
+            self.replicator.stop()
         if self.sync is not None:
             self.sync.stop()
         self.ha.shutdown()
@@ -218,53 +291,27 @@ class BrokerReplication:
             info["masterEndpoint"] = self.master_endpoint
             info["masterReachable"] = self.master_reachable()
             info["stateSync"] = self.sync.info()
+        if self.replicator is not None:
+            info["compactionReplication"] = self.replicator.info()
         return info
 
     def SyncState(self, req: dict[str, Any]) -> dict[str, Any]:
         if self.is_slave:
-            raise _RpcError(grpc.StatusCode.FAILED_PRECONDITION,
-                            "this broker is a SLAVE: ask its master for state")
-        return {"metadata": self.b.meta.export(), "popState": self.b.state.snapshot()}
-
-
-class _RpcError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+            raise MetadataError("precondition", "this broker is a SLAVE: ask its master for "
+                                "state")
+        return {"metadata": self.b.meta.export(), "popState": self.b.state.snapshot(),
+                "deletedTopics": dict(self.b.store.deleted_topics.cutoffs)}
 
 
 def replication_handler(broker: Broker, run: Any) -> grpc.GenericRpcHandler:
     """``/stratamq.admin.v1.Replication/{HaStatus,SyncState}`` as ``grpc.aio`` handlers; the
     work runs in the broker's executor (``run(fn, *args)``)."""
-    from stratamq.broker.errors import BrokerError
-    from stratamq.broker.ports import Call
-    from stratamq.broker.rpc import call_of
+    from stratamq.broker.admin import json_methods_handler
 
-    actions = {"HaStatus": "Get", "SyncState": "Update"}
-
-    def make(name: str) -> Any:
-        def work(request: bytes, call: Call) -> bytes:
-            broker.lookup.authorize(call, "Cluster", actions[name])
-            req = json.loads(request.decode("utf-8") or "{}")
-            reply = getattr(broker.replication, name)(req if isinstance(req, dict) else {})
-            return json.dumps(reply, separators=(",", ":")).encode()
-
-        async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            try:
-                return await run(work, request, call_of(context))
-            except BrokerError as exc:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED
-                                    if exc.code == pb.Code.UNAUTHORIZED
-                                    else grpc.StatusCode.PERMISSION_DENIED, exc.message)
-            except _RpcError as exc:
-                await context.abort(exc.code, str(exc))
-            except ValueError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request body: {exc}")
-            raise AssertionError("unreachable")  # context.abort raises
-
-        return grpc.unary_unary_rpc_method_handler(handle)
-
-    return grpc.method_handlers_generic_handler(SERVICE, {n: make(n) for n in actions})
+    replication = broker.replication
+    return json_methods_handler(
+        broker, SERVICE, {"HaStatus": (replication.HaStatus, "Get"),
+                          "SyncState": (replication.SyncState, "Update")}, run)
 
 
 class _ReplicationCollector:

@@ -48,7 +48,6 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 
 from stratamq.broker.clients import ClientRegistry, ClientService
 from stratamq.broker.compaction_topics import compaction_admin_handler
-from stratamq.broker.compaction_topics import plug as plug_compaction
 from stratamq.broker.engine import PopEngine
 from stratamq.broker.lookup import Lookup
 from stratamq.broker.metadata import MetadataStore
@@ -115,6 +114,7 @@ class Broker:
         self.store: MessageStore
         self.tiered: Any = None  # stratamq.tiered.TieredStore when tieredBackendServiceProvider
         self.compaction: CompactionStore | None = None  # compaction topics (enableCompaction)
+        self.compaction_gate: Any = None  # a slave's: ha.message_replication.CompactionGate
         self.advertised: tuple[str, int] = (self.listen_host, self.listen_port)
         self.started_at = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -281,6 +281,7 @@ class Broker:
         self.store_config = replace(self.store_config, listen_port=port)
         try:
             self.store = MessageStore(self.store_config)
+            from stratamq.compaction.tiering import link as link_compaction_tier
             from stratamq.tiered import wire
 
             # Plugged in before the open: its uploader replays from its own durable progress.
@@ -288,7 +289,12 @@ class Broker:
                                broker=cfg.broker_name)
             # The topics first: compaction topics are split out from the first replay on.
             self.meta = MetadataStore(self.store_config.root, cfg.default_retry_max_times)
-            self.compaction = plug_compaction(self.store, self.store_config, self.meta)
+            from stratamq.broker.replication import plug_compaction
+
+            # A slave's compaction queues are pulled from its master (message replication).
+            self.compaction, self.compaction_gate = plug_compaction(
+                self.store, self.store_config, self.meta)
+            link_compaction_tier(self.compaction, self.tiered)  # compacted files in the tier
             self.store.open()
         except BaseException:
             self.server = None

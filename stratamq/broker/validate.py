@@ -21,16 +21,13 @@ from stratamq.store.results import PutMessageStatus
 Code = pb.Code
 
 __all__ = ["check_topic", "check_group", "check_invisible_time", "has_control_character",
-           "body_digest", "client_type_name", "put_status", "long_polling_ms", "RECEIVE_BATCH_MAX",
-           "MAX_USER_PROPERTY_SIZE", "USER_PROPERTY_MAX_NUM", "MAX_MESSAGE_GROUP_SIZE",
-           "MIN_LONG_POLLING_MS", "MAX_LONG_POLLING_MS"]
+           "body_digest", "client_type_name", "put_status", "RECEIVE_BATCH_MAX",
+           "MAX_USER_PROPERTY_SIZE", "USER_PROPERTY_MAX_NUM", "MAX_MESSAGE_GROUP_SIZE"]
 
 # ProxyConfig defaults.
 MAX_USER_PROPERTY_SIZE = 16 * 1024  # bytes of user property names + values + tag + keys
 USER_PROPERTY_MAX_NUM = 128
 MAX_MESSAGE_GROUP_SIZE = 64  # bytes; a group of this size or more is refused
-MIN_LONG_POLLING_MS = 5_000  # grpcClientConsumerMinLongPollingTimeoutMillis
-MAX_LONG_POLLING_MS = 20_000  # grpcClientConsumerMaxLongPollingTimeoutMillis
 # PopMessageProcessor: "pop message's num is greater than 32".
 RECEIVE_BATCH_MAX = 32
 # MixAll.isSysConsumerGroup.
@@ -81,22 +78,6 @@ def check_invisible_time(ms: int, min_ms: int, max_ms: int) -> None:
     if max_ms > 0 and ms > max_ms:
         raise BrokerError(Code.ILLEGAL_INVISIBLE_TIME,
                           f"the invisibleTime is too large. max is {max_ms}")
-
-
-def long_polling_ms(requested_ms: int | None, remaining_ms: int | None, max_ms: int) -> int:
-    """ReceiveMessageActivity's long-polling time: the request's (else what the deadline
-    leaves), clamped to [5 s, ``max_ms``], and never past the call's deadline; a deadline that
-    leaves less than the minimum is ILLEGAL_POLLING_TIME."""
-    minimum = min(MIN_LONG_POLLING_MS, max_ms)
-    polling = requested_ms if requested_ms is not None else (remaining_ms or minimum)
-    polling = max(minimum, min(polling, max_ms))
-    if remaining_ms is not None and polling > remaining_ms:
-        if remaining_ms < minimum:
-            raise BrokerError(Code.ILLEGAL_POLLING_TIME,
-                              "The deadline time remaining is not enough for polling, please "
-                              "check network condition")
-        polling = remaining_ms
-    return polling
 
 
 def body_digest(body: bytes) -> pb.Digest:

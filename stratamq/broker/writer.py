@@ -122,6 +122,10 @@ class GroupWriter:
         self._wake = threading.Event()
         self._sleeping = False
         self._closed = False
+        # Set (under the lock) once the thread takes no more jobs: after close, or if it died.
+        # ``_submit`` checks it rather than ``is_alive()``, which stays true for a moment after
+        # the thread's last look at the queue, long enough for a job to be queued and lost.
+        self._finished = False
         # Puts made on an event loop during its current turn (see put_async); loop only.
         self._from_loop: dict[asyncio.AbstractEventLoop, list[_Put]] = {}
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -170,8 +174,9 @@ class GroupWriter:
         if self._store.waits_on_put and any(a.result.messages for a in appends):
             if self._submit(appends):
                 return  # answered once the writer thread has waited
-            for a in appends:  # the writer has stopped (the broker is stopping): wait here
-                self._store.wait_put(a.result, a.messages)
+            # The writer has stopped (the broker is stopping): wait here.
+            _deliver(self._wait_all(appends))
+            return
         _deliver(_results(appends))
 
     # -- from threads ---------------------------------------------------------------------------
@@ -215,7 +220,7 @@ class GroupWriter:
 
     def _submit(self, job: _Put | list[_Append]) -> bool:
         with self._lock:
-            if self._closed and (isinstance(job, _Put) or not self._thread.is_alive()):
+            if self._finished or (self._closed and isinstance(job, _Put)):
                 return False
             self._jobs.append(job)
             wake, self._sleeping = self._sleeping, False
@@ -227,6 +232,7 @@ class GroupWriter:
         """Every job waiting; none (and asleep) when there are none."""
         with self._lock:
             if not self._jobs:
+                self._finished = self._closed
                 self._sleeping = not self._closed
                 self._wake.clear()
                 return []
@@ -235,19 +241,34 @@ class GroupWriter:
             return jobs
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            # Normally nothing is left; if the thread died of a bug, whoever is queued gets an
+            # answer instead of waiting forever (and retrying into a duplicate).
+            with self._lock:
+                self._finished = True
+                left = list(self._jobs)
+                self._jobs.clear()
+            crash = RuntimeError("the broker's writer thread stopped")
+            for job in left:
+                if isinstance(job, _Put):
+                    _deliver([(job, _failed(len(job.messages), crash))])
+                else:
+                    _deliver(_results(job, {id(a): crash for a in job}))
+
+    def _serve(self) -> None:
         while True:
             jobs = self._take()
             if not jobs:
-                if self._closed:
+                if self._finished:
                     return
                 self._wake.wait()
                 continue
             puts = [j for j in jobs if isinstance(j, _Put)]
             waits = [a for j in jobs if not isinstance(j, _Put) for a in j]
-            for a in waits:  # appended on a loop: only the wait is left
-                self._store.wait_put(a.result, a.messages)
-            if waits:
-                _deliver(_results(waits))
+            if waits:  # appended on a loop: only the wait is left
+                _deliver(self._wait_all(waits))
             if puts:
                 try:
                     appends = self._append([(p, 0, len(p.messages)) for p in puts], wait=True)
@@ -259,6 +280,17 @@ class GroupWriter:
                 self.appends += len(appends)
                 self.puts += len(puts)
                 _deliver(outcome)
+
+    def _wait_all(self, appends: list[_Append]) -> list[tuple[_Put, list[EntryResult]]]:
+        """Wait for each append (flush, slaves) and assemble the puts' results."""
+        failed: dict[int, Exception] = {}
+        for a in appends:
+            try:
+                self._store.wait_put(a.result, a.messages)
+            except Exception as exc:  # a waiter's bug answers these puts; the writer goes on
+                log.exception("waiting for a put failed")
+                failed[id(a)] = exc
+        return _results(appends, failed)
 
     # -- appending ------------------------------------------------------------------------------
 
@@ -275,12 +307,17 @@ class GroupWriter:
         return [_Append(parts, messages, result)]
 
 
-def _results(appends: list[_Append]) -> list[tuple[_Put, list[EntryResult]]]:
-    """Each put's entry results, assembled from the appends that held its messages."""
+def _results(appends: list[_Append], failed: dict[int, Exception] | None = None
+             ) -> list[tuple[_Put, list[EntryResult]]]:
+    """Each put's entry results, assembled from the appends that held its messages;
+    ``failed`` (by ``id`` of the append) holds the appends whose wait raised."""
     entries: dict[_Put, list[EntryResult]] = {}
     for a in appends:
         sizes = [j - i for _p, i, j in a.parts]
-        for (put, _i, _j), results in zip(a.parts, split_result(a.result, sizes)):
+        exc = failed.get(id(a)) if failed else None
+        per_part = (split_result(a.result, sizes) if exc is None
+                    else [_failed(size, exc) for size in sizes])
+        for (put, _i, _j), results in zip(a.parts, per_part):
             entries.setdefault(put, []).extend(results)
     return list(entries.items())
 

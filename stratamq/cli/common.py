@@ -18,6 +18,7 @@ from stratamq import record as codec
 from stratamq.compaction.layout import CompactionLayout
 from stratamq.compaction.policy import policies_from_topics_json
 from stratamq.compaction.service import CompactionStore
+from stratamq.compaction.tiering import link as link_compaction_tier
 from stratamq.config import BrokerConfig, StoreConfig
 from stratamq.config_file import BrokerConf, read_broker_conf
 from stratamq.message import RecordCorrupt, StoredMessage
@@ -163,6 +164,7 @@ def open_store_tiered(store_dir: str, *, read_only: bool, store_type: str | None
         cluster, broker = broker_names()
         tier = wire_tier(store, cluster=cluster, broker=broker, background=False)
         _plug_compaction(store, config, read_only)
+        link_compaction_tier(_COMPACTION.get(store), tier)  # compacted files in the tier
         store.open()
         compaction = _COMPACTION.get(store)
         if compaction is not None and not read_only:

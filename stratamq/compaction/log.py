@@ -22,7 +22,10 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from stratamq import record as codec
 from stratamq.compaction import swap
@@ -32,6 +35,9 @@ from stratamq.compaction.segment import Segment, SegmentRecovery
 from stratamq.compaction.state_format import QueueState, SwapManifest
 from stratamq.store.read_chain import QueueOffsets, ReadRequest
 from stratamq.store.results import GetMessageResult, GetMessageStatus, SelectedRecord
+
+if TYPE_CHECKING:
+    from stratamq.compaction.tiering import TierSegment
 
 __all__ = ["CompactionLog", "CompactionLogError", "RecordTooLarge"]
 
@@ -57,6 +63,7 @@ class CompactionLog:
         self.read_only = read_only
         self.destroy_interval_ms = destroy_interval_ms
         self._segments: tuple[Segment, ...] = ()
+        self._tiered: tuple[TierSegment, ...] = ()  # released files the tier serves
         self._lock = threading.Lock()
         self.state = QueueState()
         self.next_offset = 0  # the next queue offset this queue expects
@@ -238,18 +245,31 @@ class CompactionLog:
 
     # -- reading ----------------------------------------------------------------------------------
 
+    def tier_only(self) -> tuple[TierSegment, ...]:
+        """The files served from the tier: released locally, below ``state.tier_floor``."""
+        return self._tiered
+
+    def set_tiered(self, segs: Sequence[TierSegment]) -> None:
+        self._tiered = tuple(segs)
+
+    def _view(self) -> tuple[Segment | TierSegment, ...]:
+        """Every file of the queue in offset order: the tier's released ones, then the local
+        ones (a snapshot; both tuples are replaced, never changed in place)."""
+        tiered = self._tiered
+        return (*tiered, *self._segments) if tiered else self._segments
+
     def min_offset(self) -> int:
-        for seg in self._segments:
+        for seg in self._view():
             if seg.units:
                 return seg.first_offset
         return self.next_offset
 
     def offsets(self) -> QueueOffsets | None:
-        if not self._segments and not self.next_offset:
+        if not self._segments and not self._tiered and not self.next_offset:
             return None
         return QueueOffsets(self.min_offset(), self.next_offset)
 
-    def _locate(self, segs: tuple[Segment, ...], offset: int) -> int:
+    def _locate(self, segs: Sequence[Segment | TierSegment], offset: int) -> int:
         """Index of the first segment holding a unit at or after ``offset`` (len if none)."""
         lasts, last = [], -1
         for seg in segs:  # an empty segment (the one being written) keeps the order
@@ -261,7 +281,7 @@ class CompactionLog:
         high = self.next_offset
         if not 0 <= request.offset < high:
             return None
-        segs = self._segments
+        segs = self._view()
         result = GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, request.offset,
                                   self.min_offset(), high)
         filt = request.filter
@@ -270,14 +290,20 @@ class CompactionLog:
         for seg in segs[self._locate(segs, request.offset):]:
             if not seg.units:
                 continue
-            if not seg.hold():
-                return self._done(result, scanned)  # swapped out: the next read sees the new
-            result._held.append(seg.log)
-            result._held.append(seg.cq)
             index = seg.index_of(request.offset) if seg.first_offset < request.offset else 0
             stop = min(seg.units, index + scan - scanned)
-            units = UNIT.iter_unpack(seg.cq.buffer[index * UNIT_SIZE : stop * UNIT_SIZE])
-            for position, size, tags_code, _t, queue_offset, *_rest in units:
+            units_raw: bytes | memoryview
+            if not isinstance(seg, Segment):
+                units_raw, view_of = self._tier_units(seg, index, stop, request.max_bytes)
+            else:
+                if not seg.hold():
+                    return self._done(result, scanned)  # swapped out: the next read sees new
+                result._held.append(seg.log)
+                result._held.append(seg.cq)
+                units_raw, view_of = seg.cq.buffer[index * UNIT_SIZE : stop * UNIT_SIZE], \
+                    seg.record_view
+            for position, size, tags_code, _t, queue_offset, *_rest in UNIT.iter_unpack(
+                    units_raw):
                 if len(records) >= request.max_count or (
                         records and total + size > request.max_bytes):
                     result.next_begin_offset = queue_offset
@@ -286,7 +312,7 @@ class CompactionLog:
                 result.next_begin_offset = queue_offset + 1
                 if not filt.matches_code(tags_code):
                     continue
-                view = seg.record_view(position, size)
+                view = view_of(position, size)
                 if filt.tags is not None and not filt.matches_tags(codec.record_tags(view, 0)):
                     view.release()
                     continue
@@ -300,6 +326,23 @@ class CompactionLog:
         return self._done(result, scanned)
 
     @staticmethod
+    def _tier_units(seg: TierSegment, index: int, stop: int, max_bytes: int
+                    ) -> tuple[bytes, Callable[[int, int], memoryview]]:
+        """Units ``index:stop`` of a tier file and a view of their records, fetched in one
+        ranged read that covers no more than ``max_bytes`` (plus one record)."""
+        units = seg.units_array()[index:stop]
+        if not len(units):
+            return b"", lambda _p, _s: memoryview(b"")
+        ends = np.cumsum(units["size"].astype(np.int64))
+        take = min(len(units), int(np.searchsorted(ends, max_bytes, side="right")) + 1)
+        units = units[:take]
+        base = int(units["position"][0])
+        data = memoryview(seg.log_range(base, int(units["position"][-1]) - base
+                                        + int(units["size"][-1])))
+        return units.tobytes(), lambda position, size: data[position - base:
+                                                            position - base + size]
+
+    @staticmethod
     def _done(result: GetMessageResult, scanned: int) -> GetMessageResult:
         if result.records:
             result.status = GetMessageStatus.FOUND
@@ -308,8 +351,15 @@ class CompactionLog:
         return result
 
     def offset_by_time(self, timestamp_ms: int) -> int | None:
-        for seg in self._segments:
-            if not seg.units or not seg.hold():
+        for seg in self._view():
+            if not seg.units:
+                continue
+            if not isinstance(seg, Segment):
+                index = seg.index_of_time(timestamp_ms)
+                if index < seg.units:
+                    return int(seg.units_array()["queue_offset"][index])
+                continue
+            if not seg.hold():
                 continue
             try:
                 index = seg.index_of_time(timestamp_ms)

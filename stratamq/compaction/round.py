@@ -40,7 +40,7 @@ from stratamq.compaction.segment import Segment
 from stratamq.compaction.state_format import QueueState, RoundMark, SwapManifest
 from stratamq.fileutil import fsync_directory
 
-__all__ = ["RoundReport", "run_round"]
+__all__ = ["RoundReport", "round_due", "run_round"]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,18 @@ def _round(clog: CompactionLog, policy: TopicPolicy, map_memory: int, now: int,
     finally:
         for seg in held:
             seg.release()
+
+
+def round_due(clog: CompactionLog, policy: TopicPolicy, now_ms: int | None = None) -> bool:
+    """Whether a round of ``clog`` would do anything (new sealed data, or tombstones whose
+    retention ran out): the tier restores released files only for a round that is due."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    sealed = clog.sealed_segments()
+    if not sealed:
+        return False
+    last_sealed = max((s.last_offset for s in sealed if s.units), default=-1)
+    return (clog.state.cleaned_to <= last_sealed
+            or _expire(clog.state, policy.delete_retention_ms, now)[2] > 0)
 
 
 def _expire(state: QueueState, retention_ms: int, now: int) -> tuple[int, list[RoundMark], int]:

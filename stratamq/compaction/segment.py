@@ -62,6 +62,7 @@ class Segment:
         self.sealed = False
         self.first_offset = -1  # queue offset of the first unit, -1 while empty
         self.last_offset = -1
+        self.tier_crc: int | None = None  # CRC the tier compares (tiering.segment_crc)
 
     @classmethod
     def create(cls, log_path: Path, cq_path: Path, log_size: int, cq_size: int) -> Segment:

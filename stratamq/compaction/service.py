@@ -37,7 +37,7 @@ from stratamq.compaction import bcq_format as bcq
 from stratamq.compaction.layout import CompactionLayout
 from stratamq.compaction.log import CompactionLog
 from stratamq.compaction.policy import TOMBSTONE_PROPERTY, TopicPolicies, TopicPolicy
-from stratamq.compaction.round import RoundReport, run_round
+from stratamq.compaction.round import RoundReport, round_due, run_round
 from stratamq.compaction.state_format import DispatchCheckpoint
 from stratamq.config import InvalidSetting, StoreConfig
 from stratamq.message import DispatchInfo, Prop, StoredMessage
@@ -48,6 +48,7 @@ from stratamq.store.read_chain import QueueOffsets, ReadRequest
 from stratamq.store.results import GetMessageResult
 
 if TYPE_CHECKING:
+    from stratamq.compaction.tiering import CompactionTier
     from stratamq.store.message_store import MessageStore
 
 __all__ = ["CompactionStore"]
@@ -58,6 +59,19 @@ NO_KEY = bytes(16)
 # A CompactionLog file must hold the largest record a put accepts: body, headers and the
 # largest properties and topic a record may carry.
 RECORD_OVERHEAD = 32767 + 255 + 256  # properties, topic, header with IPv6 hosts
+
+
+def _key_digest_and_flags(info: DispatchInfo, record: bytes | memoryview) -> tuple[bytes, int]:
+    """A batch ConsumeQueue unit's key md5 and flags (has a key, is a tombstone)."""
+    key = info.properties.get(Prop.KEYS)
+    flags, digest = 0, NO_KEY
+    if key:
+        flags |= bcq.FLAG_HAS_KEY
+        digest = hashlib.md5(key.encode("utf-8")).digest()
+    if (codec.record_body_length(record, 0) == 0
+            or info.properties.get(TOMBSTONE_PROPERTY, "").lower() == "true"):
+        flags |= bcq.FLAG_TOMBSTONE
+    return digest, flags
 
 
 class CompactionStore:
@@ -89,6 +103,8 @@ class CompactionStore:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._workers = workers
         self.last_reports: dict[tuple[str, int], RoundReport] = {}
+        # The compacted files in the tier (tiering.link, before the store opens), or None.
+        self.tier: CompactionTier | None = None
 
     def plug_into(self, store: MessageStore) -> CompactionStore:
         """Add this to ``store`` (before it is opened) as a dispatcher and a first read
@@ -106,6 +122,30 @@ class CompactionStore:
         self._seen_to = self._checkpoint.dispatched_to
         for topic, queue_id in self.layout.queues_on_disk():
             self._queue(topic, queue_id)
+        if self.tier is not None:
+            for topic, queue_id in sorted(self.tier.manifest.queues):
+                self._adopt_tier(self._queue(topic, queue_id))
+            for (topic, queue_id), clog in sorted(self._queues.items()):
+                if clog.state.tier_floor and self.tier.entry(topic, queue_id) is None:
+                    raise OSError(f"compaction queue {topic}:{queue_id}: offsets below "
+                                  f"{clog.state.tier_floor} were released to the tier, but "
+                                  "the tier's manifest does not hold the queue (another "
+                                  "tier configured?)")
+
+    def _adopt_tier(self, clog: CompactionLog) -> None:
+        """Serve the queue's released files from the tier; a queue with no local files at
+        all (a new broker on an existing tier) is served from the tier whole."""
+        assert self.tier is not None
+        entry = self.tier.entry(clog.topic, clog.queue_id)
+        if entry is None:
+            return
+        if not any(s.units for s in clog.segments) and not clog.state.tier_floor:
+            state = entry.state
+            clog.state = type(state)(state.cleaned_to, entry.next_offset, state.expired_below,
+                                     list(state.rounds), state.last_round, entry.next_offset)
+            clog.next_offset = max(clog.next_offset, entry.next_offset)
+        clog.set_tiered(self.tier.tier_segments(clog.topic, clog.queue_id,
+                                                clog.state.tier_floor))
 
     def _queue(self, topic: str, queue_id: int) -> CompactionLog:
         key = (topic, queue_id)
@@ -138,18 +178,24 @@ class CompactionStore:
             if data is None:
                 raise OSError(f"the record at CommitLog offset {info.physical_offset} is gone "
                               "before compaction copied it")
-            key = info.properties.get(Prop.KEYS)
-            flags = 0
-            digest = NO_KEY
-            if key:
-                flags |= bcq.FLAG_HAS_KEY
-                digest = hashlib.md5(key.encode("utf-8")).digest()
-            if (codec.record_body_length(data, 0) == 0
-                    or info.properties.get(TOMBSTONE_PROPERTY, "").lower() == "true"):
-                flags |= bcq.FLAG_TOMBSTONE
             clog.append(data, info.queue_offset, end, info.tags_code, info.store_timestamp,
-                        digest, flags)
+                        *_key_digest_and_flags(info, data))
         self._seen_to = end  # after the append: the flush thread trusts what is below it
+
+    def put_replicated(self, record: bytes | memoryview) -> bool:
+        """Append one CommitLog record pulled from the master (message-based replication,
+        ``stratamq.ha.message_replication``; RocketMQ's ``putMessageFromRemote``) to its
+        topic/queue's CompactionLog, as ``dispatch`` does for a local record: the same bytes,
+        queue offset, key digest and tombstone flag. The record keeps the master's physical
+        offset, which is the slave's too (byte replication copies at the same offsets), so
+        the queue's replay floor stays meaningful. False if the queue has that offset already
+        or the record is not a compaction topic's message."""
+        info = codec.decode_dispatch_info(record, 0)
+        if self.policies.policy(info.topic) is None or not SysFlag.is_dispatchable(info.sys_flag):
+            return False
+        return self._queue(info.topic, info.queue_id).append(
+            record, info.queue_offset, info.physical_offset + info.size, info.tags_code,
+            info.store_timestamp, *_key_digest_and_flags(info, record))
 
     def durable_offset(self) -> int:
         return self._checkpoint.dispatched_to
@@ -167,6 +213,8 @@ class CompactionStore:
         for clog in doomed:
             with clog.compacting:
                 clog.destroy()
+        if self.tier is not None:
+            self.tier.destroy_topic(topic)
         for directory in self.layout.topic_dirs(topic):
             shutil.rmtree(directory, ignore_errors=True)
 
@@ -196,8 +244,19 @@ class CompactionStore:
         policy = self.policies.policy(clog.topic) or TopicPolicy()
         if seal:
             clog.seal_active()
+        if self.tier is not None and clog.tier_only() and round_due(clog, policy, now_ms):
+            try:
+                with clog.compacting:  # the round sees every key: released files come back
+                    self.tier.restore(clog)
+            except OSError as exc:
+                log.warning("compaction queue %s:%d: cannot restore its files from the tier "
+                            "for a round, round skipped: %s", clog.topic, clog.queue_id, exc)
+                return RoundReport(clog.topic, clog.queue_id,
+                                   skipped=f"the tier could not restore released files: {exc}")
         report = run_round(clog, policy, self.map_memory, now_ms)
         self.last_reports[(clog.topic, clog.queue_id)] = report
+        if self.tier is not None:
+            self.tier_pass(clog, release=False)
         if report.skipped is None:
             log.info("compacted %s:%d: %d records read, %d kept, %d removed, %d tombstones "
                      "dropped, %d -> %d bytes in %.0f ms", clog.topic, clog.queue_id,
@@ -205,6 +264,22 @@ class CompactionStore:
                      report.tombstones_dropped, report.bytes_before, report.bytes_after,
                      report.elapsed_ms)
         return report
+
+    def tier_pass(self, clog: CompactionLog, *, release: bool = True,
+                  now_ms: int | None = None) -> int:
+        """Upload the queue's sealed files the tier does not hold, then (``release``) delete
+        the local ones local retention lets go; the number of local files deleted. A tier
+        failure is logged: the local files stay, and the next pass tries again."""
+        if self.tier is None or self.read_only:
+            return 0
+        with clog.compacting:
+            try:
+                self.tier.upload(clog)
+                return self.tier.release_local(clog, now_ms) if release else 0
+            except OSError as exc:
+                log.warning("compaction queue %s:%d: tiering failed, local files kept: %s",
+                            clog.topic, clog.queue_id, exc)
+                return 0
 
     def run_now(self, topic: str | None = None, *, seal: bool = True,
                 now_ms: int | None = None) -> list[RoundReport]:
@@ -262,7 +337,7 @@ class CompactionStore:
             pool = self._pool
             if pool is None:
                 return
-            futures = [pool.submit(self.run_round, clog) for clog in self.queues()]
+            futures = [pool.submit(self._scheduled, clog) for clog in self.queues()]
             for future in futures:
                 try:
                     future.result()
@@ -270,6 +345,10 @@ class CompactionStore:
                     log.exception("a compaction round failed; the queue keeps its old files")
             log.debug("compaction pass over %d queues took %.1f s", len(futures),
                       time.monotonic() - started)
+
+    def _scheduled(self, clog: CompactionLog) -> None:
+        self.run_round(clog)
+        self.tier_pass(clog)
 
     def close(self) -> None:
         """Stop the threads, flush, write the checkpoint and unmap (after the store's

@@ -77,6 +77,8 @@ class QueueState:
     - ``expired_below``: tombstones below this offset are past ``delete.retention.ms``.
     - ``rounds``: the later rounds, oldest first (see :class:`RoundMark`).
     - ``last_round``: the last round's figures, as ``compaction status`` shows them.
+    - ``tier_floor``: the queue's compacted files below this offset were deleted locally once
+      the tier held them; reads below it go to the tier (``tiering.py``). 0: all local.
     """
 
     cleaned_to: int = 0
@@ -84,11 +86,15 @@ class QueueState:
     expired_below: int = 0
     rounds: list[RoundMark] = field(default_factory=list)
     last_round: dict[str, Any] = field(default_factory=dict)
+    tier_floor: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"cleanedTo": self.cleaned_to, "nextOffset": self.next_offset,
-                "expiredBelow": self.expired_below,
-                "rounds": [m.to_json() for m in self.rounds], "lastRound": self.last_round}
+        out = {"cleanedTo": self.cleaned_to, "nextOffset": self.next_offset,
+               "expiredBelow": self.expired_below,
+               "rounds": [m.to_json() for m in self.rounds], "lastRound": self.last_round}
+        if self.tier_floor:
+            out["tierFloor"] = self.tier_floor  # absent when 0: files older versions read
+        return out
 
     @classmethod
     def from_json(cls, path: Path, data: dict[str, Any]) -> QueueState:
@@ -102,8 +108,10 @@ class QueueState:
         last = data.get("lastRound", {})
         if not isinstance(last, dict):
             raise StateError(f"{path}: 'lastRound' must be an object")
+        floor = _int(path, data, "tierFloor") if "tierFloor" in data else 0
         return cls(_int(path, data, "cleanedTo"), _int(path, data, "nextOffset"),
-                   _int(path, data, "expiredBelow"), [RoundMark(*r) for r in rounds], last)
+                   _int(path, data, "expiredBelow"), [RoundMark(*r) for r in rounds], last,
+                   floor)
 
     @classmethod
     def read(cls, path: Path) -> QueueState:

@@ -11,6 +11,11 @@ One thread connects to ``haMasterAddress``, reports the log's end, and applies w
   check below where this slave's copy starts has nothing to compare and passes);
 * a heartbeat before the log's end (the master lost a tail this slave has) cuts the log back
   to it; the stream then goes on from there;
+* while the master streams a backlog (a read of ``STREAM_READ`` bytes or more), the slave's
+  dispatch is held back (``ReplicaLog.hold_dispatch``), so the copy does not share the GIL
+  with it; it is released when reads get small again (caught up), when dispatch lags by
+  ``DISPATCH_LAG_MAX`` bytes, and whenever the link closes. A slave's reads of what it copied
+  meanwhile wait for that catch-up round;
 * a frame after the log's end (the master no longer holds what this slave needs), bytes that
   are not records, or a silent link (``haHousekeepingInterval``) close the link; it is tried
   again after ``haSendHeartbeatInterval`` (RocketMQ: 5 s, its default).
@@ -48,6 +53,13 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 3.0  # s (RocketMQ's connectTimeoutMillis)
 READ_SIZE = 4 * 1024 * 1024  # RocketMQ's READ_MAX_BUFFER_SIZE
+# A read this large means the master is sending a backlog (it coalesces up to 1 MiB of frames
+# per send when behind; a slave in step reads what one put batch wrote).
+STREAM_READ = 1024 * 1024
+CAUGHT_UP_READ = 256 * 1024  # a read below this (or none): in step again, dispatch goes on
+DISPATCH_LAG_MAX = 1024 * 1024 * 1024  # dispatch never lags more than a default segment
+IDLE_READ_WAIT = 1.0  # s a read waits before the loop looks at heartbeats and housekeeping
+HELD_READ_WAIT = 0.02  # s, while dispatch is held
 
 
 class _Tail:
@@ -111,6 +123,8 @@ class HAClient:
         self._thread = threading.Thread(target=self._run, daemon=True, name="ha-client")
 
     def start(self) -> None:
+        import numpy  # noqa: F401  (the bulk record check's; imported now, not mid-copy)
+
         self._thread.start()
 
     def shutdown(self) -> None:
@@ -120,6 +134,7 @@ class HAClient:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(10)
+        self.replica.release_dispatch()
         self.state = HAConnectionState.SHUTDOWN
 
     # -- the loop ------------------------------------------------------------------------------
@@ -152,6 +167,7 @@ class HAClient:
         self.last_error = why
 
     def _close(self) -> None:
+        self.replica.release_dispatch()
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
@@ -165,7 +181,7 @@ class HAClient:
         if self._stop.is_set():
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(1.0)
+        sock.settimeout(IDLE_READ_WAIT)
         self.connects += 1
         self.state = HAConnectionState.TRANSFER
         replica = self.replica
@@ -196,9 +212,23 @@ class HAClient:
             elif now - last_read > housekeeping:
                 raise _Reconnect(f"nothing from the master for {housekeeping:.0f} s "
                                  "(haHousekeepingInterval)")
+            self._pace_dispatch(sock, n)
             end = replica.end()
             if end != self.reported or now - self._report_time > heartbeat:
                 self._report(end)
+
+    def _pace_dispatch(self, sock: socket.socket, read: int) -> None:
+        """Hold dispatch back while a backlog streams in; let it go once in step (see the
+        module docstring). While held, a read waits only ``HELD_READ_WAIT``: the stream's end
+        shows as a read that finds nothing, and dispatch must not wait a whole second for it."""
+        replica = self.replica
+        if replica.dispatch_held:
+            if read < CAUGHT_UP_READ or replica.dispatch_lag() >= DISPATCH_LAG_MAX:
+                replica.release_dispatch()
+                sock.settimeout(IDLE_READ_WAIT)
+        elif read >= STREAM_READ and replica.dispatch_lag() < DISPATCH_LAG_MAX // 2:
+            replica.hold_dispatch()
+            sock.settimeout(HELD_READ_WAIT)
 
     def _apply(self, proto: SlaveConnection, events: list, tail: _Tail) -> None:
         replica = self.replica

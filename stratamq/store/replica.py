@@ -15,15 +15,23 @@ offsets. Two operations, both only on a store whose ``brokerRole`` is SLAVE:
   zeroed (recovery's ``truncate_dirty_files``), ConsumeQueue units of the cut records dropped,
   dispatch rewound, and a report says what was cut.
 
+And one lever for a slave catching up: ``hold_dispatch()`` / ``release_dispatch()``. The
+slave's dispatch (some microseconds of Python per record) and the replication thread share one
+GIL; run together, each gets about half of it and the copy crawls. While held, the reput thread
+waits before its next record (a no-op dispatcher at the end of its list, installed on the first
+hold), so the copy runs alone; released, dispatch catches up in one long round. Reads of what
+was copied meanwhile wait for that round (a slave's reads lag its copy by the hold).
+
 The record checks are the pure function ``whole_records`` (no I/O), tested on its own.
-Thread-safety: one replication thread calls ``append`` and ``truncate``; readers on any thread
-keep working (a reader that held a view of cut bytes sees zeros or the new bytes, as after a
-recovery cut).
+Thread-safety: one replication thread calls ``append``, ``truncate`` and the hold; readers on
+any thread keep working (a reader that held a view of cut bytes sees zeros or the new bytes, as
+after a recovery cut).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -149,6 +157,31 @@ class TruncateReport:
                 "deleted_segments": self.deleted_segments, "reason": self.reason}
 
 
+class _DispatchHold:
+    """The last dispatcher of a slave's reput thread: makes it wait while the replication
+    thread holds dispatch back. Owned by a ``ReplicaLog``; ``dispatch`` on the reput thread."""
+
+    def __init__(self) -> None:
+        self.held = False  # read per record without a lock: the Event is the real gate
+        self._free = threading.Event()
+        self._free.set()
+
+    def dispatch(self, info: object) -> None:
+        if self.held:
+            self._free.wait()
+
+    def replay_floor(self, topic: str, queue_id: int) -> int:
+        return 2**63 - 1  # it holds nothing: never the reason a replay looks at a record
+
+    def hold(self) -> None:
+        self._free.clear()
+        self.held = True
+
+    def release(self) -> None:
+        self.held = False
+        self._free.set()
+
+
 class ReplicaLog:
     """Appends replicated bytes to a slave's log and cuts it back; see the module docstring.
 
@@ -165,6 +198,7 @@ class ReplicaLog:
         self.plugged = plugged
         self.check_crc = check_crc
         self.on_truncate: list[Callable[[TruncateReport], None]] = []
+        self._hold: _DispatchHold | None = None
 
     @property
     def segment_size(self) -> int:
@@ -208,10 +242,34 @@ class ReplicaLog:
             self.commitlog.on_append()
         return n
 
+    # -- holding dispatch back while catching up -------------------------------------------------
+
+    def hold_dispatch(self) -> None:
+        """Let the reput thread dispatch no further record until ``release_dispatch``."""
+        if self._hold is None:
+            self._hold = _DispatchHold()
+            # Appended at the end of the running thread's list: a record being dispatched
+            # meets it at most once more, and no other dispatcher moves.
+            self.reput.dispatchers.append(self._hold)
+        self._hold.hold()
+
+    def release_dispatch(self) -> None:
+        if self._hold is not None:
+            self._hold.release()
+
+    @property
+    def dispatch_held(self) -> bool:
+        return self._hold is not None and self._hold.held
+
+    def dispatch_lag(self) -> int:
+        """Bytes of the log not dispatched yet."""
+        return self.reput.behind_bytes()
+
     def truncate(self, offset: int, reason: str = "") -> TruncateReport:
         """Cut the log back to ``offset`` (a record boundary the caller knows: the master's
         end, or where the master's bytes start to differ) and everything built from what was
         cut; return what was cut."""
+        self.release_dispatch()  # the cut waits for the dispatch round to end
         files = self.commitlog.files
         with self.reput.paused(), self.commitlog._lock:
             end = files.max_offset()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -123,6 +124,9 @@ class TierUploader:
         self.uploaded_bytes = 0
         self.skipped_messages = 0
         self.failed_uploads = 0
+        # Topics tiered by another part, never here (compaction topics: their compacted files
+        # are what the tier holds; stratamq.compaction.tiering.link sets it).
+        self.skip_topic: Callable[[str], bool] | None = None
 
     # -- the dispatcher seam ---------------------------------------------------------------------
 
@@ -134,7 +138,8 @@ class TierUploader:
         with self._lock:
             if end > self._dispatched_end:
                 self._dispatched_end = end
-            if is_filtered_topic(info.topic):
+            if is_filtered_topic(info.topic) or (self.skip_topic is not None
+                                                  and self.skip_topic(info.topic)):
                 return
             key = (info.topic, info.queue_id)
             waiting = self._waiting.get(key)
