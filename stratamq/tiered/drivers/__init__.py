@@ -94,14 +94,14 @@ class FileSegmentFactory:
         with self._listing_lock:
             present = self._listed_topics.get(topic_path)
             if present is None:
+                from stratamq.tiered.drivers.object_store import list_directory
+
                 directory = self.full_path(f"{cluster_dir(self.cluster)}/{topic_path}")
                 try:
-                    names = self.fs.ls(directory, detail=False, refresh=True)
-                except FileNotFoundError:
-                    names = []
+                    files, dirs = list_directory(self.fs, directory)
                 except Exception:  # the per-file lookups will report it
                     return False
-                present = frozenset(str(n).rstrip("/").rsplit("/", 1)[-1] for n in names)
+                present = frozenset([*dirs, *(name for name, _size in files)])
                 self._listed_topics[topic_path] = present
         return queue not in present
 
