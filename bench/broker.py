@@ -18,7 +18,9 @@ Prints one JSON object per line:
   (ms) of the RPC (receive + ack together for receive_ack), medians over ``--rounds``.
 * ``ratio``: broker over null per workload (throughput: < 1 is slower), each the median of
   the per-round ratios (rounds alternate the targets, so a noisy neighbour hits both), with
-  the issue's target; and SYNC_FLUSH over ASYNC_FLUSH for send16.
+  the issue's target, and ``server_cpu_per_msg``, the server's CPU per message broker over
+  null (> 1 costs more; steadier than throughput on a shared machine); and SYNC_FLUSH over
+  ASYNC_FLUSH for send16.
 * ``connections``: ``--idle-clients`` clients each holding an open Telemetry stream (over
   ``--idle-channels`` TCP connections) and ``--pending-polls`` 20-second long polls on an
   empty topic, while one producer sends 1 message per RPC, one at a time: its p50/p99 with
@@ -178,10 +180,16 @@ def raw_load(args: argparse.Namespace, workdir: Path) -> None:
             for base in ("null", "null_threads"):
                 ratios = [b["msgs_per_s"] / n["msgs_per_s"]
                           for b, n in zip(runs["broker"], runs[base]) if n["msgs_per_s"]]
+                # Server CPU per message, broker over null: steadier than throughput on a
+                # shared machine (a neighbour's burst slows a round, not the CPU it takes).
+                cpu = [b["server_cpu_us_per_msg"] / n["server_cpu_us_per_msg"]
+                       for b, n in zip(runs["broker"], runs[base])
+                       if n["server_cpu_us_per_msg"]]
                 emit({"kind": "ratio", "workload": workload, "of": f"broker/{base}",
                       "msgs_per_s": round(statistics.median(ratios), 3),
                       "per_round": [round(r, 3) for r in ratios],
-                      "target": TARGETS[workload] if base == "null" else None})
+                      "target": TARGETS[workload] if base == "null" else None,
+                      "server_cpu_per_msg": round(statistics.median(cpu), 2) if cpu else None})
             if "broker_sync" in runs:
                 ratios = [s["msgs_per_s"] / b["msgs_per_s"]
                           for s, b in zip(runs["broker_sync"], runs["broker"])]

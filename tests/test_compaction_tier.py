@@ -254,6 +254,34 @@ def test_a_kill_during_the_tier_upload_leaves_the_old_set_or_the_new(tiered_twic
         == manifest.generation
 
 
+def tier_files(tier: Path) -> set[tuple[int, str]]:
+    """(generation, name) of every compacted file in a POSIX tier."""
+    return {(int(p.parts[p.parts.index("COMPACTION") + 1]), p.name[8:])
+            for p in tier.rglob("*") if p.is_file() and "COMPACTION" in p.parts}
+
+
+@pytest.mark.slow
+def test_a_kill_during_a_queues_first_upload_leaves_no_orphan_after_the_open(tmp_path):
+    store, tier = tmp_path / "store", tmp_path / "tier"
+    parts = open_tiered(store, tier_settings("posix", str(tier)))
+    model: dict[str, bytes] = {}
+    write_versions(parts.store, model, 0, 600, 40)
+    parts.close()
+    died = _run_round(store, tier, "tier-files-uploaded")
+    assert died.returncode == -signal.SIGKILL, (died.returncode, died.stderr[-3000:])
+    assert tier_files(tier)  # uploaded, but no manifest names the queue
+    parts = open_tiered(store, tier_settings("posix", str(tier)))
+    try:
+        assert tier_files(tier) == set()  # the open swept them
+        assert parts.ctier.entry(TOPIC, 0) is None
+        assert as_table(read_from(parts.store)) == model
+        parts.compact()
+        named = {(f.generation, f.name) for f in tier_manifest(parts).queues[(TOPIC, 0)].files}
+        assert named and tier_files(tier) == named
+    finally:
+        parts.close()
+
+
 def _manifest_parts() -> list[str]:
     from stratamq.tiered.naming import broker_config_path
 

@@ -25,7 +25,7 @@ from stratamq.broker.validate import (
     MAX_MESSAGE_GROUP_SIZE,
     MAX_USER_PROPERTY_SIZE,
     USER_PROPERTY_MAX_NUM,
-    body_digest,
+    body_checksum,
     has_control_character,
 )
 from stratamq.message import Host, Message, Prop, StoredMessage
@@ -230,12 +230,30 @@ def message_id_of(msg: StoredMessage) -> str:
     return msg.properties.get(Prop.UNIQ_KEY) or msg.msg_id
 
 
+# Built once: the enum wrapper's Value() is a Python-level lookup per call.
+_PB_MESSAGE_TYPES = {name: pb.MessageType.Value(name)
+                     for name in ("NORMAL", "FIFO", "DELAY", "TRANSACTION")}
+
+
+def _set_ts(field: Timestamp, ms: int) -> None:
+    """``field.CopyFrom(_ts(ms))`` without building the temporary message (per message sent
+    to a consumer, twice)."""
+    field.seconds = ms // 1000
+    field.nanos = (ms % 1000) * 1_000_000
+
+
 def to_pb_message(msg: StoredMessage, *, message_type: str, topic: str | None = None,
                   receipt: str | None = None, attempt: int | None = None,
-                  invisible_ms: int | None = None) -> pb.Message:
-    """A stored record as the client expects it; the body is byte-identical to what was sent."""
+                  invisible_ms: int | None = None, out: pb.Message | None = None
+                  ) -> pb.Message:
+    """A stored record as the client expects it; the body is byte-identical to what was sent.
+
+    Filled into ``out`` (an empty message, e.g. a response's field) when given, else into a
+    new message. Runs for every message a consumer receives: fields are set in place rather
+    than built as messages of their own and copied in."""
     body = msg.decompressed_body()
-    out = pb.Message()
+    if out is None:
+        out = pb.Message()
     out.topic.name = topic or msg.topic
     out.body = body
     props = msg.properties
@@ -245,15 +263,18 @@ def to_pb_message(msg: StoredMessage, *, message_type: str, topic: str | None = 
     sp = out.system_properties
     if Prop.TAGS in props:
         sp.tag = props[Prop.TAGS]
-    sp.keys.extend(msg.keys)
+    keys = msg.keys
+    if keys:
+        sp.keys.extend(keys)
     sp.message_id = message_id_of(msg)
-    sp.body_digest.CopyFrom(body_digest(body))
+    digest = sp.body_digest
+    digest.type = pb.MD5
+    digest.checksum = body_checksum(body)
     sp.body_encoding = pb.IDENTITY
-    sp.message_type = pb.MessageType.Value(message_type) if message_type in (
-        "NORMAL", "FIFO", "DELAY", "TRANSACTION") else pb.NORMAL
-    sp.born_timestamp.CopyFrom(_ts(msg.born_timestamp))
+    sp.message_type = _PB_MESSAGE_TYPES.get(message_type, pb.NORMAL)
+    _set_ts(sp.born_timestamp, msg.born_timestamp)
     sp.born_host = msg.born_host.ip
-    sp.store_timestamp.CopyFrom(_ts(msg.store_timestamp))
+    _set_ts(sp.store_timestamp, msg.store_timestamp)
     sp.store_host = str(msg.store_host)
     sp.queue_id = msg.queue_id
     sp.queue_offset = msg.queue_offset

@@ -127,10 +127,11 @@ class ReceiveService:
         nbytes = 0
         for p in popped:
             nbytes += len(p.message.body)
-            out.append(svc.ReceiveMessageResponse(message=to_pb_message(
-                p.message, message_type=message_type_of(p.message, plan.topic),
-                receipt=self.engine.handle(group, topic, p.receipt),
-                attempt=p.attempt, invisible_ms=p.invisible_ms)))
+            response = svc.ReceiveMessageResponse()  # filled in place: no copy of the message
+            to_pb_message(p.message, message_type=message_type_of(p.message, plan.topic),
+                          receipt=self.engine.handle(group, topic, p.receipt),
+                          attempt=p.attempt, invisible_ms=p.invisible_ms, out=response.message)
+            out.append(response)
         self.metrics().on_receive(group, topic, len(popped), nbytes)
         ts = svc.ReceiveMessageResponse()
         ts.delivery_timestamp.GetCurrentTime()

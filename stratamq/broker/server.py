@@ -285,8 +285,12 @@ class Broker:
             from stratamq.tiered import wire
 
             # Plugged in before the open: its uploader replays from its own durable progress.
+            # A SLAVE reads its master's tier but never uploads to it (nor would its uploader
+            # follow a cut-back of its CommitLog): no uploader, and its compacted files are
+            # not uploaded either (the compaction tier is read-only then).
             self.tiered = wire(self.store, cluster=cfg.broker_cluster_name,
-                               broker=cfg.broker_name)
+                               broker=cfg.broker_name,
+                               upload=self.store_config.broker_role is not BrokerRole.SLAVE)
             # The topics first: compaction topics are split out from the first replay on.
             self.meta = MetadataStore(self.store_config.root, cfg.default_retry_max_times)
             from stratamq.broker.replication import plug_compaction

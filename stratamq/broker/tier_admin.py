@@ -9,8 +9,10 @@ service so that module stays as it is.
 
 ROW is ``{"topic", "queue_id", "local_min_offset", "local_max_offset", "tier_min_offset",
 "tier_max_offset", "tier_committed_offset", "tier_bytes", "lag_messages", "lag_bytes"}``
-(``stratamq tier status`` prints the same rows). Both answer ``FAILED_PRECONDITION`` when the
-broker runs without a tier.
+(``stratamq tier status`` prints the same rows; a compaction topic's tier columns are its
+compacted files', ``CompactionTier.status_columns``). Both answer ``FAILED_PRECONDITION`` when the
+broker runs without a tier; ``TierFlush`` too on a SLAVE (it reads its master's tier, never
+uploads).
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ def tier_admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
             raise MetadataError("invalid", "timeout_s must be a positive number of seconds")
         if timeout > MAX_FLUSH_WAIT_S:  # it holds an executor thread while it waits
             raise MetadataError("invalid", f"timeout_s must be at most {MAX_FLUSH_WAIT_S}")
+        if tier().uploader is None:
+            raise MetadataError("precondition", "this broker does not upload to the tier (a "
+                                "SLAVE reads its master's tier; flush the master)")
         committed = tier().flush(float(timeout))
         return {"committed": committed,
                 "queues": tier().status(_local(broker), broker.store.local_source.topics)}

@@ -21,8 +21,9 @@ from stratamq.store.results import PutMessageStatus
 Code = pb.Code
 
 __all__ = ["check_topic", "check_group", "check_invisible_time", "has_control_character",
-           "body_digest", "client_type_name", "put_status", "RECEIVE_BATCH_MAX",
-           "MAX_USER_PROPERTY_SIZE", "USER_PROPERTY_MAX_NUM", "MAX_MESSAGE_GROUP_SIZE"]
+           "body_checksum", "body_digest", "client_type_name", "put_status",
+           "RECEIVE_BATCH_MAX", "MAX_USER_PROPERTY_SIZE", "USER_PROPERTY_MAX_NUM",
+           "MAX_MESSAGE_GROUP_SIZE"]
 
 # ProxyConfig defaults.
 MAX_USER_PROPERTY_SIZE = 16 * 1024  # bytes of user property names + values + tag + keys
@@ -85,7 +86,12 @@ def body_digest(body: bytes) -> pb.Digest:
 
     The clients all check MD5 the same way, while each formats CRC32 differently; a digest a
     client cannot match makes it treat every message as corrupted."""
-    return pb.Digest(type=pb.MD5, checksum=hashlib.md5(body).hexdigest().upper())
+    return pb.Digest(type=pb.MD5, checksum=body_checksum(body))
+
+
+def body_checksum(body: bytes) -> str:
+    """The checksum of ``body_digest`` (set in place where a message is built field by field)."""
+    return hashlib.md5(body).hexdigest().upper()
 
 
 def client_type_name(client_type: int) -> str:

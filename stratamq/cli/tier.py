@@ -5,7 +5,10 @@ broker's ``--config``) or on a running broker (``--endpoint``). JSON lines (cont
   "local_max_offset", "tier_min_offset", "tier_max_offset", "tier_committed_offset",
   "tier_bytes", "lag_messages", "lag_bytes"}`` (offsets are queue offsets; ``tier_max_offset``
   counts what is buffered, ``tier_committed_offset`` what is in the tier; null where the
-  queue has none).
+  queue has none). A compaction topic on a posix/s3 tier is held by its compacted files
+  (the tier uploader skips its raw stream): its tier columns are the compacted files' (the
+  committed offset is past the last one uploaded) and its lag counts only what its
+  CompactionLog has not uploaded yet (the file being written, plus one scheduler pass).
 * ``tier flush``: uploads everything dispatched so far, waits until it is committed, then
   prints the same lines; exit 1 when it was not all committed in ``--timeout`` seconds.
 """
@@ -90,7 +93,10 @@ def tier() -> None:
 @store_options
 def tier_status(store_dir: str | None, endpoint: str | None, access_key: str | None,
                 secret_key: str | None) -> None:
-    """Per topic/queue: local and tier offsets, bytes in the tier, upload lag (JSON lines)."""
+    """Per topic/queue: local and tier offsets, bytes in the tier, upload lag (JSON lines).
+
+    A compaction topic (posix/s3 tier) shows its compacted files in the tier; its lag is what
+    its CompactionLog has not uploaded yet (the file being written), never its raw stream."""
     _one_of(store_dir, endpoint)
     if endpoint is not None:
         for row in _remote(endpoint, access_key, secret_key, "TierStatus")["queues"]:

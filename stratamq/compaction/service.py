@@ -23,6 +23,7 @@ Thread-safety: ``dispatch`` from the dispatch thread; reads from any thread; ``r
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import logging
 import os
@@ -96,6 +97,8 @@ class CompactionStore:
         self._reader: CommitLogReader | None = None
         self._checkpoint = DispatchCheckpoint()
         self._seen_to = 0  # CommitLog end of the last record dispatched (all topics)
+        # The checkpoint is moved by the flush thread and by a slave's cut-back, one at a time.
+        self._checkpoint_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         workers = max(1, min(config.compaction_thread_num, os.cpu_count() or 1))
@@ -131,6 +134,8 @@ class CompactionStore:
                                   f"{clog.state.tier_floor} were released to the tier, but "
                                   "the tier's manifest does not hold the queue (another "
                                   "tier configured?)")
+        if not self.read_only:
+            self._cut_past(reader.end())
 
     def _adopt_tier(self, clog: CompactionLog) -> None:
         """Serve the queue's released files from the tier; a queue with no local files at
@@ -224,13 +229,73 @@ class CompactionStore:
         """Flush every CompactionLog, then record how far the CommitLog is split out."""
         if self.read_only:
             return
-        upto = self._seen_to
-        for clog in list(self._queues.values()):
-            clog.flush()
-        if upto != self._checkpoint.dispatched_to:
-            checkpoint = DispatchCheckpoint(upto)
-            checkpoint.write(self.layout.dispatch_checkpoint)
-            self._checkpoint = checkpoint
+        with self._checkpoint_lock:
+            upto = self._seen_to
+            for clog in list(self._queues.values()):
+                clog.flush()
+            if upto != self._checkpoint.dispatched_to:
+                self._write_checkpoint(upto)
+
+    def _write_checkpoint(self, upto: int) -> None:
+        checkpoint = DispatchCheckpoint(upto)
+        checkpoint.write(self.layout.dispatch_checkpoint)
+        self._checkpoint = checkpoint
+
+    # -- a slave's cut-back (store/replica.py: ReplicaLog.truncate) ----------------------------
+
+    def truncate_from(self, physical_offset: int) -> None:
+        """The CommitLog was cut back to ``physical_offset`` (a slave ahead of its master; the
+        dispatch is paused and goes on from there): cut every CompactionLog back to its records
+        below it (``cutback.py``), dispatch again the CommitLog records a round removed in
+        favour of a cut one, and move the dispatch checkpoint back, so the master's
+        replacement records are split out, also after a crash."""
+        if self.read_only:
+            return
+        from stratamq.compaction.cutback import apply_cut, plan_cut
+
+        with self._checkpoint_lock, contextlib.ExitStack() as held:
+            queues = self.queues()
+            for clog in queues:
+                held.enter_context(clog.compacting)  # no round while the queues are cut
+            plans = [(clog, plan_cut(clog, physical_offset)) for clog in queues]
+            plans = [(clog, plan) for clog, plan in plans if plan.units_cut]
+            # First the checkpoint: a crash from here on replays what the cut and the
+            # dispatch below redo.
+            low = min([physical_offset] + [p.last_kept_end for _c, p in plans])
+            if self._checkpoint.dispatched_to > low:
+                self._write_checkpoint(low)
+            before = self._seen_to  # below it every queue holds its records already
+            for clog, plan in plans:
+                apply_cut(clog, plan)
+            if plans:
+                self._dispatch_again({(c.topic, c.queue_id) for c, _p in plans}, low,
+                                     physical_offset)
+            self._seen_to = min(before, physical_offset)
+
+    def _cut_past(self, end: int) -> None:
+        """On open: the CommitLog recovered to ``end`` but this split out records past it (its
+        tail was lost: a power cut, a disk that lost pages); cut back as a slave does, so the
+        records written at those offsets now are split out."""
+        if (self._checkpoint.dispatched_to > end
+                or any(c.physical_end > end for c in self._queues.values())):
+            log.warning("compaction: the CommitLog ends at %d, before what the CompactionLogs "
+                        "hold (checkpoint %d): cutting them back", end,
+                        self._checkpoint.dispatched_to)
+            self.truncate_from(end)
+
+    def _dispatch_again(self, queues: set[tuple[str, int]], start: int, end: int) -> None:
+        """Dispatch ``queues``' records of CommitLog ``[start, end)`` again (each queue takes
+        only offsets past its newest): versions a round removed because a later version
+        replaced them, and that later version was cut."""
+        assert self._reader is not None, "attach() is called before truncate_from"
+        if start < self._reader.min_offset:
+            log.warning("compaction cut-back: the CommitLog starts at %d, after %d: versions "
+                        "compaction removed in favour of cut ones before it cannot come back",
+                        self._reader.min_offset, start)
+        for rec in self._reader.records(start, end):
+            info = codec.decode_dispatch_info(rec.data, 0)
+            if (info.topic, info.queue_id) in queues:
+                self.dispatch(info)
 
     # -- rounds ---------------------------------------------------------------------------------
 

@@ -311,6 +311,31 @@ class CompactionTier:
         for _t, queue_id in doomed:
             self._listing.remove(self._queue_dir(topic, queue_id))
 
+    def status_columns(self, compaction: CompactionStore, topic: str,
+                       queue_id: int) -> dict[str, Any] | None:
+        """The tier columns of ``tier status`` for a compaction queue (None for other topics):
+        what the manifest holds of it. ``tier_committed_offset`` is past the last compacted
+        file in the tier (the file being written is uploaded once sealed, so it is not
+        counted as held); ``lag_messages`` / ``lag_bytes`` are the queue offsets and local
+        CompactionLog bytes the tier does not hold yet: at most about one file plus one
+        scheduler pass, never the raw stream (which the tier uploader skips)."""
+        if compaction.policies.policy(topic) is None:
+            return None
+        entry = self.entry(topic, queue_id)
+        files = entry.files if entry is not None else ()
+        clog = next((c for c in compaction.queues(topic) if c.queue_id == queue_id), None)
+        held = {(f.name, f.units) for f in files}
+        committed = files[-1].last_offset + 1 if files else None
+        local_next = clog.next_offset if clog is not None else 0
+        return {
+            "tier_min_offset": files[0].first_offset if files else None,
+            "tier_max_offset": committed, "tier_committed_offset": committed,
+            "tier_bytes": sum(f.log_bytes + f.units * bcq.UNIT_SIZE for f in files),
+            "lag_messages": max(0, local_next - (committed or 0)),
+            "lag_bytes": 0 if clog is None else sum(
+                s.log_bytes for s in clog.segments if s.units and (s.name, s.units) not in held),
+        }
+
     # -- local retention and restore -----------------------------------------------------------
 
     def release_local(self, clog: CompactionLog, now_ms: int | None = None) -> int:
@@ -415,13 +440,19 @@ def link(compaction: CompactionStore | None, tier: TieredStore | None) -> Compac
     except (TierManifestError, OSError) as exc:
         raise TierIOError(f"compaction tier manifest: {exc}") from exc
     if not ctier.read_only:
-        # Files a crash left behind an upload (before or after its manifest) go now.
-        for topic, queue_id in sorted(ctier.manifest.queues):
+        # Files a crash left behind an upload (before or after its manifest) go now: the
+        # manifest's queues, and the local ones, whose first-ever upload a crash may have
+        # stopped before any manifest named the queue.
+        local = {(t, q) for t, q in compaction.layout.queues_on_disk()
+                 if compaction.policies.policy(t) is not None}
+        for topic, queue_id in sorted(set(ctier.manifest.queues) | local):
             try:
                 ctier.sweep(topic, queue_id)
             except OSError as exc:
                 log.warning("compaction tier: cannot sweep %s:%d: %s", topic, queue_id, exc)
     compaction.tier = ctier
+    tier.held_elsewhere = lambda topic, queue_id: ctier.status_columns(compaction, topic,
+                                                                       queue_id)
     if tier.uploader is not None:
         tier.uploader.skip_topic = lambda topic: compaction.policies.policy(topic) is not None
     return ctier

@@ -104,6 +104,8 @@ class _Dispatcher(Protocol):
 
     def destroy_topic(self, topic: str) -> None: ...
 
+    def truncate_from(self, physical_offset: int) -> None: ...
+
 
 class _Policies(Protocol):
     def policy(self, topic: str) -> object | None: ...
@@ -155,6 +157,10 @@ class CompactionGate:
 
     def replay_floor(self, topic: str, queue_id: int) -> int:
         return self.inner.replay_floor(topic, queue_id)
+
+    def truncate_from(self, physical_offset: int) -> None:
+        # The slave's CommitLog was cut back (ReplicaLog.truncate): so are the CompactionLogs.
+        self.inner.truncate_from(physical_offset)
 
     def destroy_topic(self, topic: str) -> None:
         with self._lock:  # a topic made again under the same name is pulled again

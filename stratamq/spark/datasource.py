@@ -162,7 +162,12 @@ def _read(partition: InputPartition, headers: bool = False) -> Iterator[pa.Recor
     elif isinstance(partition, QueueSplit):
         batches = read_queue_split(partition)
     else:
-        raise TypeError(f"not a stratamq split: {partition!r}")
+        # Imported here: tasks of other splits need not load the compaction package.
+        from stratamq.spark import latest
+
+        if not isinstance(partition, latest.CompactedSplit):
+            raise TypeError(f"not a stratamq split: {partition!r}")
+        batches = latest.read_compacted_split(partition)
     for batch in batches:
         if batch.num_rows:
             yield with_headers(batch) if headers else batch
@@ -224,8 +229,12 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
                 and starting == "earliest"
                 and ending == "latest" and timestamp is None and not by_times):
             low, end = planning.commitlog_bounds(root)
-            return list(planning.log_splits(root, catalog, low, end, min_parts,
-                                            fail_on_data_loss=fail))
+            from stratamq.spark import latest  # (tasks of other splits need not load it)
+
+            tables = latest.whole_queue_splits(options, root, catalog.queues, known, fail)
+            exclude = frozenset(latest.latest_topics(options, root, known))
+            return [*planning.log_splits(root, catalog, low, end, min_parts,
+                                         fail_on_data_loss=fail, exclude=exclude), *tables]
         topics = topics if topics is not None else known
         planning.check_offsets(starting, "startingOffsets", topics, existing)
         planning.check_offsets(ending, "endingOffsets", topics, existing)
@@ -238,6 +247,12 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
         assert broker is not None
         queues = broker.queues(topics)
     queues = _only_assigned(options, queues)
+    from stratamq.spark import latest
+
+    latest_topics = latest.latest_topics(options, root, topics)
+    if latest_topics:
+        queues.update(latest.queue_bounds(
+            root or "", {q: b for q, b in queues.items() if q[0] in latest_topics}))
     for name, times in (("startingOffsetsByTimestamp", start_times),
                         ("endingOffsetsByTimestamp", end_times)):
         missing = sorted(f"{t}/{q}" for t, q in times if (t, q) not in queues)
@@ -272,7 +287,12 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
                 f"({given}) is after the ending offset {end} "
                 f"({_how_given(ending, queue, 'endingOffsets', 'latest')})")
         ranges[queue] = (_check_loss(queue, start, bounds, fail), end)
-    return _splits(options, root, ranges, min_parts, fail)
+    _, tombstones = planning.latest_values(options)
+    compacted: list[InputPartition] = [
+        latest.CompactedSplit(root or "", t, q, s, e, tombstones, fail)
+        for (t, q), (s, e) in sorted(ranges.items()) if t in latest_topics and e > s]
+    rest = {q: r for q, r in ranges.items() if q[0] not in latest_topics}
+    return [*_splits(options, root, rest, min_parts, fail), *compacted]
 
 
 def _only_assigned(options: Mapping[str, str], queues: dict[Queue, tuple[int, int]]

@@ -63,10 +63,11 @@ class LogSplit(InputPartition):
     ``limit`` is where the segment's valid data ends."""
 
     def __init__(self, root: str, segment_start: int, start: int, end: int, limit: int,
-                 fail_on_data_loss: bool = True) -> None:
+                 fail_on_data_loss: bool = True, exclude: frozenset[str] = frozenset()) -> None:
         self.root, self.segment_start = root, segment_start
         self.start, self.end, self.limit = start, end, limit
         self.fail_on_data_loss = fail_on_data_loss
+        self.exclude = exclude  # topics read otherwise (compaction topics' latest values)
 
 
 class QueueSplit(InputPartition):
@@ -103,6 +104,18 @@ def int_option(options: Mapping[str, str], name: str, default: int | None,
     if value < minimum:
         raise OptionError(f"option '{name}': must be at least {minimum}, got {value}")
     return value
+
+
+def latest_values(options: Mapping[str, str]) -> tuple[bool, bool]:
+    """Options ``latestValues`` (compaction topics of a store directory as tables of their
+    latest values, default true) and ``includeTombstones`` (keys whose latest record deletes
+    them stay in the table, as that record; default false)."""
+    latest = bool_option(options, "latestValues", True)
+    tombstones = bool_option(options, "includeTombstones", False)
+    if tombstones and not latest:
+        raise OptionError("option 'includeTombstones' applies to latest-value tables: it cannot "
+                          "be true with latestValues=false (which reads every version)")
+    return latest, tombstones
 
 
 def bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
@@ -284,6 +297,7 @@ READ_OPTIONS = frozenset({
     "endpoints", "tls", "tlscafile", "accesskey", "secretkey", "group", "includeheaders",
     "startingoffsetsbytimestamp", "endingoffsetsbytimestamp", "endingtimestamp",
     "minoffsetspertrigger", "maxtriggerdelay", "assign", "config", "tieredstores3endpoint",
+    "latestvalues", "includetombstones",
 })  # fmt: skip
 WRITE_OPTIONS = frozenset({
     "path", "topic", "endpoints", "tls", "tlscafile", "accesskey", "secretkey", "queuenums",
@@ -304,7 +318,7 @@ _CANONICAL = {name.lower(): name for name in (
     "mappedFileSizeCommitLog", "mappedFileSizeConsumeQueue", "checkpointLocation", "subscribe",
     "subscribePattern", "includeHeaders", "startingOffsetsByTimestamp",
     "endingOffsetsByTimestamp", "endingTimestamp", "minOffsetsPerTrigger", "maxTriggerDelay",
-    "assign", "config", "tieredStoreS3Endpoint")}
+    "assign", "config", "tieredStoreS3Endpoint", "latestValues", "includeTombstones")}
 
 
 def _check_names(options: Mapping[str, str], allowed: frozenset[str], side: str) -> None:
@@ -389,6 +403,7 @@ def check_read_options(options: Mapping[str, str],
         parse_timestamps(options, name)
     bool_option(options, "failOnDataLoss", True)
     bool_option(options, "includeHeaders", False)
+    latest_values(options)
     missing = sorted(f"{t}/{q}" for t, q in assigned(options) or ()
                      if q not in existing.get(t, ()))
     if missing:
@@ -451,7 +466,8 @@ def _queue_ids(ids: Collection[int]) -> str:
 
 
 def log_splits(root: str, catalog: Catalog, min_offset: int, end: int,
-               min_partitions: int, *, fail_on_data_loss: bool = True) -> list[LogSplit]:
+               min_partitions: int, *, fail_on_data_loss: bool = True,
+               exclude: frozenset[str] = frozenset()) -> list[LogSplit]:
     """Byte ranges of CommitLog segments, at least ``min_partitions`` of them when there are
     that many bytes, never crossing a segment. A segment missing between two others is data
     loss (DataLoss, or a warning with ``fail_on_data_loss`` false)."""
@@ -472,7 +488,7 @@ def log_splits(root: str, catalog: Catalog, min_offset: int, end: int,
         for k in range(count):
             a, b = lo + k * step, min(hi, lo + (k + 1) * step)
             if a < b:
-                splits.append(LogSplit(root, seg, a, b, limit, fail_on_data_loss))
+                splits.append(LogSplit(root, seg, a, b, limit, fail_on_data_loss, exclude))
     return splits
 
 

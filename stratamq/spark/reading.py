@@ -150,8 +150,12 @@ def _fail_if_followed(buf, base: int, at: int, segments: Segments, what: str) ->
 
 
 def read_log_split(split: LogSplit) -> Iterator[pa.RecordBatch]:
+    exclude = pa.array(sorted(split.exclude), pa.string()) if split.exclude else None
     for segments, base, buf, positions in walk_log_split(split):
-        yield _located(segments, base, buf, positions)
+        batch = _located(segments, base, buf, positions)
+        if exclude is not None:
+            batch = batch.filter(pc.invert(pc.is_in(batch.column("topic"), value_set=exclude)))
+        yield batch
 
 
 def walk_log_split(split: LogSplit

@@ -123,6 +123,18 @@ def _properties(raw: pa.Array) -> pa.MapArray:
     window = data[lo:hi]
     seps = np.flatnonzero(window == 2) + lo
     ones = np.flatnonzero(window == 1) + lo
+    buf = data_buf if data_buf is not None else pa.py_buffer(b"")
+    if _regular(data, offsets, seps, ones):
+        # Every item is ``name\x01value\x02`` (what RocketMQ writes): item k is the bytes from
+        # the \x02 before it to seps[k], and the map's offsets are counts of \x02 before each
+        # row's start. No sort, no per-item search.
+        starts = np.empty(len(seps), dtype=np.int64)
+        starts[:1] = lo
+        starts[1:] = seps[:-1] + 1
+        map_offsets = np.searchsorted(seps, offsets).astype(np.int32)
+        names = _spans(buf, starts, ones - starts, pa.string())
+        values = _spans(buf, ones + 1, seps - ones - 1, pa.string())
+        return pa.MapArray.from_arrays(pa.array(map_offsets), names, values)
     # Items are disjoint and in order, so sorted starts and sorted ends pair up.
     starts = np.sort(np.concatenate([offsets[:-1], seps + 1]), kind="stable")
     ends = np.sort(np.concatenate([seps, offsets[1:]]), kind="stable")
@@ -134,10 +146,20 @@ def _properties(raw: pa.Array) -> pa.MapArray:
     counts = np.bincount(rows, minlength=n)
     map_offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(counts, out=map_offsets[1:])
-    buf = data_buf if data_buf is not None else pa.py_buffer(b"")
     names = _spans(buf, starts, split_at - starts, pa.string())
     values = _spans(buf, split_at + 1, ends - split_at - 1, pa.string())
     return pa.MapArray.from_arrays(pa.array(map_offsets), names, values)
+
+
+def _regular(data: np.ndarray, offsets: np.ndarray, seps: np.ndarray, ones: np.ndarray) -> bool:
+    """Whether every row's properties are whole ``name\x01value\x02`` items: one \x01 between
+    consecutive \x02, and each non-empty row ending in \x02 (so no item spans two rows)."""
+    if len(seps) != len(ones) or not len(seps):
+        return False
+    if not ((ones < seps).all() and (ones[1:] > seps[:-1]).all() and ones[0] >= offsets[0]):
+        return False
+    ends = offsets[1:][offsets[1:] > offsets[:-1]]
+    return bool((data[ends - 1] == 2).all())
 
 
 def _host_strings(ips: np.ndarray, ports: np.ndarray) -> pa.Array:

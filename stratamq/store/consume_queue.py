@@ -193,6 +193,14 @@ class ConsumeQueue:
             if commitlog_offset + size <= self.max_physic_offset:
                 return  # already have it: a replay after recovery
             target = queue_offset * UNIT_SIZE
+            # The usual case first: the next unit of the newest file, which has room.
+            mf = self.files.last()
+            if mf is not None:
+                rel = target - mf.file_from_offset
+                if rel == mf.wrote_position and rel + UNIT_SIZE <= mf.file_size:
+                    mf.write_at(rel, UNIT.pack(commitlog_offset, size, tags_code))
+                    self.max_physic_offset = commitlog_offset + size
+                    return
             current = self.files.max_offset()
             if target < current:
                 log.warning("%s/%d: unit for queue offset %d already written; skipped",

@@ -4,12 +4,16 @@ A dispatcher is anything with ``dispatch(info: DispatchInfo) -> None``. The Cons
 is the first; the index, RocksDB ConsumeQueue, compaction and tier dispatchers are added to the
 same list by appending one object (see ``MessageStore._dispatchers``).
 
-Contracts: the dispatcher thread owns ``reput_from``; ``replay`` runs on the caller's thread
-before the thread starts (recovery). Records are read in place from the map, never copied.
+Contracts: whoever holds the round lock owns ``reput_from`` and calls the dispatchers: the
+dispatcher thread, or an appender that found it idle (``dispatch_now``, right after its append),
+so dispatchers see one round at a time, in log order, but not always on the same thread.
+``replay`` runs on the caller's thread before the thread starts (recovery). Records are read in
+place from the map, never copied.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import threading
@@ -30,6 +34,13 @@ log = logging.getLogger(__name__)
 # from the disk: dispatch skips that record instead of stopping for good, since every later
 # open would replay it and fail the same way.
 RECORD_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EINVAL})
+
+# The idle dispatcher thread's longest sleep, in dispatchIntervalMs (see ReputService.run).
+IDLE_BACKOFF = 64
+# An appender dispatches its own records (dispatch_now) only while this little is undispatched:
+# a big batch is left to the dispatcher thread, so an appender on an event loop is not held for
+# the whole of its dispatch (about 12 us a record) where the thread would share the GIL.
+INLINE_DISPATCH_MAX_BYTES = 128 * 1024
 
 
 class DispatchError(RuntimeError):
@@ -84,7 +95,18 @@ class ReputService(ServiceThread):
         # the RocksDB ConsumeQueue, makes units visible at commit).
         self._to_notify: dict[str, DispatchInfo] = {}
         self._caught_up = threading.Condition()
+        self._caught_up_waiters = 0  # threads in wait_caught_up: only then is it notified
         self._idle = False
+        # The idle wait: a bare lock used as a binary semaphore (released = "wake up"). Cheaper
+        # than an Event on both sides, which matters because with one-message appends every
+        # record is its own round: one wake-up and one wait each.
+        self._wake_lock = threading.Lock()
+        self._wake_lock.acquire()
+        # (dispatcher, its commit_dispatch) for the dispatchers list as last seen: optional hooks
+        # are looked up once, not once per round.
+        self._hooks_of: list[Dispatcher] | None = None
+        self._hooks_len = 0
+        self._commit_hooks: list[Callable[[], None]] = []
         # Held by the thread for each round; ``paused()`` takes it so a replica can cut the
         # log back between rounds.
         self._round = threading.Lock()
@@ -107,7 +129,7 @@ class ReputService(ServiceThread):
         with self._deletions_lock:
             self._deletions.append((cutoff, topic, done))
             self._deletions.sort(key=lambda d: d[0])
-        self._wake.set()
+        self._signal()
         return done
 
     def _run_deletions(self, reached: int) -> None:
@@ -136,11 +158,19 @@ class ReputService(ServiceThread):
         self.committed_to = min(self.committed_to, offset)
         self._to_notify.clear()
         self.recent.clear()
+        self._signal()
 
     def wakeup(self) -> None:
-        # Called on every append: only pay for the Event when the thread is actually waiting.
+        # Called on every append: only pay for a wake-up when the thread is actually waiting.
         if self._idle:
-            self._wake.set()
+            self._signal()
+
+    def _signal(self) -> None:
+        with contextlib.suppress(RuntimeError):  # raised when a wake-up is already pending
+            self._wake_lock.release()
+
+    def on_shutdown(self) -> None:
+        self._signal()
 
     def behind_bytes(self) -> int:
         return max(0, self.files.max_offset() - self.reput_from)
@@ -152,8 +182,10 @@ class ReputService(ServiceThread):
         ``skip_covered`` (recovery): pass over records every dispatcher already has, judged by
         their ``replay_floor``, reading only topic and queue id; it has no effect unless every
         dispatcher has ``replay_floor`` and nobody listens."""
-        count = 0
         limit = self.files.max_offset() if end is None else end
+        if self.reput_from >= limit and not self._deletions:
+            return 0  # nothing new: the common case of the idle loop, kept cheap
+        count = 0
         if (skip_covered and not self.listeners
                 and all(hasattr(d, "replay_floor") for d in self.dispatchers)):
             self._floors = {}
@@ -178,16 +210,22 @@ class ReputService(ServiceThread):
 
     def _commit_round(self) -> None:
         """Let batching dispatchers write what this round gave them (group commit)."""
-        for dispatcher in self.dispatchers:
-            commit = getattr(dispatcher, "commit_dispatch", None)
-            if commit is not None:
-                commit()
+        if self._hooks_of is not self.dispatchers or self._hooks_len != len(self.dispatchers):
+            self._refresh_hooks()
+        for commit in self._commit_hooks:
+            commit()
         self.committed_to = self.reput_from
         if self._to_notify:
             infos, self._to_notify = list(self._to_notify.values()), {}
             for info in infos:
                 for listener in self.listeners:
                     listener(info)
+
+    def _refresh_hooks(self) -> None:
+        self._hooks_of = self.dispatchers
+        self._hooks_len = len(self.dispatchers)
+        self._commit_hooks = [commit for d in self.dispatchers
+                              if (commit := getattr(d, "commit_dispatch", None)) is not None]
 
     def _dispatch_some(self, limit: int) -> int:
         """Dispatch the records of the segment holding ``reput_from``; -1 if stuck."""
@@ -278,34 +316,85 @@ class ReputService(ServiceThread):
             f"cannot dispatch {where}: {exc}. Fix the cause (disk space, permissions, open-file "
             "limit) and open the store again: dispatch resumes at this record") from exc
 
+    def dispatch_now(self) -> bool:
+        """Dispatch what was appended on the caller's thread (the appender's, right after its
+        append), if the dispatcher thread is idle, no round is running and little is waiting
+        (``INLINE_DISPATCH_MAX_BYTES``); False if not (the thread then does it: wake it).
+        Rounds are serialised by the round lock whichever thread runs them, so dispatchers
+        still see one round at a time, in log order.
+
+        Why: with one-message appends every record is a round of its own, and handing each to
+        the dispatcher thread (a wake-up, then the GIL handed over and back) cost several
+        times the dispatch itself."""
+        if (not self._idle or self.error is not None or self._stop.is_set()
+                or self.files.max_offset() - self.reput_from > INLINE_DISPATCH_MAX_BYTES
+                or not self._round.acquire(blocking=False)):
+            return False
+        try:
+            self.replay()
+        except Exception as exc:
+            self._failed(exc)
+        finally:
+            self._round.release()
+        if self._caught_up_waiters and self.reput_from >= self.files.max_offset():
+            with self._caught_up:
+                self._caught_up.notify_all()
+        return True
+
+    def _failed(self, exc: Exception) -> None:
+        """Dispatch stopped for good (until the store is opened again): keep serving reads,
+        refuse puts (``MessageStore.put_messages`` checks ``error``), report loudly."""
+        self.error = exc
+        log.error("dispatch stopped at offset %d", self.reput_from, exc_info=exc)
+        with self._caught_up:  # waiters learn of it now, not at their timeout
+            self._caught_up.notify_all()
+
     def run(self) -> None:
-        while not self._stop.is_set():
+        files = self.files
+        wait = self.idle_wait
+        while not self._stop.is_set() and self.error is None:
             try:
                 with self._round:
                     progressed = self.replay() > 0
-            except Exception as exc:  # keep serving reads; report loudly
-                self.error = exc
-                log.exception("dispatch stopped at offset %d", self.reput_from)
-                with self._caught_up:  # waiters learn of it now, not at their timeout
-                    self._caught_up.notify_all()
+            except Exception as exc:
+                self._failed(exc)
                 return
-            if self.reput_from >= self.files.max_offset():
+            caught_up = self.reput_from >= files.max_offset()
+            if caught_up and self._caught_up_waiters:
                 with self._caught_up:
                     self._caught_up.notify_all()
-            if not progressed:
-                self._idle = True
-                if self.reput_from >= self.files.max_offset():  # recheck after raising the flag
-                    self._wake.wait(self.idle_wait)
-                self._idle = False
-                self._wake.clear()
+            if progressed:
+                wait = self.idle_wait
+                if not caught_up:
+                    continue  # more to do (the next segment, or records appended meanwhile)
+            # Idle: raise the flag, then look once more, so an append either sees the flag
+            # (and dispatches itself or wakes us) or is seen here.
+            self._idle = True
+            if self.reput_from >= files.max_offset():
+                # Every append wakes us or dispatches itself (dispatch_now), so the timeout is
+                # only a safety net: after a round of our own it is dispatchIntervalMs, then it
+                # doubles while we find nothing, up to IDLE_BACKOFF times that. Each wake-up
+                # costs a GIL hand-over, which under one-message appends (dispatched by the
+                # appender) was most of this thread's CPU.
+                self._wake_lock.acquire(timeout=wait)
+                wait = min(wait * 2, self.idle_wait * IDLE_BACKOFF)
+            elif not progressed:
+                # Not caught up, yet nothing dispatched: a record being written, or a log
+                # that lost its segment; look again shortly rather than spin.
+                self._wake_lock.acquire(timeout=self.idle_wait)
+            self._idle = False
 
     def wait_caught_up(self, timeout: float) -> bool:
         """Block until everything appended so far is dispatched (or ``timeout`` seconds)."""
         target = self.files.max_offset()
         with self._caught_up:
-            return self._caught_up.wait_for(
-                lambda: self.committed_to >= target or self.error is not None, timeout
-            ) and self.error is None
+            self._caught_up_waiters += 1
+            try:
+                return self._caught_up.wait_for(
+                    lambda: self.committed_to >= target or self.error is not None, timeout
+                ) and self.error is None
+            finally:
+                self._caught_up_waiters -= 1
 
     def shutdown(self, drain_timeout: float = 10.0) -> None:
         if self._thread.is_alive():

@@ -276,7 +276,12 @@ class MessageStore:
     def _on_append(self) -> None:
         # The async flusher is not woken per put: it looks every flushIntervalCommitLog ms and
         # flushes once flushCommitLogLeastPages are dirty, which is what that setting means.
-        self.reput.wakeup()
+        # Dispatch runs here when the dispatcher thread is idle (see ReputService.dispatch_now),
+        # except on a slave: its only appender, the replication thread, may hold dispatch back
+        # (ReplicaLog.hold_dispatch) and would wait on itself; its appends are big anyway.
+        reput = self.reput
+        if self.config.broker_role is BrokerRole.SLAVE or not reput.dispatch_now():
+            reput.wakeup()
 
     def _note_commitlog_flushed(self) -> None:
         ts = self.commitlog.files.store_timestamp

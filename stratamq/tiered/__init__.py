@@ -101,6 +101,10 @@ class TieredStore:
             assert view is not None
             self.uploader = TierUploader(config, self.files, self.metadata, self.index, view)
         self.fetcher = TierFetcher(config, self.files, self.metadata, self.index, view)
+        # Queues another part tiers in its own way (compaction topics: their compacted files,
+        # ``compaction.tiering.link``): (topic, queue) -> the tier columns of its status row, or
+        # None for a queue this tier's uploader handles.
+        self.held_elsewhere: Callable[[str, int], dict[str, Any] | None] | None = None
         self._started = False
 
     def start(self) -> None:
@@ -126,6 +130,13 @@ class TieredStore:
                        if not is_filtered_topic(t)}
         rows = []
         for topic, queue_id in sorted(queues):
+            other = self.held_elsewhere(topic, queue_id) if self.held_elsewhere else None
+            if other is not None:
+                held = local(topic, queue_id)
+                rows.append({"topic": topic, "queue_id": queue_id,
+                             "local_min_offset": None if held is None else held[0],
+                             "local_max_offset": None if held is None else held[1], **other})
+                continue
             flat = self.files.get(topic, queue_id)
             init = flat is not None and flat.is_init()
             held = local(topic, queue_id)
@@ -158,16 +169,18 @@ class TieredStore:
 
 
 def wire(store: MessageStore, *, cluster: str, broker: str,
-         background: bool = True, fs: Any = None) -> TieredStore | None:
+         background: bool = True, upload: bool = True,
+         fs: Any = None) -> TieredStore | None:
     """Plug tiered storage into ``store`` (before it is opened) when its config turns it on;
     None when it does not. Call ``start()`` on the result once the store is open: with
     ``background`` (a broker) that starts the uploads; offline commands pass False and upload
-    only when asked (``tier flush``). ``fs``: an fsspec filesystem to use for an ``s3`` tier
-    (default: one opened from the config)."""
+    only when asked (``tier flush``). ``upload=False`` (a SLAVE broker: the tier is its
+    master's) plugs in the reads only: no uploader, nothing written to the tier. ``fs``: an
+    fsspec filesystem to use for an ``s3`` tier (default: one opened from the config)."""
     config = store.config
     if tier_provider(config) is None:
         return None
-    if not store.read_only:
+    if not store.read_only and upload:
         # History an offload registered in the tier for this broker, for a store that has no
         # tier metadata yet (a new broker taking over a retired one's history).
         from stratamq.tiered.offloaded import adopt
@@ -175,8 +188,8 @@ def wire(store: MessageStore, *, cluster: str, broker: str,
         adopt(config, cluster, broker)
     view = StoreView(lambda: store.consume_queues, lambda: store.commitlog,
                      config.access_message_in_memory_max_ratio)
-    tier = TieredStore(config, cluster, broker, view=view, read_only=store.read_only,
-                       background=background, fs=fs)
+    tier = TieredStore(config, cluster, broker, view=view,
+                       read_only=store.read_only or not upload, background=background, fs=fs)
     if tier.uploader is not None:
         store.add_dispatcher(tier.uploader)
     if TieredStorageLevel(config.tiered_storage_level) is not TieredStorageLevel.DISABLE:
