@@ -119,7 +119,9 @@ class TierUploader:
         self._thread: threading.Thread | None = None
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="tier-upload")
         self._last_expiry = time.monotonic()
-        # Counters (metrics, status).
+        # Counters (metrics, status), changed under _count_lock: uploads run on several pool
+        # threads, and ``+=`` on an attribute is not atomic across them.
+        self._count_lock = threading.Lock()
         self.uploaded_messages = 0
         self.uploaded_bytes = 0
         self.skipped_messages = 0
@@ -283,10 +285,10 @@ class TierUploader:
         try:
             repeat = self.upload_queue(*key)
         except TierIOError as exc:
-            self.failed_uploads += 1
+            self._count(failed=1)
             log.warning("tier upload of %s/%d failed, retried later: %s", key[0], key[1], exc)
         except Exception:
-            self.failed_uploads += 1
+            self._count(failed=1)
             log.exception("tier upload of %s/%d failed", *key)
         finally:
             with self._progress:
@@ -316,8 +318,7 @@ class TierUploader:
                 failed = self._failed.pop((topic, queue_id), None)
                 if failed is not None:
                     self._index(flat, *failed)
-                    self.uploaded_messages += len(failed[1])
-                    self.uploaded_bytes += failed[0].nbytes()
+                    self._count(messages=len(failed[1]), nbytes=failed[0].nbytes())
             return self._upload_batch(flat)
 
     def _upload_batch(self, flat: FlatMessageFile) -> bool:
@@ -360,12 +361,11 @@ class TierUploader:
             block = block.head(len(flat_offsets))
             total = block.nbytes()
             if not flat.commit():
-                self.failed_uploads += 1
+                self._count(failed=1)
                 self._failed[key] = (block, flat_offsets)  # indexed once its retry lands
                 return False
             self._index(flat, block, flat_offsets)
-            self.uploaded_messages += len(block)
-            self.uploaded_bytes += total
+            self._count(messages=len(block), nbytes=total)
             offset = flat.commit_offset
         elif block is not None:
             offset = block.first  # a full file could not be committed: nothing taken
@@ -436,8 +436,16 @@ class TierUploader:
             waiting.force = False
             return self._due(waiting, int(time.time() * 1000))
 
+    def _count(self, *, messages: int = 0, nbytes: int = 0, skipped: int = 0,
+               failed: int = 0) -> None:
+        with self._count_lock:
+            self.uploaded_messages += messages
+            self.uploaded_bytes += nbytes
+            self.skipped_messages += skipped
+            self.failed_uploads += failed
+
     def _skipped(self, flat: FlatMessageFile, start: int, end: int, why: str) -> None:
-        self.skipped_messages += end - start
+        self._count(skipped=end - start)
         log.warning("tier queue %s: queue offsets %d..%d were never tiered: %s; the tier resumes "
                     "at %d", flat.file_path, start, end - 1, why, end)
 
