@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from stratamq.broker.timer import TIMER_TOPIC, IllegalDeliveryTime, TimerMessageStore
 from stratamq.config import StoreConfig
@@ -46,15 +47,6 @@ def _read_all(store: MessageStore, topic: str, queue_id: int = 0) -> list:
         out.extend(msgs)
 
 
-def _wait_for(predicate, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def test_delivered_no_earlier_than_asked_with_properties_kept(tmp_path):
     with MessageStore(_config(tmp_path / "s")).open() as store, _timer(store) as timer:
         base = int(time.time() * 1000)
@@ -69,7 +61,7 @@ def test_delivered_no_earlier_than_asked_with_properties_kept(tmp_path):
             asked[f"uniq-{i}"] = (deliver, i % 2, b"body-%d" % i)
         # Nothing is in the real topic before its time: the earliest is 600 ms away.
         assert _read_all(store, TOPIC, 0) == [] and _read_all(store, TOPIC, 1) == []
-        assert _wait_for(lambda: timer.delivered == 3)
+        wait_until(lambda: timer.delivered == 3)
         got = _read_all(store, TOPIC, 0) + _read_all(store, TOPIC, 1)
         assert len(got) == 3
         for msg in got:
@@ -119,15 +111,15 @@ def test_hundred_thousand_pending_are_indexed_and_kept_in_order(tmp_path):
         store.wait_dispatched(60)
         timer.start()
         try:
-            assert _wait_for(lambda: timer.enqueue_lag() == 0, 120)
+            wait_until(lambda: timer.enqueue_lag() == 0, 120)
             assert timer.pending() == n
             # None of them is due: nothing was delivered, the next wake-up is the earliest.
-            assert _wait_for(lambda: timer.next_due_ms() != 0, 10)
+            wait_until(lambda: timer.next_due_ms() != 0, 10)
             assert timer.next_due_ms() == far
             assert timer.delivered == 0 and _read_all(store, TOPIC, 0) == []
             # One due message among the 100,000 still goes out promptly.
             timer.submit(Message(TOPIC, b"soon"), int(time.time() * 1000) + 300)
-            assert _wait_for(lambda: timer.delivered == 1, 30)
+            wait_until(lambda: timer.delivered == 1, 30)
             assert [m.body for m in _read_all(store, TOPIC, 0)] == [b"soon"]
         finally:
             timer.close()
@@ -170,8 +162,8 @@ def test_sigkill_loses_no_due_message(tmp_path, kill_after):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     with MessageStore(_config(root)).open() as store, _timer(store):
-        assert _wait_for(lambda: len({m.properties[Prop.UNIQ_KEY]
-                                      for m in _read_all(store, TOPIC)}) == n, 30)
+        wait_until(lambda: len({m.properties[Prop.UNIQ_KEY]
+                                for m in _read_all(store, TOPIC)}) == n, 30)
         got = _read_all(store, TOPIC)
         # At-least-once: every message is there, each no earlier than asked.
         assert {m.properties[Prop.UNIQ_KEY] for m in got} == {str(i) for i in range(n)}
@@ -185,13 +177,13 @@ def test_index_rebuilt_from_the_commitlog_without_redelivering(tmp_path):
         timer.submit(Message(TOPIC, b"early"), now + 300)
         for i in range(5):
             timer.submit(Message(TOPIC, b"later-%d" % i), now + 3_600_000)
-        assert _wait_for(lambda: timer.delivered == 1)
+        wait_until(lambda: timer.delivered == 1)
         # Let the delivered key be retired and timercheck written.
         store.flush()
-        assert _wait_for(lambda: timer.pending() == 5)
+        wait_until(lambda: timer.pending() == 5)
     shutil.rmtree(root / "timerdb")  # the index is gone; timercheck and the CommitLog remain
     with MessageStore(_config(root)).open() as store, _timer(store) as timer:
-        assert _wait_for(lambda: timer.enqueue_lag() == 0 and timer.pending() == 5)
+        wait_until(lambda: timer.enqueue_lag() == 0 and timer.pending() == 5)
         # A delivery pass now finds nothing due: "early" was not put back into the index.
         assert timer.deliver_due() == 0 and timer.delivered == 0
         assert [m.body for m in _read_all(store, TOPIC)] == [b"early"]  # not delivered twice
@@ -201,25 +193,25 @@ def test_damaged_index_is_rebuilt_not_fatal(tmp_path):
     root = tmp_path / "s"
     with MessageStore(_config(root)).open() as store, _timer(store) as timer:
         timer.submit(Message(TOPIC, b"x"), int(time.time() * 1000) + 3_600_000)
-        assert _wait_for(lambda: timer.pending() == 1)
+        wait_until(lambda: timer.pending() == 1)
     for f in (root / "timerdb").iterdir():
         if f.name.startswith(("CURRENT", "MANIFEST")):
             f.write_bytes(b"garbage")
     with MessageStore(_config(root)).open() as store, _timer(store) as timer:
-        assert _wait_for(lambda: timer.enqueue_lag() == 0 and timer.pending() == 1)
+        wait_until(lambda: timer.enqueue_lag() == 0 and timer.pending() == 1)
 
 
 def test_timercheck_damage_is_reported_and_ignored(tmp_path, caplog):
     root = tmp_path / "s"
     with MessageStore(_config(root)).open() as store, _timer(store) as timer:
         timer.submit(Message(TOPIC, b"x"), int(time.time() * 1000) + 3_600_000)
-        assert _wait_for(lambda: (root / "timercheck").exists())
+        wait_until(lambda: (root / "timercheck").exists())
     data = bytearray((root / "timercheck").read_bytes())
     data[10] ^= 0xFF
     (root / "timercheck").write_bytes(bytes(data))
     shutil.rmtree(root / "timerdb")
     with MessageStore(_config(root)).open() as store, _timer(store) as timer:
-        assert _wait_for(lambda: timer.enqueue_lag() == 0 and timer.pending() == 1)
+        wait_until(lambda: timer.enqueue_lag() == 0 and timer.pending() == 1)
     assert "damaged" in caplog.text
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 from compaction_util import (
@@ -20,6 +19,7 @@ from compaction_util import (
     small_config,
 )
 from damage import patch
+from waiting import wait_until
 
 from stratamq.compaction import bcq_format as bcq
 from stratamq.compaction.layout import CompactionLayout
@@ -254,10 +254,7 @@ def test_the_scheduler_compacts_in_the_background_after_a_restart(tmp_path):
     close(store, comp)
     store, comp = open_store(cfg, start=True)
     try:
-        deadline = time.monotonic() + 60
-        while comp.status()[0]["cleaned_to"] == 0:
-            assert time.monotonic() < deadline, comp.status()
-            time.sleep(0.05)  # polling a condition, with a deadline
+        wait_until(lambda: comp.status()[0]["cleaned_to"] > 0, what="a background round")
         assert len(read_from(store)) < 400
     finally:
         close(store, comp)

@@ -14,11 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
 import pytest
+from pulling import pull_queue
 from rocketmq.grpc_protocol import definition_pb2 as pb
-from rocketmq.grpc_protocol import service_pb2 as svc
-from rocketmq.grpc_protocol import service_pb2_grpc
 from test_broker_harness import FAST_CONF, BrokerProcess, Producer, config, message
 
 from stratamq.compaction.tier_format import MANIFEST_NAME
@@ -32,27 +30,8 @@ QUEUES = 2
 
 def pull(endpoint: str, queue_id: int, *, records: bool) -> list[pb.Message]:
     """PullMessage from offset 0 to the end (``records``: bodies are whole CommitLog records)."""
-    channel = grpc.insecure_channel(endpoint)
-    stub = service_pb2_grpc.MessagingServiceStub(channel)
-    meta = (("x-stratamq-pull-format", "records"),) if records else ()
-    out: list[pb.Message] = []
-    offset = 0
-    try:
-        while True:
-            replies = list(stub.PullMessage(svc.PullMessageRequest(
-                group=pb.Resource(name="TableReader"),
-                message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=queue_id),
-                offset=offset, batch_size=32,
-                filter_expression=pb.FilterExpression(type=pb.TAG, expression="*")),
-                metadata=meta, timeout=30))
-            got = [r.message for r in replies if r.HasField("message")]
-            status = [r.status.code for r in replies if r.HasField("status")]
-            if status != [pb.OK] or not got:
-                return out
-            out += got
-            offset = replies[-1].next_offset
-    finally:
-        channel.close()
+    return pull_queue(endpoint, TOPIC, queue_id, group="TableReader", batch_size=32,
+                      records=records)
 
 
 def local_files(store: Path, queue_id: int) -> list[str]:

@@ -14,7 +14,8 @@ from broker_proc import free_port
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from test_broker_harness import raw_stub
-from test_ha_processes import Node, wait_until
+from test_ha_processes import Node
+from waiting import wait_until
 
 from stratamq import record as codec
 from stratamq.ha.message_replication import GrpcPullSource

@@ -19,11 +19,13 @@ import grpc
 import pytest
 from broker_proc import create_topics, free_port
 from damage import records
+from pulling import pull_queue
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 from test_broker_harness import BrokerProcess, create_topic, message
+from waiting import wait_until
 
 from stratamq.client.admin import AdminClient, AdminError
 
@@ -39,14 +41,6 @@ BASE_CONF = {
     "haStateSyncInterval": "300",
     "grpcThreadPoolNums": "32",
 }
-
-
-def wait_until(condition, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 class Node(BrokerProcess):
@@ -128,29 +122,8 @@ def send_batch(stub, bodies: list[bytes], topic: str = TOPIC) -> list[svc.SendRe
 
 def pull_all(endpoint: str, topic: str = TOPIC) -> dict[bytes, tuple[int, int]]:
     """Every message of ``topic`` on the broker at ``endpoint``: body -> (queue, offset)."""
-    out: dict[bytes, tuple[int, int]] = {}
-    with grpc.insecure_channel(endpoint) as channel:
-        stub = service_pb2_grpc.MessagingServiceStub(channel)
-        for qid in range(QUEUES):
-            offset = 0
-            while True:
-                request = svc.PullMessageRequest(
-                    group=pb.Resource(name="test-reader"), offset=offset, batch_size=512,
-                    message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=qid),
-                    filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"))
-                request.long_polling_timeout.FromMilliseconds(0)
-                got, next_offset = 0, offset
-                for reply in stub.PullMessage(request, timeout=30):
-                    if reply.HasField("message"):
-                        out[reply.message.body] = (qid, reply.message.system_properties
-                                                   .queue_offset)
-                        got += 1
-                    elif reply.HasField("next_offset"):
-                        next_offset = reply.next_offset
-                if not got or next_offset <= offset:
-                    break
-                offset = next_offset
-    return out
+    return {m.body: (qid, m.system_properties.queue_offset) for qid in range(QUEUES)
+            for m in pull_queue(endpoint, topic, qid, batch_size=512)}
 
 
 def commitlog_bytes(store: Path, start: int, end: int) -> bytes:

@@ -14,13 +14,10 @@ import threading
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 from broker_proc import start_broker
+from pulling import pull_queue
 from rocketmq import FilterExpression, Producer, SimpleConsumer
-from rocketmq.grpc_protocol import definition_pb2 as pb
-from rocketmq.grpc_protocol import service_pb2 as svc
-from rocketmq.grpc_protocol import service_pb2_grpc
 from s3_server import S3Server
 from test_broker_harness import config, message, receive_until
 
@@ -77,34 +74,9 @@ def produce(endpoint: str, count: int, start: int = 0) -> list[str]:
 
 def pull_records(endpoint: str, queue_id: int, start: int = 0) -> list[tuple[int, bytes]]:
     """PullMessage from ``start`` to the end, raw CommitLog records (the Spark source's way)."""
-    channel = grpc.insecure_channel(endpoint)
-    stub = service_pb2_grpc.MessagingServiceStub(channel)
-    out: list[tuple[int, bytes]] = []
-    offset = start
-    try:
-        while True:
-            req = svc.PullMessageRequest(
-                group=pb.Resource(name="TierReader"),
-                message_queue=pb.MessageQueue(topic=pb.Resource(name=TOPIC), id=queue_id),
-                offset=offset, batch_size=64,
-                filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"))
-            status, nxt, got = None, offset, []
-            for reply in stub.PullMessage(req, metadata=(("x-stratamq-pull-format",
-                                                          "records"),)):
-                kind = reply.WhichOneof("content")
-                if kind == "status":
-                    status = reply.status.code
-                elif kind == "message":
-                    got.append((reply.message.system_properties.queue_offset,
-                                reply.message.body))
-                else:
-                    nxt = reply.next_offset
-            if status != pb.OK or not got:
-                return out
-            out += got
-            offset = nxt
-    finally:
-        channel.close()
+    return [(m.system_properties.queue_offset, m.body)
+            for m in pull_queue(endpoint, TOPIC, queue_id, start=start, group="TierReader",
+                                records=True)]
 
 
 def dump(store: Path, conf: Path) -> list[dict]:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from s3_server import S3Server
+from waiting import wait_until
 
 from stratamq import tiered
 from stratamq.config import StoreConfig
@@ -174,11 +175,13 @@ def test_group_commit_by_count_time_and_size(tmp_path, caplog):
     store, tier = open_tiered(cfg, background=True)
     try:
         fill(store, 49, queues=1)
-        time.sleep(1.5)  # a scan or more: 49 < 50, not an hour old, 30 KB < 1 MiB: it waits
+        wait_until(lambda: tier.uploader.lag(TOPIC, 0)[0] == 49)  # dispatched to the uploader
+        # 49 < 50, not an hour old, 30 KB < 1 MiB: a round now starts nothing; it waits.
+        assert tier.uploader.run_round() == 0
         assert tier.uploader.lag(TOPIC, 0)[0] == 49
         assert tier.files.get(TOPIC, 0) is None or tier.files.get(TOPIC, 0).commit_offset == 0
         fill(store, 1, start=49, queues=1)  # the 50th message makes the batch go
-        _until(lambda: _committed(tier, 0) == 50)
+        wait_until(lambda: _committed(tier, 0) == 50)
         fill(store, 10, start=50, queues=1)
         assert tier.uploader.lag(TOPIC, 0)[0] == 10
     finally:
@@ -189,7 +192,7 @@ def test_group_commit_by_count_time_and_size(tmp_path, caplog):
                       tiered_store_group_commit_timeout=0)
     store, tier = open_tiered(cfg, background=True)
     try:
-        _until(lambda: _committed(tier, 0) == 60)
+        wait_until(lambda: _committed(tier, 0) == 60)
         # Size: 8 messages of ~600 bytes pass a 4 KiB batch size.
     finally:
         store.close()
@@ -200,7 +203,7 @@ def test_group_commit_by_count_time_and_size(tmp_path, caplog):
     store, tier = open_tiered(cfg, background=True)
     try:
         fill(store, 8, start=60, queues=1)
-        _until(lambda: _committed(tier, 0) >= 66)
+        wait_until(lambda: _committed(tier, 0) >= 66)
     finally:
         store.close()
         tier.close()
@@ -209,13 +212,6 @@ def test_group_commit_by_count_time_and_size(tmp_path, caplog):
 def _committed(tier, queue_id: int) -> int:
     flat = tier.files.get(TOPIC, queue_id)
     return flat.commit_offset if flat is not None else 0
-
-
-def _until(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
 
 
 def test_local_data_expired_before_upload_is_skipped_and_said(tmp_path, caplog):

@@ -233,6 +233,12 @@ class CommitLog:
             raise CommitLogFull("no CommitLog segment to append to")
         return mf
 
+    @property
+    def append_lock(self) -> threading.Lock:
+        """The lock ``append`` positions and copies under: a writer that puts bytes at the
+        log's end another way (a slave's replicated records, a cut) holds it too."""
+        return self._lock
+
     # -- reading --------------------------------------------------------------------------------
 
     @property

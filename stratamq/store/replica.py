@@ -216,7 +216,7 @@ class ReplicaLog:
         (0 when ``data`` holds only the head of a record). See ``whole_records``."""
         view = memoryview(data)
         files = self.commitlog.files
-        with self.commitlog._lock:  # the slave's only writer, but readers of max_offset race
+        with self.commitlog.append_lock:  # the slave's only writer, but readers of max_offset race
             empty = files.last() is None
             end = files.max_offset()
             if empty:
@@ -271,7 +271,7 @@ class ReplicaLog:
         cut; return what was cut."""
         self.release_dispatch()  # the cut waits for the dispatch round to end
         files = self.commitlog.files
-        with self.reput.paused(), self.commitlog._lock:
+        with self.reput.paused(), self.commitlog.append_lock:
             end = files.max_offset()
             if offset >= end:
                 return TruncateReport(end, end, 0, 0, reason=reason)

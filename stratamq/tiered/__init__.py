@@ -169,12 +169,14 @@ class TieredStore:
 
 
 def wire(store: MessageStore, *, cluster: str, broker: str,
-         background: bool = True, upload: bool = True) -> TieredStore | None:
+         background: bool = True, upload: bool = True,
+         fs: Any = None) -> TieredStore | None:
     """Plug tiered storage into ``store`` (before it is opened) when its config turns it on;
     None when it does not. Call ``start()`` on the result once the store is open: with
     ``background`` (a broker) that starts the uploads; offline commands pass False and upload
     only when asked (``tier flush``). ``upload=False`` (a SLAVE broker: the tier is its
-    master's) plugs in the reads only: no uploader, nothing written to the tier."""
+    master's) plugs in the reads only: no uploader, nothing written to the tier. ``fs``: an
+    fsspec filesystem to use for an ``s3`` tier (default: one opened from the config)."""
     config = store.config
     if tier_provider(config) is None:
         return None
@@ -187,7 +189,7 @@ def wire(store: MessageStore, *, cluster: str, broker: str,
     view = StoreView(lambda: store.consume_queues, lambda: store.commitlog,
                      config.access_message_in_memory_max_ratio)
     tier = TieredStore(config, cluster, broker, view=view,
-                       read_only=store.read_only or not upload, background=background)
+                       read_only=store.read_only or not upload, background=background, fs=fs)
     if tier.uploader is not None:
         store.add_dispatcher(tier.uploader)
     if TieredStorageLevel(config.tiered_storage_level) is not TieredStorageLevel.DISABLE:

@@ -43,7 +43,6 @@ __all__ = ["LocalView", "TierFetcher"]
 
 log = logging.getLogger(__name__)
 
-_PHYS = struct.Struct(">q")
 
 
 class LocalView(Protocol):
@@ -56,6 +55,10 @@ class LocalView(Protocol):
     def min_physical_offset(self) -> int: ...
 
     def max_physical_offset(self) -> int: ...
+
+
+def _empty(offset: int) -> Chunk:
+    return Chunk(offset, memoryview(b""), [], [], [], [], [])
 
 
 class TierFetcher:
@@ -147,10 +150,10 @@ class TierFetcher:
 
     def _load(self, flat: FlatMessageFile, offset: int, count: int) -> Chunk:
         """One read-ahead from the tier (two ranged reads: units, then their records)."""
-        records = flat.records(offset, count, self.config.read_ahead_message_size_threshold)
+        chunk = flat.read_block(offset, count, self.config.read_ahead_message_size_threshold)
         self.tier_reads += 1
-        chunk = Chunk(offset, [r.data for r in records], [r.tags_code for r in records],
-                      sum(len(r.data) for r in records))
+        if chunk is None:
+            return _empty(offset)
         self.cache.put(flat.topic, flat.queue_id, chunk)
         return chunk
 
@@ -186,7 +189,7 @@ class TierFetcher:
     def _prefetch(self, flat: FlatMessageFile, chunk: Chunk, position: int) -> None:
         """Past the middle of a chunk: read the next one in the background."""
         nxt = chunk.end
-        if position - chunk.start < len(chunk.messages) // 2 or \
+        if position - chunk.start < chunk.length // 2 or \
                 nxt >= flat.consume_queue.segment_end_queue_offset(chunk.start):
             return
         key = (flat.topic, flat.queue_id, nxt)
@@ -225,41 +228,40 @@ class TierFetcher:
         scan = request.max_count if filt.accepts_all else max(request.max_count, 800)
         chunk: Chunk | None = None
         done = False
+        out, max_count, max_bytes = result.records, request.max_count, request.max_bytes
+        last = request.offset + scan
+        everything = filt.accepts_all
         while not done and offset < end and offset - request.offset < scan:
             if use_cache:
                 chunk = self._chunk_at(flat, offset, count)
             else:
-                records = flat.records(offset, max(request.max_count, 1), request.max_bytes)
+                chunk = flat.read_block(offset, max(request.max_count, 1), request.max_bytes)
                 self.tier_reads += 1
-                chunk = Chunk(offset, [r.data for r in records],
-                              [r.tags_code for r in records], 0)
-            if chunk is None or not chunk.messages:
+            if chunk is None or not chunk.length:
                 break
             served = 0
-            out, max_count, max_bytes = result.records, request.max_count, request.max_bytes
-            last = request.offset + scan
-            unpack, phys_pos, everything = _PHYS.unpack_from, codec.PHYSICAL_OFFSET_POS, \
-                filt.accepts_all
-            at = offset - chunk.start
-            for data, code in zip(chunk.views[at:], chunk.codes[at:], strict=True):
-                if offset >= last or len(out) >= max_count or (
-                        out and total + len(data) > max_bytes):
+            buf, starts, sizes = chunk.buffer, chunk.starts, chunk.sizes
+            codes, physical = chunk.codes, chunk.physical
+            for i in range(offset - chunk.start, chunk.length):
+                size = sizes[i]
+                if offset >= last or len(out) >= max_count or (out and total + size > max_bytes):
                     done = True
                     break
                 offset += 1
                 served += 1
-                if not everything and (not filt.matches_code(code) or (
+                at = starts[i]
+                if not everything and (not filt.matches_code(codes[i]) or (
                         filt.tags is not None and
-                        not filt.matches_tags(codec.record_tags(data, 0)))):
+                        not filt.matches_tags(codec.record_tags(buf, at)))):
                     continue
                 # A view of its own: a result's release() must not release the cache's.
-                out.append(SelectedRecord(data[:], unpack(data, phys_pos)[0], offset - 1))
-                total += len(data)
+                out.append(SelectedRecord(buf[at : at + size], physical[i], offset - 1))
+                total += size
             if use_cache and served > 1:
                 self.cache.count_hits(served - 1)
             if not use_cache:
                 break
-        if use_cache and chunk is not None and chunk.messages:
+        if use_cache and chunk is not None and chunk.length:
             self._prefetch(flat, chunk, offset)
         result.next_begin_offset = offset
         if result.records:

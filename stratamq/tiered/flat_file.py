@@ -28,13 +28,19 @@ import logging
 import threading
 import time
 
+import numpy as np
+
 from stratamq.store.consume_queue_format import UNIT, UNIT_SIZE
 from stratamq.tiered.drivers import AppendResult, FileSegment, FileSegmentFactory, TierIOError
 from stratamq.tiered.drivers.base import NO_TIMESTAMP
 from stratamq.tiered.metadata import STATUS_SEALED, FileSegmentMetadata, MetadataStore
 from stratamq.tiered.naming import FileSegmentType
 
-__all__ = ["FlatAppendFile", "FlatCommitLogFile", "FlatConsumeQueueFile"]
+__all__ = ["UNIT_DTYPE", "FlatAppendFile", "FlatCommitLogFile", "FlatConsumeQueueFile"]
+
+# ``consume_queue_format.UNIT``'s layout as a numpy record, to pack or read many units at once.
+UNIT_DTYPE = np.dtype([("offset", ">i8"), ("size", ">i4"), ("code", ">i8")])
+assert UNIT_DTYPE.itemsize == UNIT_SIZE and UNIT.format.lstrip(">") == "qiq"
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,8 @@ class FlatAppendFile:
             segment = self.factory.create_segment(self.file_type, self.file_path,
                                                   meta.baseOffset)
             segment.init_position(meta.size)
+            if meta.parts is not None:
+                segment.known_parts(meta.parts, meta.size)
             segment.min_timestamp = meta.beginTimestamp
             segment.max_timestamp = meta.endTimestamp
             found.append(segment)
@@ -87,6 +95,7 @@ class FlatAppendFile:
         if meta is None:
             meta = FileSegmentMetadata(self.file_path, int(self.file_type), segment.base_offset)
         meta.size = segment.commit_position
+        meta.parts = segment.part_positions()
         meta.beginTimestamp = segment.min_timestamp
         meta.endTimestamp = segment.max_timestamp
         if sealed:
@@ -126,15 +135,20 @@ class FlatAppendFile:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def init_offset(self, offset: int) -> None:
-        """Start the file at ``offset`` (no-op when it has segments)."""
+    def init_offset(self, offset: int, *, known_new: bool = False,
+                    persist: bool = True) -> None:
+        """Start the file at ``offset`` (no-op when it has segments); ``known_new``: the caller
+        checked that the tier holds nothing of this queue."""
         with self.lock:
             if not self.segments:
-                self.roll(offset)
+                self.roll(offset, known_new=known_new, persist=persist)
 
-    def roll(self, offset: int) -> FileSegment:
-        """Start a new last segment at ``offset``; recorded (and persisted) before any byte
-        goes to it, so a crash never leaves tier data the metadata does not know of."""
+    def roll(self, offset: int, *, known_new: bool = False, persist: bool = True
+             ) -> FileSegment:
+        """Start a new last segment at ``offset``; recorded (and persisted, unless the caller
+        persists before anything is uploaded) before any byte goes to it, so a crash never
+        leaves tier data the metadata does not know of. Its size is asked of the tier (a file
+        a lost metadata file forgot), unless ``known_new``."""
         with self.lock:
             if self.segments and self.segments[-1].needs_commit():
                 raise TierIOError(f"tier file {self.segments[-1].path}: cannot roll over "
@@ -142,13 +156,18 @@ class FlatAppendFile:
             if self.segments:
                 self.flush_segment_meta(self.segments[-1], sealed=True)
             segment = self.factory.create_segment(self.file_type, self.file_path, offset)
-            existing = segment.get_size()  # a file left by a crash before it was recorded
+            if known_new:
+                segment.mark_new()
+                existing = 0
+            else:
+                existing = segment.get_size()
             if existing:
                 log.warning("tier file %s already holds %d bytes the metadata did not know of: "
                             "kept", segment.path, existing)
             segment.init_position(existing)
             self.flush_segment_meta(segment)
-            self.metadata.persist()
+            if persist:
+                self.metadata.persist()
             self.segments = (*self.segments, segment)
             return segment
 
@@ -318,6 +337,11 @@ class FlatConsumeQueueFile(FlatAppendFile):
             if segment.commit_offset // UNIT_SIZE > queue_offset and segment.commit_position:
                 return max(queue_offset, segment.base_offset // UNIT_SIZE)
         return None
+
+    def read_unit_table(self, queue_offset: int, count: int) -> np.ndarray:
+        """``read_units`` as a numpy record array (fields offset, size, code)."""
+        data = self.read(queue_offset * UNIT_SIZE, count * UNIT_SIZE)
+        return np.frombuffer(data, dtype=UNIT_DTYPE, count=len(data) // UNIT_SIZE)
 
     def read_units(self, queue_offset: int, count: int) -> list[tuple[int, int, int]]:
         """Up to ``count`` committed units from ``queue_offset`` (fewer at a gap or the end)."""

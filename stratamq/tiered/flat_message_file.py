@@ -24,39 +24,24 @@ import threading
 from collections.abc import Iterator
 from typing import NamedTuple
 
+import numpy as np
+
 from stratamq import record as codec
-from stratamq.store.consume_queue_format import UNIT, UNIT_SIZE
+from stratamq.store.consume_queue_format import UNIT_SIZE
+from stratamq.tiered.batch import Batch, be_ints
 from stratamq.tiered.drivers import AppendResult, FileSegmentFactory, TierIOError
 from stratamq.tiered.drivers.base import NO_TIMESTAMP
-from stratamq.tiered.flat_file import FlatCommitLogFile, FlatConsumeQueueFile
+from stratamq.tiered.flat_file import UNIT_DTYPE, FlatCommitLogFile, FlatConsumeQueueFile
 from stratamq.tiered.metadata import MetadataStore, QueueMetadata, TopicMetadata
 from stratamq.tiered.naming import queue_file_path
 
-__all__ = ["FlatFileStore", "FlatMessageFile", "TierRecord"]
+__all__ = ["FlatFileStore", "FlatMessageFile", "RecordBlock", "TierRecord"]
 
 log = logging.getLogger(__name__)
-
-UNIT_FORMAT = UNIT.format.lstrip(">")  # "qiq"
 
 _QUEUE_OFFSET = struct.Struct(">q")
 
 
-class _Units:
-    """Many ConsumeQueue units packed in one call (``consume_queue_format.UNIT``'s layout)."""
-
-    def __init__(self) -> None:
-        self._formats: dict[int, struct.Struct] = {}
-
-    def pack_many(self, units: list[tuple[int, int, int]]) -> bytes:
-        fmt = self._formats.get(len(units))
-        if fmt is None:
-            fmt = self._formats[len(units)] = struct.Struct(">" + UNIT_FORMAT * len(units))
-            if len(self._formats) > 64:
-                self._formats.clear()
-        return fmt.pack(*[v for unit in units for v in unit])
-
-
-_UNITS = _Units()
 HEADER_PEEK = 128  # bytes of a record that hold every header field up to the store time
 
 
@@ -65,6 +50,33 @@ class TierRecord(NamedTuple):
     flat_offset: int  # in the queue's tier CommitLog
     tags_code: int
     data: memoryview  # the whole record, as stored locally (a view of one ranged read)
+
+
+class RecordBlock(NamedTuple):
+    """Consecutive records from queue offset ``start``: record ``i`` is
+    ``buffer[starts[i]:starts[i] + sizes[i]]`` (one ranged read's buffer), with tags code
+    ``codes[i]``, original CommitLog offset ``physical[i]`` and tier CommitLog offset
+    ``flat_offsets[i]``. Parallel lists, not an object per record: a block holds thousands."""
+
+    start: int
+    buffer: memoryview
+    starts: list[int]
+    sizes: list[int]
+    codes: list[int]
+    physical: list[int]
+    flat_offsets: list[int]
+
+    @property
+    def length(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.sizes)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.buffer)
 
 
 class FlatMessageFile:
@@ -84,6 +96,7 @@ class FlatMessageFile:
             queue_meta = queue_meta or metadata.add_queue(topic, broker, queue_id)
         self.topic_meta: TopicMetadata | None = topic_meta
         self.queue_meta: QueueMetadata | None = queue_meta
+        self.factory = factory
         self.commit_log = FlatCommitLogFile(factory, metadata, self.file_path)
         self.consume_queue = FlatConsumeQueueFile(factory, metadata, self.file_path)
         self.file_lock = threading.RLock()
@@ -148,8 +161,15 @@ class FlatMessageFile:
     # -- writing (the uploader, under file_lock) ---------------------------------------------
 
     def init_offset(self, queue_offset: int) -> None:
-        self.commit_log.init_offset(0)
-        self.consume_queue.init_offset(queue_offset * UNIT_SIZE)
+        """Start the queue's files, its first record at ``queue_offset``: both recorded in
+        the metadata, persisted once, before anything is uploaded."""
+        known_new = self.factory.queue_absent(self.file_path)
+        self.commit_log.init_offset(0, known_new=known_new, persist=False)
+        self.consume_queue.init_offset(queue_offset * UNIT_SIZE, known_new=known_new,
+                                       persist=False)
+        self.metadata.persist()
+        if self.commit_log.commit_offset == 0:
+            self._first_queue_offset = (0, queue_offset)
 
     def append_message(self, record: bytes, queue_offset: int, tags_code: int,
                        store_timestamp: int) -> AppendResult:
@@ -170,56 +190,67 @@ class FlatMessageFile:
 
     def append_batch(self, batch: list[tuple[int, bytes, int, int]]) -> list[int]:
         """Buffer consecutive records (queue offset, record, tags code, store time) and their
-        units, a file's worth at a time (one buffer per file, not per record); returns the
-        records' flat CommitLog offsets, fewer than the batch when a full file could not be
-        committed before rolling over."""
-        if self.closed or not batch:
+        units; returns the records' flat CommitLog offsets, fewer than the batch when a full
+        file could not be committed before rolling over (``append_block`` of a list)."""
+        if not batch:
             return []
-        first = batch[0][0]
+        block = Batch.of(batch[0][0], [r for _q, r, _c, _t in batch],
+                         [c for _q, _r, c, _t in batch])
+        return self.append_block(block).tolist()
+
+    def append_block(self, batch: Batch) -> np.ndarray:
+        """Buffer a batch of consecutive records and their units, a file's worth at a time
+        (one buffer per file, the units packed with numpy); returns the flat CommitLog offsets
+        of the records taken, fewer than the batch when a full file could not be committed
+        before rolling over."""
+        n = len(batch)
+        if self.closed or not n:
+            return np.empty(0, dtype=np.int64)
+        first = batch.first
         if not self.is_init():
             self.init_offset(first)
         elif first != self.append_offset:
             self.consume_queue.resume_at(first)
-        offsets: list[int] = []
         cl, cq = self.commit_log, self.consume_queue
-        while len(offsets) < len(batch):
+        data, sizes = memoryview(batch.data), batch.sizes
+        offsets = np.empty(n, dtype=np.int64)
+        done = 0
+        while done < n:
             cl_room = cl.segments[-1].room()
             cq_room = cq.segments[-1].room() // UNIT_SIZE
-            take, size = 0, 0
-            for _queue_offset, record, _code, _ts in batch[len(offsets):]:
-                if take >= cq_room or size + len(record) > cl_room:
-                    break
-                take += 1
-                size += len(record)
+            ends = np.cumsum(sizes[done:])
+            take = min(cq_room, int(np.searchsorted(ends, cl_room, side="right")))
             if take == 0:  # a file is full: commit it and start the next
+                size = int(sizes[done])
                 if cl.segments[-1].append_position == 0 and cq_room:
-                    raise TierIOError(f"tier queue {self.file_path}: a record of "
-                                      f"{len(batch[len(offsets)][1])} bytes is larger than "
-                                      "tieredStoreCommitLogMaxSize")
-                for flat, full in ((cl, cl_room < len(batch[len(offsets)][1])),
-                                   (cq, cq_room < 1)):
+                    raise TierIOError(f"tier queue {self.file_path}: a record of {size} bytes "
+                                      "is larger than tieredStoreCommitLogMaxSize")
+                for flat, full in ((cl, cl_room < size), (cq, cq_room < 1)):
                     if not full:
                         continue
                     last = flat.segments[-1]
                     if not flat.commit():
-                        return offsets
+                        return offsets[:done]
                     flat.roll(last.append_offset)
                 continue
-            part = batch[len(offsets):len(offsets) + take]
             base = cl.append_offset
-            units, at = [], base
-            for _queue_offset, record, code, _ts in part:
-                units.append((at, len(record), code))
-                offsets.append(at)
-                at += len(record)
-            # Store times grow along the log: a part's first and last bound it (the uploader
-            # fills in only the batch's ends; zeros elsewhere are not times).
-            times = [ts for *_rest, ts in part if ts] or [batch[0][3] or batch[-1][3]]
-            low, high = min(times), max(times)
-            if cl.segments[-1].append(b"".join(r for _q, r, _c, _t in part), low, high) \
-                    is not AppendResult.SUCCESS or cq.segments[-1].append(
-                        _UNITS.pack_many(units), low, high) is not AppendResult.SUCCESS:
+            stop = done + take
+            at = int(batch.starts[done])
+            end = at + int(ends[take - 1])
+            offsets[done:stop] = base + (batch.starts[done:stop] - at)
+            units = np.empty(take, dtype=UNIT_DTYPE)
+            units["offset"] = offsets[done:stop]
+            units["size"] = sizes[done:stop]
+            units["code"] = batch.codes[done:stop]
+            # Store times grow along the log: a part's first and last record bound it.
+            low = codec.record_store_timestamp(data, at)
+            high = codec.record_store_timestamp(data, int(batch.starts[stop - 1]))
+            low, high = min(low, high), max(low, high)
+            if cl.segments[-1].append(data[at:end], low, high) is not AppendResult.SUCCESS or \
+                    cq.segments[-1].append(units.tobytes(), low, high) \
+                    is not AppendResult.SUCCESS:
                 raise TierIOError(f"tier queue {self.file_path}: append refused")
+            done = stop
         return offsets
 
     def commit(self) -> bool:
@@ -308,30 +339,44 @@ class FlatMessageFile:
         return self.consume_queue.read_units(queue_offset, count)
 
     def records(self, queue_offset: int, max_count: int, max_bytes: int) -> list[TierRecord]:
+        """``read_block`` as one ``TierRecord`` per record."""
+        block = self.read_block(queue_offset, max_count, max_bytes)
+        if block is None:
+            return []
+        buf = block.buffer
+        return [TierRecord(block.start + i, flat, code, buf[at : at + size])
+                for i, (flat, code, at, size) in enumerate(zip(
+                    block.flat_offsets, block.codes, block.starts, block.sizes, strict=True))]
+
+    def read_block(self, queue_offset: int, max_count: int, max_bytes: int) -> RecordBlock | None:
         """Records from ``queue_offset`` (committed, in one run of units): one ranged read of
         units, then one of the CommitLog span they cover (at least one record, at most
-        ``max_bytes`` beyond the first)."""
+        ``max_bytes`` beyond the first); None when there is none. Units and the records'
+        fields are read with numpy: nothing is done per record here."""
         end = self.consume_queue.segment_end_queue_offset(queue_offset)
         count = min(max_count, end - queue_offset)
         if count <= 0:
-            return []
-        units = self.units(queue_offset, count)
-        if not units:
-            return []
-        first = units[0][0]
-        keep = 1
-        while keep < len(units) and units[keep][0] + units[keep][1] - first <= max_bytes:
-            keep += 1
-        units = units[:keep]
-        span_end = units[-1][0] + units[-1][1]
-        data = memoryview(self.commit_log.read(first, span_end - first))  # views, no copies
-        out = []
-        for i, (flat, size, code) in enumerate(units):
-            at = flat - first
-            if at + size > len(data):
-                break  # the CommitLog read stopped early (the end of what is committed)
-            out.append(TierRecord(queue_offset + i, flat, code, data[at : at + size]))
-        return out
+            return None
+        units = self.consume_queue.read_unit_table(queue_offset, count)
+        if not len(units):
+            return None
+        flat = units["offset"].astype(np.int64)
+        sizes = units["size"].astype(np.int64)
+        first = int(flat[0])
+        keep = max(1, int(np.searchsorted(flat + sizes - first, max_bytes, side="right")))
+        span_end = int(flat[keep - 1] + sizes[keep - 1])
+        data = self.commit_log.read(first, span_end - first)
+        starts = flat[:keep] - first
+        # The CommitLog read stops early at the end of what is committed.
+        keep = int(np.searchsorted(starts + sizes[:keep], len(data), side="right"))
+        if keep == 0:
+            return None
+        starts = starts[:keep]
+        physical = be_ints(np.frombuffer(data, dtype=np.uint8),
+                           starts + codec.PHYSICAL_OFFSET_POS, 8)
+        return RecordBlock(queue_offset, memoryview(data), starts.tolist(),
+                           sizes[:keep].tolist(), units["code"][:keep].tolist(),
+                           physical.tolist(), flat[:keep].tolist())
 
     def record_at(self, queue_offset: int) -> bytes | None:
         units = self.units(queue_offset, 1)
@@ -423,6 +468,7 @@ class FlatMessageFile:
     def destroy(self) -> None:
         with self.file_lock:
             self.closed = True
+            self.factory.forget_topic(self.file_path)
             self.consume_queue.destroy()
             self.commit_log.destroy()
             self.metadata.delete_queue(self.topic, self.queue_id)

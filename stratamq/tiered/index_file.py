@@ -171,6 +171,60 @@ class UnsealedIndexFile:
             self._write_header()
         return True
 
+    def room(self) -> int:
+        """Keys the file can still take (``is_full`` counts the same way)."""
+        return max(0, self.max_items - 1 - self.item_count)
+
+    def put_many(self, hashes: np.ndarray, topic_id: int, queue_id: int, offsets: np.ndarray,
+                 sizes: np.ndarray, timestamps: np.ndarray) -> None:
+        """``put`` of many keys at once (arrays, one element per key; at most ``room()``),
+        in order: the same items and chains as one ``put`` per key, built with numpy. Each
+        key's item links to the slot's previous head: the previous key of the batch in that
+        slot, or the item the slot pointed at before. The header is left to ``write_header``.
+        """
+        n = len(hashes)
+        if n == 0:
+            return
+        if n > self.room():
+            raise ValueError(f"tier index file {self.path}: {n} keys do not fit")
+        numbers = self.item_count + 1 + np.arange(n, dtype=np.int64)
+        slot = hashes.astype(np.int64) % self.slots
+        order = np.argsort(slot, kind="stable")
+        by_slot, in_order = slot[order], numbers[order]
+        first = np.ones(n, dtype=bool)
+        first[1:] = by_slot[1:] != by_slot[:-1]
+        last = np.ones(n, dtype=bool)
+        last[:-1] = first[1:]
+        table = np.frombuffer(self.map, dtype=">i4", count=self.slots * 2,
+                              offset=HEADER_SIZE).reshape(-1, 2)  # (head, unused) per slot
+        try:
+            prev_sorted = np.empty(n, dtype=np.int64)
+            prev_sorted[1:] = in_order[:-1]
+            heads = np.maximum(table[by_slot[first], 0].astype(np.int64), 0)
+            prev_sorted[first] = heads
+            self.slot_count += int((heads == 0).sum())
+            table[by_slot[last], 0] = in_order[last]
+        finally:
+            del table  # no view of the map may outlive the call (close unmaps it)
+        prev = np.empty(n, dtype=np.int64)
+        prev[order] = prev_sorted
+        begin = self.begin_timestamp
+        items = np.empty(n, dtype=_ITEM_DTYPE)
+        items["hash"] = hashes
+        items["topic_id"] = topic_id
+        items["queue_id"] = queue_id
+        items["offset"] = offsets
+        items["size"] = sizes
+        items["time_diff"] = np.clip((timestamps - begin) // 1000, -(2**31), 2**31 - 1)
+        items["prev"] = prev
+        at = HEADER_SIZE + self.slots * SLOT_SIZE + (self.item_count + 1) * ITEM_SIZE
+        self.map[at : at + n * ITEM_SIZE] = items.tobytes()
+        self.item_count += n
+        low, high = int(timestamps.min()), int(timestamps.max())
+        self.end_timestamp = max(self.end_timestamp, high)
+        self.min_timestamp = min(self.min_timestamp, low)
+        self.max_timestamp = max(self.max_timestamp, high)
+
     def write_header(self) -> None:
         self._write_header()
 

@@ -28,7 +28,9 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from stratamq.store.index_file import topic_key_hash
+import numpy as np
+
+from stratamq.store.index_file import build_key, key_hashes, topic_key_hash
 from stratamq.tiered.drivers import FileSegment, FileSegmentFactory, TierIOError
 from stratamq.tiered.flat_file import FlatAppendFile
 from stratamq.tiered.index_file import (
@@ -169,22 +171,41 @@ class IndexStoreService:
 
     def put_batch(self, topic: str, topic_id: int, queue_id: int,
                   entries: list[tuple[set[str], int, int, int]]) -> None:
-        """``put_key`` for many messages of one queue: (keys, offset, size, store time)."""
+        """``put_key`` for many messages of one queue: (keys, offset, size, store time). Keys
+        are hashed in one pass and added a file's worth at a time (``put_many``); a message's
+        keys never straddle two files."""
+        keys = [(k, row) for row, (ks, *_rest) in enumerate(entries) for k in ks]
+        if not keys:
+            return
+        hashes = np.array(key_hashes([build_key(topic, k) for k, _row in keys]), dtype=np.int64)
+        rows = np.array([row for _k, row in keys], dtype=np.int64)
+        table = np.array([e[1:] for e in entries], dtype=np.int64).reshape(-1, 3)
+        offsets, sizes, times = table[rows, 0], table[rows, 1], table[rows, 2]
         with self._lock:
             current = self.unsealed[-1] if self.unsealed else None
-            for keys, offset, size, timestamp in entries:
-                if not keys:
-                    continue
-                hashes = [topic_key_hash(topic, k) for k in keys]
-                if current is None or current.is_full(len(hashes)):
+            done = 0
+            while done < len(keys):
+                take = min(len(keys) - done, current.room() if current is not None else 0)
+                if take < len(keys) - done:  # cut at a message's first key
+                    while take > 0 and rows[done + take] == rows[done + take - 1]:
+                        take -= 1
+                if take == 0:
+                    if current is not None and current.item_count == 0:
+                        count = int((rows == rows[done]).sum())
+                        log.error("tier index: %d keys of one message do not fit an empty "
+                                  "index file (tieredStoreIndexFileMaxIndexNum=%d)", count,
+                                  self.max_items)
+                        done += count
+                        continue
                     if current is not None:
                         current.write_header()
-                    current = self._new_file(timestamp)
-                if not current.put(hashes, topic_id, queue_id, offset, size, timestamp,
-                                   header=False):
-                    log.error("tier index: %d keys of one message do not fit an empty index "
-                              "file (tieredStoreIndexFileMaxIndexNum=%d)", len(hashes),
-                              self.max_items)
+                    current = self._new_file(int(times[done]))
+                    continue
+                assert current is not None
+                stop = done + take
+                current.put_many(hashes[done:stop], topic_id, queue_id, offsets[done:stop],
+                                 sizes[done:stop], times[done:stop])
+                done = stop
             if current is not None:
                 current.write_header()
 

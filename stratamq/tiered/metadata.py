@@ -97,6 +97,9 @@ class FileSegmentMetadata:
     beginTimestamp: int = 2**63 - 1  # store time of its oldest message (Long.MAX_VALUE: none)
     endTimestamp: int = 2**63 - 1
     sealTimestamp: int = 0
+    # StrataMQ's: on an object store, where each upload (part object) of the committed bytes
+    # starts, so a reader needs no listing; null when unknown or too many (then it lists).
+    parts: list[int] | None = None
 
 
 class MetadataStore:
@@ -107,6 +110,8 @@ class MetadataStore:
         self.read_only = read_only
         self._lock = threading.RLock()
         self._persist_lock = threading.Lock()  # one writer of the file (and its .tmp) at a time
+        self._tickets = 0  # persist calls made
+        self._written_from = 0  # the last write covers every call with a lower ticket
         self._topic_serial = -1
         self._topics: dict[str, TopicMetadata] = {}
         self._queues: dict[str, dict[int, QueueMetadata]] = {}
@@ -166,11 +171,22 @@ class MetadataStore:
         return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
     def persist(self, *, only_if_dirty: bool = False) -> None:
+        """Write the document. Calls that wait while another thread writes are served by the
+        next write that starts after they were made (one write for many: each costs fsyncs),
+        and return once it is on disk."""
         if self.read_only or (only_if_dirty and not self._dirty):
             return
+        with self._lock:
+            ticket = self._tickets
+            self._tickets += 1
         with self._persist_lock:
-            data = self.encode()
+            if self._written_from > ticket:
+                return  # a write that began after this call was made wrote what it had
+            with self._lock:
+                starts_at = self._tickets  # every call with a lower ticket is covered
+                data = self.encode()
             atomic_write(self.path, data, backup=True)
+            self._written_from = starts_at
 
     def mark_dirty(self) -> None:
         self._dirty = True

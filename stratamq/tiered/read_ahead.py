@@ -22,28 +22,13 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from pathlib import Path
-from typing import NamedTuple
+
+from stratamq.tiered.flat_message_file import RecordBlock
 
 __all__ = ["Chunk", "ReadAheadCache", "memory_limit"]
 
 
-class Chunk(NamedTuple):
-    """Consecutive messages from ``start``: message ``i`` is ``views[i]`` (a view of the
-    read-ahead's one buffer) with tags code ``codes[i]``. Parallel lists, not an object per
-    message: a chunk holds thousands."""
-
-    start: int
-    views: list[memoryview]
-    codes: list[int]
-    size: int  # bytes
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.views)
-
-    @property
-    def messages(self) -> list[memoryview]:
-        return self.views
+Chunk = RecordBlock  # one read-ahead: consecutive messages of a queue, one buffer
 
 
 def memory_limit() -> int:
@@ -78,8 +63,8 @@ class ReadAheadCache:
 
     def _drop(self, key: _Key) -> None:
         chunk, _touched = self._chunks.pop(key)
-        self.bytes -= chunk.size
-        self.messages -= len(chunk.messages)
+        self.bytes -= chunk.nbytes
+        self.messages -= chunk.length
         starts = self._starts[key[:2]]
         starts.pop(bisect.bisect_left(starts, key[2]))
         if not starts:
@@ -119,7 +104,7 @@ class ReadAheadCache:
             self.hits += served
 
     def put(self, topic: str, queue_id: int, chunk: Chunk) -> None:
-        if not chunk.messages:
+        if not chunk.length:
             return
         now = time.monotonic()
         key = (topic, queue_id, chunk.start)
@@ -128,8 +113,8 @@ class ReadAheadCache:
                 self._drop(key)
             self._chunks[key] = (chunk, now)
             bisect.insort(self._starts.setdefault((topic, queue_id), []), chunk.start)
-            self.bytes += chunk.size
-            self.messages += len(chunk.messages)
+            self.bytes += chunk.nbytes
+            self.messages += chunk.length
             self._expire(now)
 
     def busy(self) -> bool:

@@ -33,11 +33,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+import numpy as np
+
 from stratamq import record as codec
 from stratamq.config import StoreConfig
-from stratamq.message import DispatchInfo, Prop
+from stratamq.message import DispatchInfo
 from stratamq.store.consume_queue_format import is_blank_unit
 from stratamq.store.log_reader import CommitLogReader
+from stratamq.tiered.batch import Batch, gather, index_entries, store_times
 from stratamq.tiered.drivers import TierIOError
 from stratamq.tiered.flat_message_file import HEADER_PEEK, FlatFileStore, FlatMessageFile
 from stratamq.tiered.index_service import IndexStoreService
@@ -109,14 +112,16 @@ class TierUploader:
         self._waiting: dict[tuple[str, int], _Waiting] = {}
         # Per queue, the batch whose upload failed (appended, not committed): its keys go to
         # the index when the retry lands. Touched only under the queue's file_lock.
-        self._failed: dict[tuple[str, int], list[tuple[int, int, bytes, int]]] = {}
+        self._failed: dict[tuple[str, int], tuple[Batch, np.ndarray]] = {}
         self._dispatched_end = metadata.durable_offset
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="tier-upload")
         self._last_expiry = time.monotonic()
-        # Counters (metrics, status).
+        # Counters (metrics, status), changed under _count_lock: uploads run on several pool
+        # threads, and ``+=`` on an attribute is not atomic across them.
+        self._count_lock = threading.Lock()
         self.uploaded_messages = 0
         self.uploaded_bytes = 0
         self.skipped_messages = 0
@@ -280,10 +285,10 @@ class TierUploader:
         try:
             repeat = self.upload_queue(*key)
         except TierIOError as exc:
-            self.failed_uploads += 1
+            self._count(failed=1)
             log.warning("tier upload of %s/%d failed, retried later: %s", key[0], key[1], exc)
         except Exception:
-            self.failed_uploads += 1
+            self._count(failed=1)
             log.exception("tier upload of %s/%d failed", *key)
         finally:
             with self._progress:
@@ -310,11 +315,10 @@ class TierUploader:
                 # The last batch failed: retry it, as it was, before anything new.
                 if not flat.commit():
                     return False
-                batch = self._failed.pop((topic, queue_id), [])
-                if batch:
-                    self._index(flat, batch)
-                    self.uploaded_messages += len(batch)
-                    self.uploaded_bytes += sum(len(b[2]) for b in batch)
+                failed = self._failed.pop((topic, queue_id), None)
+                if failed is not None:
+                    self._index(flat, *failed)
+                    self._count(messages=len(failed[1]), nbytes=failed[0].nbytes())
             return self._upload_batch(flat)
 
     def _upload_batch(self, flat: FlatMessageFile) -> bool:
@@ -345,16 +349,47 @@ class TierUploader:
         units = self.local.units(topic, queue_id, start,
                                  min(high - start, cfg.tiered_store_group_commit_count))
         assert self.reader is not None
-        pending: list[tuple[int, bytes, int, int]] = []  # queue offset, record, code, ts
+        # The records as one buffer (the usual case); record by record where a unit is blank
+        # or its record is gone, to commit what comes before it and skip what is missing.
+        block = gather(self.reader, start, units, cfg.tiered_store_group_commit_size)
+        offset = start
+        if block is None:
+            block, offset = self._collect(flat, start, units)
+        flat_offsets = flat.append_block(block) if block is not None else np.empty(0)
         total = 0
+        if block is not None and len(flat_offsets):
+            block = block.head(len(flat_offsets))
+            total = block.nbytes()
+            if not flat.commit():
+                self._count(failed=1)
+                self._failed[key] = (block, flat_offsets)  # indexed once its retry lands
+                return False
+            self._index(flat, block, flat_offsets)
+            self._count(messages=len(block), nbytes=total)
+            offset = flat.commit_offset
+        elif block is not None:
+            offset = block.first  # a full file could not be committed: nothing taken
+        remaining = units[offset - start] if 0 <= offset - start < len(units) else None
+        return self._settle(key, offset, remaining, total)
+
+    def _collect(self, flat: FlatMessageFile, start: int, units: list[tuple[int, int, int]]
+                 ) -> tuple[Batch | None, int]:
+        """Record by record: the records from ``start`` up to the first that is blank or gone
+        (or, when the first ones are, those skipped, with a warning); (batch or None, the
+        queue offset after what was looked at)."""
+        assert self.reader is not None
+        limit = self.config.tiered_store_group_commit_size
+        records: list[bytes] = []
+        codes: list[int] = []
+        first = total = 0
         offset = start
         missing_from = None
         for phys, size, code in units:
-            if pending and total + size > cfg.tiered_store_group_commit_size:
+            if records and total + size > limit:
                 break
             data = None if is_blank_unit(phys, size, code) else self.reader.read_bytes(phys, size)
             if data is None:
-                if pending:
+                if records:
                     break  # commit what comes before the gap first
                 if missing_from is None:
                     missing_from = offset
@@ -364,33 +399,16 @@ class TierUploader:
                 self._skipped(flat, missing_from, offset, "their records left the local "
                               "CommitLog before upload")
                 missing_from = None
-            pending.append((offset, data, code, 0))
+            if not records:
+                first = offset
+            records.append(data)
+            codes.append(code)
             total += size
             offset += 1
         if missing_from is not None:
             self._skipped(flat, missing_from, offset, "their records left the local CommitLog "
                           "before upload")
-        if pending:  # store times only where a file's time range needs them: its ends
-            for i in (0, len(pending) - 1):
-                q, data, code, _ts = pending[i]
-                pending[i] = (q, data, code, codec.record_store_timestamp(data, 0))
-        flat_offsets = flat.append_batch(pending)
-        if len(flat_offsets) < len(pending):
-            offset = pending[len(flat_offsets)][0]
-            total = sum(len(r) for _q, r, _c, _t in pending[:len(flat_offsets)])
-        batch = [(q, flat_offset, data, ts) for (q, data, _c, ts), flat_offset
-                 in zip(pending, flat_offsets, strict=False)]
-        if batch:
-            if not flat.commit():
-                self.failed_uploads += 1
-                self._failed[key] = batch  # indexed once its retry lands
-                return False
-            self._index(flat, batch)
-            self.uploaded_messages += len(batch)
-            self.uploaded_bytes += total
-        next_offset = offset if not batch else flat.commit_offset
-        remaining = units[next_offset - start] if 0 <= next_offset - start < len(units) else None
-        return self._settle(key, next_offset, remaining, total)
+        return (Batch.of(first, records, codes) if records else None), offset
 
     def _settle(self, key: tuple[str, int], next_offset: int,
                 unit: tuple[int, int, int] | None, uploaded: int = 0) -> bool:
@@ -418,28 +436,29 @@ class TierUploader:
             waiting.force = False
             return self._due(waiting, int(time.time() * 1000))
 
+    def _count(self, *, messages: int = 0, nbytes: int = 0, skipped: int = 0,
+               failed: int = 0) -> None:
+        with self._count_lock:
+            self.uploaded_messages += messages
+            self.uploaded_bytes += nbytes
+            self.skipped_messages += skipped
+            self.failed_uploads += failed
+
     def _skipped(self, flat: FlatMessageFile, start: int, end: int, why: str) -> None:
-        self.skipped_messages += end - start
+        self._count(skipped=end - start)
         log.warning("tier queue %s: queue offsets %d..%d were never tiered: %s; the tier resumes "
                     "at %d", flat.file_path, start, end - 1, why, end)
 
-    def _index(self, flat: FlatMessageFile, batch: list[tuple[int, int, bytes, int]]) -> None:
+    def _index(self, flat: FlatMessageFile, batch: Batch, flat_offsets: np.ndarray) -> None:
         """Keys of an uploaded batch into the tier index (after the upload: an index item
         always points at data in the tier)."""
         if self.index is None or not self.config.message_index_enable:
             return
-        entries = []
-        prop, store_time = codec.record_property, codec.record_store_timestamp
-        for _queue_offset, flat_offset, data, _ts in batch:
-            keys = set((prop(data, Prop.KEYS) or "").split())
-            uniq = prop(data, Prop.UNIQ_KEY)
-            if uniq:
-                keys.add(uniq)
-            entries.append((keys, flat_offset, len(data), store_time(data, 0)))
+        entries = index_entries(batch, flat_offsets, store_times(batch))
         self.index.put_batch(flat.topic, flat.topic_id, flat.queue_id, entries)
         meta = flat.queue_meta
         if meta is not None:
-            meta.indexedOffset = batch[-1][0] + 1
+            meta.indexedOffset = batch.first + len(batch)
             self.metadata.update_queue(meta)
 
     def _catch_up_index(self, flat: FlatMessageFile) -> None:
@@ -454,8 +473,9 @@ class TierUploader:
             records = flat.records(start, min(end - start, 1024), 16 * 1024 * 1024)
             if not records:
                 break
-            self._index(flat, [(r.queue_offset, r.flat_offset, bytes(r.data), 0)
-                               for r in records])
+            self._index(flat, Batch.of(records[0].queue_offset, [bytes(r.data) for r in records],
+                                       [r.tags_code for r in records]),
+                        np.array([r.flat_offset for r in records], dtype=np.int64))
             start = records[-1].queue_offset + 1
         if meta.indexedOffset < end:
             meta.indexedOffset = end

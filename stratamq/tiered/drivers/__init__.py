@@ -8,6 +8,7 @@ which driver they use (RocketMQ's ``FileSegmentFactory``).
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from stratamq.tiered.drivers.base import (
     TierCorrupt,
     TierIOError,
 )
-from stratamq.tiered.naming import FileSegmentType, segment_path
+from stratamq.tiered.naming import FileSegmentType, cluster_dir, segment_path
 
 __all__ = ["AppendResult", "FileSegment", "FileSegmentFactory", "SegmentLimits", "TierCorrupt",
            "TierIOError", "open_filesystem"]
@@ -78,6 +79,36 @@ class FileSegmentFactory:
             self.fs, self.fs_root = open_filesystem(self.root, config.tiered_store_s3_endpoint)
         elif provider == "s3":
             self.fs_root = self.root.split("://", 1)[-1].rstrip("/")
+        self._listed_topics: dict[str, frozenset[str]] = {}
+        self._listing_lock = threading.Lock()
+
+    def queue_absent(self, file_path: str) -> bool:
+        """True when the tier is known to hold no file of the queue ``file_path``
+        (broker/topic/queueId), so its first files need no lookup each. On an object store
+        one listing of the topic's directory (per topic, per process) answers for all its
+        queues, where a lookup per file would cost a listing each; other drivers answer
+        False (their per-file lookup is a cheap local call)."""
+        if self.provider != "s3":
+            return False
+        topic_path, _, queue = file_path.rpartition("/")
+        with self._listing_lock:
+            present = self._listed_topics.get(topic_path)
+            if present is None:
+                from stratamq.tiered.drivers.object_store import list_directory
+
+                directory = self.full_path(f"{cluster_dir(self.cluster)}/{topic_path}")
+                try:
+                    files, dirs = list_directory(self.fs, directory)
+                except Exception:  # the per-file lookups will report it
+                    return False
+                present = frozenset([*dirs, *(name for name, _size in files)])
+                self._listed_topics[topic_path] = present
+        return queue not in present
+
+    def forget_topic(self, file_path: str) -> None:
+        """The queue's topic was deleted: list it again before trusting ``queue_absent``."""
+        with self._listing_lock:
+            self._listed_topics.pop(file_path.rpartition("/")[0], None)
 
     def full_path(self, relative: str) -> str:
         """Where a path relative to the tier root is, in the driver's terms."""

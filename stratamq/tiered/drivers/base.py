@@ -147,6 +147,22 @@ class FileSegment(ABC):
         with self._commit_lock:
             self.truncate0(size)
 
+    # -- what a driver may remember of a file's layout (object stores: its parts) ------------
+
+    def mark_new(self) -> None:
+        """The file is known not to exist yet (the caller checked): nothing to look up."""
+        return None  # only drivers that cache a layout have something to note
+
+    def part_positions(self) -> list[int] | None:
+        """Where each upload of the committed bytes starts, when the driver keeps a file as
+        several objects and knows them all; None otherwise (the metadata then records none)."""
+        return None
+
+    def known_parts(self, positions: list[int], size: int) -> None:
+        """Layout recorded in the metadata (``part_positions`` of an earlier run), so reads
+        need no listing; ``size`` is the committed size it was recorded with."""
+        return None
+
     # -- positions -----------------------------------------------------------------------------
 
     def init_position(self, position: int) -> None:

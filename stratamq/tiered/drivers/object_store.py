@@ -26,25 +26,53 @@ from typing import Any
 from stratamq.tiered.drivers.base import FileSegment, SegmentLimits, TierCorrupt, TierIOError
 from stratamq.tiered.naming import FileSegmentType, parse_part_name, part_name
 
-__all__ = ["ObjectFileSegment", "list_parts"]
+__all__ = ["ObjectFileSegment", "list_directory", "list_parts"]
 
 log = logging.getLogger(__name__)
+
+MAX_RECORDED_PARTS = 256  # part positions a file's metadata records (more: it is listed)
+
+
+def list_directory(fs: Any, path: str) -> tuple[list[tuple[str, int]], list[str]]:
+    """(name and size of each object, name of each subdirectory) directly under ``path``;
+    both empty when there is nothing. On S3 one ``ListObjectsV2`` per page: s3fs's ``ls``
+    of a missing path also lists its parent, a second request on every new file."""
+    call = getattr(fs, "call_s3", None)
+    if call is None or not hasattr(fs, "split_path"):
+        try:
+            entries = fs.ls(path, detail=True, refresh=True)
+        except FileNotFoundError:
+            return [], []
+        files = [(e["name"].rstrip("/").rsplit("/", 1)[-1], int(e.get("size") or 0))
+                 for e in entries if e.get("type", "file") == "file"]
+        dirs = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries
+                if e.get("type") == "directory"]
+        return files, dirs
+    bucket, key, _ = fs.split_path(path)
+    prefix = key.rstrip("/") + "/" if key else ""
+    files, dirs = [], []
+    request = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/"}
+    while True:
+        page = call("list_objects_v2", **request)
+        files += [(o["Key"][len(prefix):], int(o["Size"])) for o in page.get("Contents", [])]
+        dirs += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+        if not page.get("IsTruncated"):
+            return files, dirs
+        request["ContinuationToken"] = page["NextContinuationToken"]
 
 
 def list_parts(fs: Any, path: str) -> list[tuple[int, int]]:
     """(position, size) of each part of the file at ``path``, sorted; [] when there is none.
     Objects under the file that are not parts are ignored."""
     try:
-        entries = fs.ls(path, detail=True, refresh=True)
-    except FileNotFoundError:
-        return []
+        files, _dirs = list_directory(fs, path)
     except Exception as exc:  # botocore / aiohttp errors are not OSErrors
         raise TierIOError(f"cannot list tier file {path}: {exc}") from exc
     parts = []
-    for entry in entries:
-        position = parse_part_name(entry["name"].rstrip("/").rsplit("/", 1)[-1])
-        if position is not None and entry.get("type", "file") == "file":
-            parts.append((position, int(entry["size"])))
+    for name, size in files:
+        position = parse_part_name(name)
+        if position is not None:
+            parts.append((position, size))
     parts.sort()
     return parts
 
@@ -85,6 +113,28 @@ class ObjectFileSegment(FileSegment):
 
     def get_size(self) -> int:
         return self._refresh()
+
+    def mark_new(self) -> None:
+        with self._parts_lock:
+            self._starts, self._sizes, self._listed = [], [], True
+
+    def part_positions(self) -> list[int] | None:
+        limit = self.commit_position
+        with self._parts_lock:
+            if not self._listed:
+                return None
+            positions = [p for p in self._starts if p < limit]
+        # A file of many small uploads (a quiet queue) is listed instead: the metadata stays
+        # small.
+        return positions if len(positions) <= MAX_RECORDED_PARTS else None
+
+    def known_parts(self, positions: list[int], size: int) -> None:
+        starts = sorted(p for p in positions if 0 <= p < size)
+        if not starts or starts[0] != 0:
+            return  # not a layout this file can have: list it when it is read
+        sizes = [b - a for a, b in zip(starts, [*starts[1:], size], strict=True)]
+        with self._parts_lock:
+            self._starts, self._sizes, self._listed = starts, sizes, True
 
     def exists(self) -> bool:
         return bool(list_parts(self._fs, self._full_path))

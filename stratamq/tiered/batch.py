@@ -1,0 +1,180 @@
+"""One queue's upload batch in bulk: its records copied out of the local CommitLog as one
+buffer, and the fields the tier needs of them (store times, index keys) found with numpy
+rather than record by record.
+
+A batch of a queue is a few thousand records scattered over the CommitLog between other
+queues' records. ``gather`` reads them window by window: where the queue's records are dense
+(its span in one local segment is at most ``DENSE_SPAN`` times the bytes it needs) the span is
+read once and the records sliced out of it; elsewhere each run of adjacent records is one read.
+Record-at-a-time code remains for what is not a plain run of readable records (blank units,
+data the local store no longer has): ``gather`` answers None and the uploader takes that path.
+
+Thread-safety: pure functions over what they are handed.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from stratamq.message import Prop
+from stratamq.record import codec
+from stratamq.record.layout import _V4, MESSAGE_MAGIC_CODE_V1, SYS_FLAG_POS
+from stratamq.store.log_reader import CommitLogReader
+
+__all__ = ["Batch", "DENSE_SPAN", "be_ints", "gather", "index_entries", "store_times"]
+
+DENSE_SPAN = 4  # read a window whole when it is at most this many times the bytes needed
+_HOST_FLAGS = int(codec.SysFlag.BORN_HOST_V6 | codec.SysFlag.STORE_HOST_V6)
+_KEYS_TAG = (Prop.KEYS + codec.NAME_VALUE_SEPARATOR).encode()
+_UNIQ_TAG = (Prop.UNIQ_KEY + codec.NAME_VALUE_SEPARATOR).encode()
+_SEP = codec.PROPERTY_SEPARATOR.encode()
+
+
+class Batch(NamedTuple):
+    """Consecutive records of one queue from queue offset ``first``: record ``i`` is
+    ``data[starts[i]:starts[i] + sizes[i]]`` (back to back), with tags code ``codes[i]``."""
+
+    first: int
+    data: bytes
+    starts: np.ndarray  # int64
+    sizes: np.ndarray  # int64
+    codes: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    @classmethod
+    def of(cls, first: int, records: list[bytes], codes: list[int]) -> Batch:
+        """A batch of records handed one by one."""
+        sizes = np.fromiter(map(len, records), dtype=np.int64, count=len(records))
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        return cls(first, b"".join(records), starts, sizes,
+                   np.asarray(codes, dtype=np.int64).reshape(-1))
+
+    def head(self, count: int) -> Batch:
+        """The first ``count`` records (sharing the buffer)."""
+        if count >= len(self):
+            return self
+        return Batch(self.first, self.data, self.starts[:count], self.sizes[:count],
+                     self.codes[:count])
+
+    def nbytes(self) -> int:
+        return int(self.sizes.sum())
+
+
+def gather(reader: CommitLogReader, first: int, units: list[tuple[int, int, int]],
+           max_bytes: int) -> Batch | None:
+    """The records of ``units`` (consecutive from queue offset ``first``; at least one, at
+    most ``max_bytes`` after the first) as one buffer; None when one of them is a blank unit or
+    is not readable (the caller goes record by record)."""
+    if not units:
+        return None
+    table = np.array(units, dtype=np.int64).reshape(-1, 3)
+    phys, sizes, codes = table[:, 0], table[:, 1], table[:, 2]
+    blank = (phys == 0) & (sizes == 0x7FFFFFFF) & (codes == 0)  # consume_queue_format's
+    if (sizes <= 0).any() or (phys < 0).any() or blank.any():
+        return None
+    ends = np.cumsum(sizes)
+    take = max(1, int(np.searchsorted(ends, max_bytes, side="right")))
+    phys, sizes, codes = phys[:take], sizes[:take], codes[:take]
+    segment = phys // reader.segment_size
+    if (segment != (phys + sizes - 1) // reader.segment_size).any():
+        return None  # a record across a segment boundary is not a record
+    pieces: list[memoryview] = []
+    # Windows: the records of one local segment.
+    cuts = np.flatnonzero(segment[1:] != segment[:-1]) + 1
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), take], strict=True):
+        start, stop = int(phys[lo]), int(phys[hi - 1] + sizes[hi - 1])
+        need = int(sizes[lo:hi].sum())
+        if stop - start <= DENSE_SPAN * need:
+            reads = [(lo, hi)]
+        else:  # runs of adjacent records
+            gaps = np.flatnonzero(phys[lo + 1:hi] != phys[lo:hi - 1] + sizes[lo:hi - 1]) + 1
+            bounds = [lo, *(gaps + lo).tolist(), hi]
+            reads = list(zip(bounds[:-1], bounds[1:], strict=True))
+        for a, b in reads:
+            start, stop = int(phys[a]), int(phys[b - 1] + sizes[b - 1])
+            buf = reader.read_range(start, stop)
+            if len(buf) != stop - start:
+                return None  # gone (or not written): the record-at-a-time path says which
+            view = memoryview(buf)
+            rel = (phys[a:b] - start).tolist()
+            pieces.extend(view[r : r + s] for r, s in zip(rel, sizes[a:b].tolist(), strict=True))
+    data = b"".join(pieces)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    # Each record's own size field must match its unit (a unit pointing at the wrong bytes
+    # must not be copied into the tier).
+    if (be_ints(np.frombuffer(data, dtype=np.uint8), starts, 4) != sizes).any():
+        return None
+    return Batch(first, data, starts, sizes, codes)
+
+
+def be_ints(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    """Big-endian unsigned integers of ``width`` bytes at each position (int64)."""
+    rows = data[at[:, None] + np.arange(width)].astype(np.int64)
+    out = rows[:, 0].copy()
+    for k in range(1, width):
+        out = (out << 8) | rows[:, k]
+    return out
+
+
+def store_times(batch: Batch) -> np.ndarray:
+    """Each record's store time."""
+    data = np.frombuffer(batch.data, dtype=np.uint8)
+    v6 = (be_ints(data, batch.starts + SYS_FLAG_POS, 4) & _HOST_FLAGS) != 0
+    times = be_ints(data, batch.starts + _V4.store_timestamp_pos, 8)
+    for row in np.flatnonzero(v6).tolist():  # IPv6 hosts move the field: rare, one by one
+        times[row] = codec.record_store_timestamp(batch.data, int(batch.starts[row]))
+    return times
+
+
+def index_entries(batch: Batch, flat_offsets: np.ndarray, times: np.ndarray
+                  ) -> list[tuple[set[str], int, int, int]]:
+    """(keys, flat offset, size, store time) of each record that has keys (``KEYS``, split on
+    spaces, and ``UNIQ_KEY``): the properties are located for all records at once, and only
+    their bytes are searched."""
+    data = np.frombuffer(batch.data, dtype=np.uint8)
+    pos = batch.starts
+    v6 = (be_ints(data, pos + SYS_FLAG_POS, 4) & _HOST_FLAGS) != 0
+    magic = be_ints(data, pos + 4, 4)
+    body_len = be_ints(data, pos + _V4.header.size - 4, 4)
+    p = pos + _V4.header.size + body_len
+    v1 = magic == MESSAGE_MAGIC_CODE_V1
+    safe = np.minimum(p, len(data) - 2)
+    topic_len = np.where(v1, data[safe], (data[safe].astype(np.int64) << 8) | data[safe + 1])
+    props_start = p + np.where(v1, 1, 2) + topic_len + 2
+    props_len = batch.sizes - (props_start - pos)
+    raw, entries = batch.data, []
+    rows = zip(props_start.tolist(), props_len.tolist(), flat_offsets.tolist(),
+               batch.sizes.tolist(), times.tolist(), v6.tolist(), pos.tolist(), strict=True)
+    for start, length, flat_offset, size, ts, is_v6, at in rows:
+        if is_v6:  # the header is longer: the record's own codec finds its properties
+            record = raw[at : at + size]
+            keys = set((codec.record_property(record, Prop.KEYS) or "").split())
+            uniq = codec.record_property(record, Prop.UNIQ_KEY)
+            if uniq:
+                keys.add(uniq)
+        else:
+            props = raw[start : start + length]
+            keys = set(_value(props, _KEYS_TAG).split())
+            uniq = _value(props, _UNIQ_TAG)
+            if uniq:
+                keys.add(uniq)
+        if keys:
+            entries.append((keys, flat_offset, size, ts))
+    return entries
+
+
+def _value(props: bytes, tag: bytes) -> str:
+    """The value of property ``tag`` (name + separator) in raw properties; "" when absent."""
+    if props.startswith(tag):
+        at = len(tag)
+    else:
+        at = props.find(_SEP + tag)
+        if at < 0:
+            return ""
+        at += len(_SEP) + len(tag)
+    end = props.find(_SEP, at)
+    return props[at : end if end >= 0 else len(props)].decode("utf-8", "replace")

@@ -1,0 +1,136 @@
+"""The uploader's bulk paths against their record-at-a-time meaning: a queue's batch gathered
+from a real local CommitLog holds exactly the records its units point at (dense windows and
+sparse runs, across segment boundaries), the keys and store times found in bulk are the ones
+the record codec reads, and ``put_many`` writes the same index bytes as one ``put`` per
+key."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from stratamq.config import StoreConfig
+from stratamq.message import Message, Prop
+from stratamq.record import codec
+from stratamq.store.message_store import MessageStore
+from stratamq.tiered.batch import Batch, gather, index_entries, store_times
+from stratamq.tiered.index_file import UnsealedIndexFile
+
+TOPIC = "Orders"
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = MessageStore(StoreConfig(store_path_root_dir=str(tmp_path / "store"),
+                                     mapped_file_size_commit_log=64 * 1024))
+    store.open()
+    rng = random.Random(7)
+    for i in range(600):
+        props = {}
+        if i % 3:
+            props["KEYS"] = " ".join(f"k{i}-{j}" for j in range(i % 4 + 1))
+        if i % 7 == 0:
+            props[Prop.UNIQ_KEY] = f"U{i:08X}"
+        queue = 0 if i % 10 == 0 else 1 + i % 3  # queue 0 sparse, queues 1-3 dense
+        body = rng.randbytes(rng.randrange(10, 900))
+        assert store.put_message(Message(TOPIC, body, queue, props)).ok
+    assert store.wait_dispatched(30)
+    yield store
+    store.close()
+
+
+def units_of(store: MessageStore, queue: int) -> list[tuple[int, int, int]]:
+    cq = store.consume_queues.find(TOPIC, queue)
+    return list(cq.get_units(0, cq.max_offset()))
+
+
+@pytest.mark.parametrize("queue", [0, 1])
+def test_gather_holds_exactly_the_records_the_units_point_at(store, queue):
+    units = units_of(store, queue)
+    batch = gather(store.log_reader, 0, units, 1 << 30)
+    assert batch is not None and len(batch) == len(units)
+    reader = store.log_reader
+    for i, (phys, size, code) in enumerate(units):
+        at = int(batch.starts[i])
+        assert batch.data[at : at + size] == reader.read_bytes(phys, size)
+        assert int(batch.codes[i]) == code
+    # Several local segments were crossed (64 KiB files).
+    assert units[-1][0] // reader.segment_size > units[0][0] // reader.segment_size
+
+
+def test_gather_stops_at_the_group_commit_size(store):
+    units = units_of(store, 1)
+    limit = sum(size for _p, size, _c in units[:10])
+    batch = gather(store.log_reader, 0, units, limit)
+    assert batch is not None and len(batch) == 10
+    one = gather(store.log_reader, 0, units, 1)  # at least one record
+    assert one is not None and len(one) == 1
+
+
+def test_gather_refuses_what_is_not_a_plain_run(store):
+    units = units_of(store, 1)
+    blank = [*units[:3], (0, 0x7FFFFFFF, 0)]
+    assert gather(store.log_reader, 0, blank, 1 << 30) is None
+    wrong_size = [(units[0][0], units[0][1] + 1, units[0][2])]
+    assert gather(store.log_reader, 0, wrong_size, 1 << 30) is None
+    past_end = [(store.log_reader.end() + 100, 200, 0)]
+    assert gather(store.log_reader, 0, past_end, 1 << 30) is None
+
+
+@pytest.mark.parametrize("queue", [0, 2])
+def test_keys_and_times_found_in_bulk_are_the_codecs(store, queue):
+    units = units_of(store, queue)
+    batch = gather(store.log_reader, 0, units, 1 << 30)
+    assert batch is not None
+    flat_offsets = np.arange(len(batch), dtype=np.int64) * 1000
+    times = store_times(batch)
+    entries = {offset: (keys, size, ts)
+               for keys, offset, size, ts in index_entries(batch, flat_offsets, times)}
+    with_keys = 0
+    for i in range(len(batch)):
+        record = batch.data[int(batch.starts[i]) : int(batch.starts[i] + batch.sizes[i])]
+        assert int(times[i]) == codec.record_store_timestamp(record, 0)
+        expected = set((codec.record_property(record, Prop.KEYS) or "").split())
+        if codec.record_property(record, Prop.UNIQ_KEY):
+            expected.add(codec.record_property(record, Prop.UNIQ_KEY))
+        if expected:
+            with_keys += 1
+            assert entries[i * 1000] == (expected, len(record), int(times[i]))
+        else:
+            assert i * 1000 not in entries
+    assert 0 < with_keys <= len(batch)
+
+
+def test_batch_of_records_handed_one_by_one():
+    batch = Batch.of(5, [b"abc", b"", b"defgh"], [1, 2, 3])
+    assert batch.data == b"abcdefgh" and batch.starts.tolist() == [0, 3, 3]
+    assert batch.head(2).sizes.tolist() == [3, 0] and batch.nbytes() == 8
+
+
+@pytest.mark.parametrize("slots", [1, 7, 1000])
+def test_put_many_writes_the_bytes_of_one_put_per_key(tmp_path, slots):
+    rng = random.Random(slots)
+    one = UnsealedIndexFile(tmp_path / "one", slots, 400, begin_timestamp=1_000_000)
+    many = UnsealedIndexFile(tmp_path / "many", slots, 400, begin_timestamp=1_000_000)
+    for n in (0, 1, 120, 200):
+        hashes = [rng.randrange(0, 2**31 - 1) for _ in range(n)]
+        offsets = [rng.randrange(0, 2**40) for _ in range(n)]
+        sizes = [rng.randrange(1, 5000) for _ in range(n)]
+        times = [1_000_000 + rng.randrange(-5000, 10**8) for _ in range(n)]
+        for h, o, s, t in zip(hashes, offsets, sizes, times, strict=True):
+            assert one.put([h], 7, 3, o, s, t, header=False)
+        many.put_many(np.array(hashes, dtype=np.int64), 7, 3, np.array(offsets, dtype=np.int64),
+                      np.array(sizes, dtype=np.int64), np.array(times, dtype=np.int64))
+        one.write_header()
+        many.write_header()
+        assert bytes(one.map) == bytes(many.map)
+        assert (one.slot_count, one.item_count) == (many.slot_count, many.item_count)
+    with pytest.raises(ValueError, match="do not fit"):
+        many.put_many(np.zeros(many.room() + 1, dtype=np.int64), 7, 3,
+                      *(np.zeros(many.room() + 1, dtype=np.int64),) * 3)
+    hashes = [rng.randrange(0, 2**31 - 1) for _ in range(5)]
+    assert one.query(hashes[0], 0, 2**62, 10) == many.query(hashes[0], 0, 2**62, 10)
+    one.close()
+    many.close()
