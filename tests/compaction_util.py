@@ -52,6 +52,20 @@ def put(store: MessageStore, key: str | None, value: bytes, queue_id: int = 0,
     return result.queue_offset
 
 
+def put_version(store: MessageStore, i: int, keys: int) -> None:
+    """Message ``i`` of a mixed workload over ``keys`` keys and 2 queues: mostly a new value of
+    key ``i % keys``, sometimes a keyless message or either kind of tombstone."""
+    key, queue_id = f"k{i % keys}", i % 2
+    if i % 17 == 0:
+        put(store, None, b"no key %d" % i, queue_id)
+    elif i % 23 == 0:
+        put(store, key, b"", queue_id)  # tombstone: empty body
+    elif i % 29 == 0:
+        put(store, key, b"gone %d" % i, queue_id, TOMBSTONE="true")
+    else:
+        put(store, key, b"value %d of %s" % (i, key.encode()), queue_id)
+
+
 def read_from(store: MessageStore, offset: int = 0, queue_id: int = 0, topic: str = TOPIC,
               batch: int = 32) -> list[StoredMessage]:
     """Every message from ``offset`` to the queue's end, following next_begin_offset."""

@@ -25,13 +25,12 @@ from compaction_util import (
     read_from,
     small_config,
 )
-from damage import records
 from pulling import pull_queue
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 from test_broker_harness import PROJECT
-from test_ha_processes import SEGMENT, Node, Pair
+from test_ha_processes import Node, Pair
 from waiting import wait_until
 
 from stratamq.message import Message
@@ -200,14 +199,7 @@ def test_a_slave_ahead_of_a_restarted_master_cuts_its_compaction_topic_back(pair
     assert sum(q["messages"] for q in slave_queues()) < 1100
     flush = pair.slave.cli("tier", "flush")
     assert flush.returncode != 0 and "does not upload to the tier" in flush.stderr
-    pair.master.kill()
-    seg, pos, _ = records(pair.master.store)[-100]  # the master lost its last 100 records
-    with seg.open("r+b") as f:
-        f.seek(pos)
-        f.write(bytes(SEGMENT - pos))
-    pair.master.start()
-    wait_until(lambda: pair.slave.ha()["haClientRuntimeInfo"]["lastTruncation"] is not None,
-               what="the slave to cut its log back")
+    pair.master_loses_tail(100)
     assert pair.slave.ha()["haClientRuntimeInfo"]["lastTruncation"]["records_cut"] == 100
     # Fewer than were cut, on new keys: each must be split out at its queue offset (which the
     # slave's CompactionLog held for a lost record), and the lost values must be gone.

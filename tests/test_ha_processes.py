@@ -86,6 +86,20 @@ class Pair:
         wait_until(lambda: self.master.ha()["haConnectionInfo"], what="the slave to connect")
         return self
 
+    def master_loses_tail(self, lost: int) -> int:
+        """The master stops and its last ``lost`` records never reached its disk (a power cut,
+        not a process kill, loses the page cache): zeros from the first of them on. Restarted,
+        once the slave has cut its log back; returns the CommitLog offset of the cut."""
+        self.master.kill()
+        seg, pos, _ = records(self.master.store)[-lost]
+        with seg.open("r+b") as f:
+            f.seek(pos)
+            f.write(bytes(SEGMENT - pos))
+        self.master.start()
+        wait_until(lambda: self.slave.ha()["haClientRuntimeInfo"]["lastTruncation"] is not None,
+                   what="the slave to cut its log back")
+        return int(seg.name) + pos
+
     def caught_up(self) -> bool:
         return self.slave.max_offset() == self.master.max_offset()
 
@@ -343,17 +357,7 @@ def test_a_slave_ahead_of_a_restarted_master_cuts_back(pairs):
     wait_until(pair.caught_up)
     ahead = pair.slave.max_offset()
     channel.close()
-    pair.master.kill()
-    # The master's last 100 records never reached its disk (a power cut, not a process kill,
-    # loses the page cache): zeros from the first of them on.
-    seg, pos, _ = records(pair.master.store)[-100]
-    cut = int(seg.name) + pos
-    with seg.open("r+b") as f:
-        f.seek(pos)
-        f.write(bytes(SEGMENT - pos))
-    pair.master.start()
-    wait_until(lambda: pair.slave.ha()["haClientRuntimeInfo"]["lastTruncation"] is not None,
-               what="the slave to cut its log back")
+    cut = pair.master_loses_tail(100)
     info = pair.slave.ha()["haClientRuntimeInfo"]
     assert info["lastTruncation"]["offset"] == cut
     assert info["lastTruncation"]["previous_end"] == ahead

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from compaction_util import HOUR, TOPIC, as_table, put, read_from, small_config
+from compaction_util import HOUR, TOPIC, as_table, put, put_version, read_from, small_config
 from conftest_spark import spark_session  # noqa: F401  (the shared `spark` fixture)
 
 from stratamq.compaction.policy import StaticPolicies, TopicPolicy
@@ -41,16 +41,7 @@ def _open(root: Path, big_map: bool = True) -> tuple[MessageStore, CompactionSto
 def _puts(store: MessageStore, start: int, count: int) -> None:
     """Updates of 60 keys over 2 queues, keyless messages, and both kinds of tombstone."""
     for i in range(start, start + count):
-        key = f"k{i % 60}"
-        queue_id = i % 2
-        if i % 17 == 0:
-            put(store, None, b"no key %d" % i, queue_id)
-        elif i % 23 == 0:
-            put(store, key, b"", queue_id)  # tombstone: empty body
-        elif i % 29 == 0:
-            put(store, key, b"gone %d" % i, queue_id, TOMBSTONE="true")
-        else:
-            put(store, key, b"value %d of %s" % (i, key.encode()), queue_id)
+        put_version(store, i, keys=60)
 
 
 def _compaction_files(root: Path) -> dict[str, bytes]:

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from compaction_util import HOUR, TOPIC, put, read_from, small_config
+from compaction_util import HOUR, TOPIC, put_version, read_from, small_config
 from conftest_spark import spark_session  # noqa: F401  (the shared `spark` fixture)
 
 from stratamq.compaction.policy import StaticPolicies, TopicPolicy
@@ -51,17 +51,9 @@ def _puts(store: MessageStore, start: int, count: int) -> None:
     """Updates of 50 keys over 2 queues, keyless messages, both kinds of tombstone, and a
     plain topic's messages with the same keys (never reduced)."""
     for i in range(start, start + count):
-        key, queue_id = f"k{i % 50}", i % 2
-        if i % 17 == 0:
-            put(store, None, b"no key %d" % i, queue_id)
-        elif i % 23 == 0:
-            put(store, key, b"", queue_id)  # tombstone: empty body
-        elif i % 29 == 0:
-            put(store, key, b"gone %d" % i, queue_id, TOMBSTONE="true")
-        else:
-            put(store, key, b"value %d of %s" % (i, key.encode()), queue_id)
+        put_version(store, i, keys=50)
         if i % 5 == 0:
-            assert store.put_message(Message(PLAIN, b"p%d" % i, 0, {"KEYS": key})).ok
+            assert store.put_message(Message(PLAIN, b"p%d" % i, 0, {"KEYS": f"k{i % 50}"})).ok
 
 
 def _key(m: StoredMessage) -> tuple:
