@@ -12,13 +12,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import math
 import os
 import re
 import shutil
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,22 @@ def spark_session(app_name: str, master: str | None = None, conf: dict[str, str]
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+def run_main(app_name: str, master: str | None, job: Callable[[Any], dict[str, Any]]) -> int:
+    """A pipeline's command-line tail: ``job(spark)`` on a session made for it, its summary
+    printed as one JSON line (exit 0), or a ``PipelineError`` as one ``error:`` line (exit 1);
+    the session stopped either way."""
+    spark = spark_session(app_name, master)
+    try:
+        summary = job(spark)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        spark.stop()
+    print(json.dumps(summary), flush=True)
+    return 0
 
 
 def store_dir(path: str) -> Path:

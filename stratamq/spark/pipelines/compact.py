@@ -30,7 +30,6 @@ number of queues; step 2, where a topic's keys are, spreads over every core.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import sys
@@ -46,7 +45,7 @@ from stratamq.config import StoreConfig
 from stratamq.spark.pipelines.common import (
     PARTITION_BYTES,
     PipelineError,
-    spark_session,
+    run_main,
     store_dir,
     store_lock,
     user_message,
@@ -276,17 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         from stratamq.config_file import read_broker_conf
 
         config = read_broker_conf(Path(args.config)).store
-    spark = spark_session("stratamq-compact", args.master)
-    try:
-        summary = run_compact(spark, args.store, args.topic, config=config,
-                              progress=not args.quiet)
-    except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        spark.stop()
-    print(json.dumps(summary), flush=True)
-    return 0
+    return run_main("stratamq-compact", args.master, lambda spark: run_compact(
+        spark, args.store, args.topic, config=config, progress=not args.quiet))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from stratamq.spark.pipelines.common import (
     PipelineError,
     commitlog_splits,
     min_tasks,
-    spark_session,
+    run_main,
     store_dir,
     user_message,
 )
@@ -471,19 +471,10 @@ def main(argv: list[str] | None = None) -> int:
         cluster = cluster or conf.broker.broker_cluster_name
         broker = broker or conf.broker.broker_name
     topics = [t.strip() for t in args.topics.split(",") if t.strip()] if args.topics else None
-    spark = spark_session("stratamq-offload", args.master)
-    try:
-        summary = run_offload(spark, args.store, args.tier, topics, config=store_cfg,
-                              cluster=cluster, broker=broker, s3_endpoint=args.s3_endpoint,
-                              progress=not args.quiet,
-                              partition_bytes=int(args.partition_mb * 2**20))
-    except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        spark.stop()
-    print(json.dumps(summary), flush=True)
-    return 0
+    return run_main("stratamq-offload", args.master, lambda spark: run_offload(
+        spark, args.store, args.tier, topics, config=store_cfg, cluster=cluster, broker=broker,
+        s3_endpoint=args.s3_endpoint, progress=not args.quiet,
+        partition_bytes=int(args.partition_mb * 2**20)))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 import logging
 import math
 import shutil
@@ -48,7 +47,7 @@ from stratamq.spark.pipelines.common import (
     PipelineError,
     commitlog_splits,
     min_tasks,
-    spark_session,
+    run_main,
     store_dir,
     store_lock,
     swap_in,
@@ -458,17 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
     config = _config(args.config, args.store) if args.config else None
-    spark = spark_session("stratamq-rebuild", args.master)
-    try:
-        summary = run_rebuild(spark, args.store, args.what, args.store_type, config=config,
-                              progress=not args.quiet)
-    except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        spark.stop()
-    print(json.dumps(summary), flush=True)
-    return 0
+    return run_main("stratamq-rebuild", args.master, lambda spark: run_rebuild(
+        spark, args.store, args.what, args.store_type, config=config, progress=not args.quiet))
 
 
 def _config(path: str, store: str) -> StoreConfig:
