@@ -10,7 +10,8 @@ What a broker does by ``brokerRole`` (the store's part is ``stratamq.ha``):
   (3 s by default), its topics, groups, consumer offsets and pop state (cursors, in-flight
   messages, the receipt-handle key) through the master's ``SyncState`` RPC, as RocketMQ's
   SlaveSynchronize does (it runs every 3 s and copies everything at least once a minute).
-  It refuses sends (the store answers SERVICE_NOT_AVAILABLE) and admin changes.
+  It refuses sends (the store answers SERVICE_NOT_AVAILABLE) and changes to topics, groups
+  and offsets (``_ADMIN_WRITES``: they are its master's, copied every interval).
 
 Routes (``QueryRoute``): a master answers as always. A slave whose link to its master is up
 answers with the master's client endpoint (``haMasterEndpoint``), so clients that reached the
