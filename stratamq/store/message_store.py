@@ -419,13 +419,28 @@ class MessageStore:
             return None
         return PutMessageStatus.FLUSH_DISK_TIMEOUT
 
-    def delete_topic(self, topic: str, timeout: float = 30.0) -> None:
+    def delete_topic(self, topic: str, timeout: float = 30.0, *, at: int | None = None) -> None:
         """Delete ``topic``'s messages as RocketMQ's ``deleteTopics`` does: its ConsumeQueues
         go, and its records, which stay in the CommitLog until retention, are never served for
         it again (a topic created later under the name starts empty, at queue offset 0, even
-        after a crash and a replay). Returns once the ConsumeQueues are gone."""
+        after a crash and a replay). Returns once the ConsumeQueues are gone.
+
+        ``at`` is for a slave applying its master's deletion: the master's cutoff (where the
+        topic's next generation starts in the shared CommitLog), which this log must already
+        hold. The slave's own end would be later, and the next generation's records between
+        the two would be deleted with the old ones."""
         if not self._opened or self.read_only:
             raise RuntimeError("store is not open for writing")
+        if at is not None:
+            if not 0 <= at <= self.commitlog.max_offset:
+                raise ValueError(f"cannot delete topic {topic!r} at CommitLog offset {at}: this "
+                                 f"log ends at {self.commitlog.max_offset}")
+            self.deleted_topics.add(topic, at)
+            self.deleted_topics.save()  # durable before the queues go
+            if not self.reput.delete_topic_behind(at, topic).wait(timeout):
+                raise TimeoutError(f"dispatch did not reach the deletion of topic {topic!r} "
+                                   f"in {timeout} s (dispatch error: {self.reput.error})")
+            return
 
         def note(cutoff: int) -> None:
             self.deleted_topics.add(topic, cutoff)
