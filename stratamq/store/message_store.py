@@ -184,6 +184,7 @@ class MessageStore:
             if hasattr(cq_store, "commitlog_min_offset"):  # RocksDB: expiry seen at read time
                 cq_store.commitlog_min_offset = lambda: self.commitlog.min_offset
         self.commitlog.queue_offsets = self.consume_queues.queue_offset_table()
+        self._continue_queues_of_sources()
         if self.read_only:
             return
         self.layout.abort.touch()
@@ -191,6 +192,21 @@ class MessageStore:
         # so a store that fills its disk can still checkpoint and close cleanly.
         self.checkpoint.write(self.layout.checkpoint)
         self._start_services(cfg, files)
+
+    def _continue_queues_of_sources(self) -> None:
+        """A queue that a plugged read source holds further than the local ConsumeQueues (a
+        broker that adopted an offloaded tier's history, or lost its local files) continues
+        after it: its next message gets the next offset, not one the history already uses.
+        The local queue then starts there, with blank units before, as after expiry."""
+        offsets = self.commitlog.queue_offsets
+        for source in self.read_chain.sources:
+            if source is self.local_source:
+                continue
+            for topic, queue_ids in source.topics().items():
+                for queue_id in queue_ids:
+                    held = source.offsets(topic, queue_id)
+                    if held is not None and held.high > offsets.get((topic, queue_id), 0):
+                        offsets[(topic, queue_id)] = held.high
 
     def _close_cq_stores(self) -> None:
         for cq_store in self.cq_stores:
