@@ -40,7 +40,7 @@ from stratamq.compaction.segment import Segment
 from stratamq.compaction.state_format import QueueState, RoundMark, SwapManifest
 from stratamq.fileutil import fsync_directory
 
-__all__ = ["RoundReport", "round_due", "run_round"]
+__all__ = ["RoundReport", "round_due", "run_round", "run_round_held", "tier_only_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -79,24 +79,48 @@ def run_round(clog: CompactionLog, policy: TopicPolicy, map_memory: int,
     after ``cleaned_to``, worked out elsewhere over every key at once (the Spark ``compact``
     pipeline's distributed reduce); no OffsetMap is built and the round covers every sealed
     segment, as one whose OffsetMap held every key would."""
-    started = time.monotonic()
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    report = RoundReport(clog.topic, clog.queue_id, time_ms=now)
     if not clog.compacting.acquire(blocking=False):
-        report.skipped = "a round of this queue is already running"
-        return report
+        return RoundReport(clog.topic, clog.queue_id, time_ms=now,
+                           skipped="a round of this queue is already running")
     try:
-        _round(clog, policy, map_memory, now, report, started, superseded)
+        return run_round_held(clog, policy, map_memory, now, superseded=superseded)
     finally:
         clog.compacting.release()
+
+
+def run_round_held(clog: CompactionLog, policy: TopicPolicy, map_memory: int, now_ms: int, *,
+                   superseded: np.ndarray | None = None) -> RoundReport:
+    """``run_round`` for a caller that holds ``clog.compacting`` already (so what it did
+    before, a restore from the tier, and the round are one step no tier pass comes between)."""
+    started = time.monotonic()
+    report = RoundReport(clog.topic, clog.queue_id, time_ms=now_ms)
+    try:
+        _round(clog, policy, map_memory, now_ms, report, started, superseded)
+    finally:
         report.elapsed_ms = round((time.monotonic() - started) * 1000, 3)
     return report
+
+
+def tier_only_reason(clog: CompactionLog) -> str | None:
+    """Why a round of ``clog`` may not run now: files the tier alone holds (released locally,
+    below ``tierFloor``). A round must see every key: one without those files would drop
+    tombstones whose older values they still hold, and its state would forget them."""
+    floor = clog.state.tier_floor
+    if not floor and not clog.tier_only():
+        return None
+    return (f"its compacted files below offset {floor} are in the tier only "
+            f"({clog.paths.state}: tierFloor): restore them first")
 
 
 def _round(clog: CompactionLog, policy: TopicPolicy, map_memory: int, now: int,
            report: RoundReport, started: float, superseded: np.ndarray | None) -> None:
     sealed = clog.sealed_segments()
     report.cleaned_to = clog.state.cleaned_to
+    reason = tier_only_reason(clog)
+    if reason is not None:
+        report.skipped = reason
+        return
     if not sealed:
         report.skipped = "fewer than two files: the file being written is never compacted"
         return
@@ -210,7 +234,8 @@ def _compact(clog: CompactionLog, sealed: list[Segment], policy: TopicPolicy,
     report.elapsed_ms = round((time.monotonic() - started) * 1000, 3)
     new_state = QueueState(cleaned_to, max(state.next_offset, clog.next_offset), expired_below,
                            marks, {k: v for k, v in report.to_json().items()
-                                   if k not in ("topic", "queue_id")})
+                                   if k not in ("topic", "queue_id")},
+                           state.tier_floor)  # carried: a lost floor would orphan the tier's files
     manifest = SwapManifest([s.name for s in rewrite], [s.name for s in out.segments],
                             new_state)
     out.close()

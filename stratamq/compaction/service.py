@@ -38,7 +38,7 @@ from stratamq.compaction import bcq_format as bcq
 from stratamq.compaction.layout import CompactionLayout
 from stratamq.compaction.log import CompactionLog
 from stratamq.compaction.policy import TOMBSTONE_PROPERTY, TopicPolicies, TopicPolicy
-from stratamq.compaction.round import RoundReport, round_due, run_round
+from stratamq.compaction.round import RoundReport, round_due, run_round_held
 from stratamq.compaction.state_format import DispatchCheckpoint
 from stratamq.config import InvalidSetting, StoreConfig
 from stratamq.message import DispatchInfo, Prop, StoredMessage
@@ -307,18 +307,30 @@ class CompactionStore:
         """One round of one queue now. ``seal`` first seals the file being written, so the
         round covers everything written so far."""
         policy = self.policies.policy(clog.topic) or TopicPolicy()
+        # One clock reading for "is a round due" and the round itself: a tombstone retention
+        # running out between the two would otherwise start a round that restored nothing.
+        now = int(time.time() * 1000) if now_ms is None else now_ms
         if seal:
             clog.seal_active()
-        if self.tier is not None and clog.tier_only() and round_due(clog, policy, now_ms):
-            try:
-                with clog.compacting:  # the round sees every key: released files come back
-                    self.tier.restore(clog)
-            except OSError as exc:
-                log.warning("compaction queue %s:%d: cannot restore its files from the tier "
-                            "for a round, round skipped: %s", clog.topic, clog.queue_id, exc)
-                return RoundReport(clog.topic, clog.queue_id,
-                                   skipped=f"the tier could not restore released files: {exc}")
-        report = run_round(clog, policy, self.map_memory, now_ms)
+        if not clog.compacting.acquire(blocking=False):
+            return RoundReport(clog.topic, clog.queue_id, time_ms=now,
+                               skipped="a round of this queue is already running")
+        try:
+            # Restore and round under one hold of the lock: a tier pass (scheduler, admin
+            # command) cannot release the restored files before the round has seen them.
+            if self.tier is not None and clog.tier_only() and round_due(clog, policy, now):
+                try:
+                    self.tier.restore(clog)  # the round sees every key
+                except OSError as exc:
+                    log.warning("compaction queue %s:%d: cannot restore its files from the "
+                                "tier for a round, round skipped: %s", clog.topic,
+                                clog.queue_id, exc)
+                    return RoundReport(
+                        clog.topic, clog.queue_id, time_ms=now,
+                        skipped=f"the tier could not restore released files: {exc}")
+            report = run_round_held(clog, policy, self.map_memory, now)
+        finally:
+            clog.compacting.release()
         self.last_reports[(clog.topic, clog.queue_id)] = report
         if self.tier is not None:
             self.tier_pass(clog, release=False)

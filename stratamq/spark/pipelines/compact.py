@@ -131,6 +131,7 @@ def _plan(cfg: StoreConfig, topic: str) -> list[dict[str, Any]]:
     from stratamq.compaction import bcq_format as bcq
     from stratamq.compaction.layout import CompactionLayout
     from stratamq.compaction.log import CompactionLog
+    from stratamq.compaction.round import tier_only_reason
 
     layout = CompactionLayout(StoreLayout(cfg.root))
     queues = []
@@ -142,6 +143,18 @@ def _plan(cfg: StoreConfig, topic: str) -> list[dict[str, Any]]:
                              read_only=True)
         clog.load()
         try:
+            reason = tier_only_reason(clog)
+            if reason is not None:
+                # Refused, not restored: this pipeline works on the store directory alone
+                # (executors read its files), while a restore is the broker's step with the
+                # tier linked: its manifest, credentials, and next upload. The store's own
+                # round with the tier linked (``stratamq compaction run``) restores, then
+                # compacts.
+                raise PipelineError(
+                    f"--topic {topic}: queue {queue_id} cannot be compacted by this pipeline: "
+                    f"{reason} with the tier linked, as `stratamq compaction run --store DIR "
+                    "--config broker.conf` (or --endpoint of the running broker) does; "
+                    "no queue was compacted")
             sealed = [s for s in clog.sealed_segments() if s.units]
             queues.append({
                 "queue_id": queue_id, "cleaned_to": clog.state.cleaned_to,
