@@ -94,7 +94,11 @@ def plug_compaction(store: MessageStore, config: StoreConfig, meta: MetadataStor
     if config.broker_role is not BrokerRole.SLAVE or not config.enable_compaction:
         return plug(store, config, meta), None
     compaction = CompactionStore(config, meta)
-    gate = CompactionGate(compaction, meta)
+    def local_end(topic: str, queue_id: int) -> int:
+        queue = store.cq_stores[0].find(topic, queue_id)
+        return queue.max_offset() if queue is not None else 0
+
+    gate = CompactionGate(compaction, meta, local_end)
     store.add_dispatcher(gate)
     store.add_read_source(compaction, first=True)
     return compaction, gate

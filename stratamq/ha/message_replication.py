@@ -16,6 +16,10 @@ queue offsets only past its newest, so a record dispatched from the slave's own 
 back (only the highest queue offset held back is remembered); the pull goes on until it is
 past that offset, then opens the queue under the same lock, and dispatch takes over from the
 next record. Both paths skip queue offsets the CompactionLog already has, so they converge.
+A cut-back (the slave was ahead of its master) caps what a closed queue held back at the
+slave's own queue end after the cut, so the pull does not wait for offsets that are gone; and a
+queue whose pull stops short of what it held (the master does not serve it yet) waits for the
+next pass, leaving the other queues their turn.
 
 Where a pull starts: the queue's own CompactionLog end (its next offset), so a slave that was
 killed or restarted resumes where its durable log stops, and an up-to-date queue costs one
@@ -54,6 +58,10 @@ log = logging.getLogger(__name__)
 
 PULL_BATCH = 256  # records per pull
 PULL_GROUP = "stratamq-ha-replica"
+# Pulls in a row that bring nothing new before a closed queue waits for the next pass: the
+# master's dispatch lagging its CommitLog is caught up within them, a slave holding records
+# the master does not have (yet) leaves the other queues their turn.
+STALL_TRIES = 5
 
 
 class PullSource(Protocol):
@@ -116,9 +124,13 @@ class CompactionGate:
     queue closed until ``try_open`` (see the module docstring). Owns the open set and the
     held-back offsets; ``dispatch`` on the dispatch thread, the rest from any thread."""
 
-    def __init__(self, inner: _Dispatcher, policies: _Policies) -> None:
+    def __init__(self, inner: _Dispatcher, policies: _Policies,
+                 local_end: Callable[[str, int], int] | None = None) -> None:
         self.inner = inner
         self.policies = policies
+        # The next queue offset of the slave's own ConsumeQueue for a queue (cut back with the
+        # CommitLog before the dispatchers are): what a cut-back caps held-back offsets at.
+        self.local_end = local_end
         self._open: frozenset[tuple[str, int]] = frozenset()  # replaced, read without a lock
         self._held: dict[tuple[str, int], int] = {}  # highest queue offset held back
         self._lock = threading.Lock()
@@ -159,8 +171,20 @@ class CompactionGate:
         return self.inner.replay_floor(topic, queue_id)
 
     def truncate_from(self, physical_offset: int) -> None:
-        # The slave's CommitLog was cut back (ReplicaLog.truncate): so are the CompactionLogs.
+        """The slave's CommitLog was cut back (ReplicaLog.truncate): so are the CompactionLogs,
+        and so is what a closed queue held back. A held offset past the cut names a record
+        that is gone: kept, the queue would stay closed until the master wrote that far (the
+        pull loop never passes it). It is capped at the slave's own queue end after the cut
+        (the records below the cut the queue held back; none without ``local_end``); the
+        dispatch that goes on from the cut holds the master's replacement records again."""
         self.inner.truncate_from(physical_offset)
+        with self._lock:
+            for key, held in list(self._held.items()):
+                cap = self.local_end(*key) - 1 if self.local_end is not None else -1
+                if cap < 0:
+                    del self._held[key]
+                elif cap < held:
+                    self._held[key] = cap
 
     def destroy_topic(self, topic: str) -> None:
         with self._lock:  # a topic made again under the same name is pulled again
@@ -275,13 +299,18 @@ class CompactionReplicator:
         return taken
 
     def catch_up(self, source: PullSource, topic: str, queue_id: int) -> int:
-        """Pull one queue from its CompactionLog's end until it is open; records taken."""
+        """Pull one queue from its CompactionLog's end until it is open, or until the master
+        has served nothing new ``STALL_TRIES`` times in a row (the queue stays closed and is
+        pulled again on the next pass, so one queue never keeps the others waiting); records
+        taken."""
         held = self.sink.offsets(topic, queue_id)
         start = offset = held[1] if held is not None else 0
         row = self.progress[(topic, queue_id)] = {
             "topic": topic, "queueId": queue_id, "state": "PULLING", "from": start,
             "pulled": 0, "nextOffset": start, "startTimestamp": int(time.time() * 1000)}
+        stalled = 0
         while not self._stop.is_set():
+            before = offset
             taken, offset = replicate_queue(source, self.sink, topic, queue_id, offset,
                                             stop=self._stop)
             row["pulled"] += taken
@@ -289,6 +318,10 @@ class CompactionReplicator:
             if self.gate.try_open(topic, queue_id, offset):
                 row["state"] = "DONE"
                 row["doneTimestamp"] = int(time.time() * 1000)
+                break
+            stalled = stalled + 1 if offset <= before else 0
+            if stalled >= STALL_TRIES:
+                row["state"] = "WAITING"  # for the master to serve what the slave holds
                 break
             # The slave holds a record the master's queue does not serve yet (its dispatch
             # lags its CommitLog): ask again shortly.

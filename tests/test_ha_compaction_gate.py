@@ -1,0 +1,132 @@
+"""A slave's compaction gate and pull loop do not get stuck: after a cut-back (the slave was
+ahead of a restarted master) a closed queue opens once the pull reaches the master's end, and a
+queue whose held-back records the master does not serve yet waits for the next pass instead of
+keeping every other queue closed. The slave is a real store with its compaction store behind
+the gate the broker plugs in (``plug_compaction``); the master is a real store read through a
+stand-in for its PullMessage (as the HA tests pull from a local source)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from compaction_util import HOUR, TOPIC, put, read_from, small_config
+from waiting import wait_until
+
+from stratamq.broker.replication import plug_compaction
+from stratamq.compaction.policy import StaticPolicies, TopicPolicy
+from stratamq.config import BrokerRole
+from stratamq.ha.message_replication import CompactionReplicator
+from stratamq.store.message_store import MessageStore
+
+POLICIES = StaticPolicies({TOPIC: TopicPolicy(HOUR)})
+
+
+class StorePull:
+    """The master's PullMessage for raw records, answered by a real store."""
+
+    def __init__(self, store: MessageStore) -> None:
+        self.store = store
+
+    def pull(self, topic: str, queue_id: int, offset: int, max_count: int
+             ) -> tuple[list[bytes], int]:
+        with self.store.get_messages("ha", topic, queue_id, offset, max_count) as result:
+            return [bytes(r.buffer) for r in result.records], result.next_begin_offset
+
+
+class Slave:
+    def __init__(self, root) -> None:
+        config = small_config(root)
+        self.store = MessageStore(config)
+        slave_config = dataclasses.replace(config, broker_role=BrokerRole.SLAVE,
+                                           enable_compaction=True)
+        self.comp, self.gate = plug_compaction(self.store, slave_config, POLICIES)
+        assert self.comp is not None and self.gate is not None
+        self.store.open()
+
+    def close(self) -> None:
+        self.store.close()
+        self.comp.close()
+
+
+def pass_in_thread(rep: CompactionReplicator, source: StorePull) -> None:
+    """One replicator pass; fails (and stops it) if it does not end."""
+    thread = threading.Thread(target=rep.pass_once, args=(source,), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: not thread.is_alive(), timeout=60, what="the pass to end")
+    finally:
+        if thread.is_alive():
+            rep._stop.set()
+        thread.join(30)
+
+
+def offsets_and_bodies(store: MessageStore, queue_id: int) -> list[tuple[int, bytes]]:
+    return [(m.queue_offset, m.body) for m in read_from(store, queue_id=queue_id)]
+
+
+def test_a_closed_queue_opens_after_a_cut_back_below_what_it_held(tmp_path):
+    master = MessageStore(small_config(tmp_path / "master"))
+    master.open()
+    slave = Slave(tmp_path / "slave")
+    try:
+        for node, q0 in ((master, 6), (slave.store, 11)):
+            for i in range(3):
+                put(node, f"b{i}", b"q1-%d" % i, queue_id=1)
+            for i in range(q0):
+                put(node, f"a{i % 4}", b"q0-%d" % i, queue_id=0)
+        assert slave.store.wait_dispatched() and master.wait_dispatched()
+        # The slave held back queue 0's offsets 0..10; the master (restarted, its tail lost)
+        # ends at 6: the slave cuts its log back to the master's end.
+        with slave.store.get_messages("x", TOPIC, 0, 6, 1) as at6:
+            cut = at6.records[0].physical_offset
+        assert slave.store.replica.truncate(cut, "test").records_cut == 5
+        rep = CompactionReplicator(slave.gate, slave.comp, lambda: StorePull(master),
+                                   lambda: [(TOPIC, 0), (TOPIC, 1)])
+        pass_in_thread(rep, StorePull(master))
+        assert slave.gate.is_open(TOPIC, 0) and slave.gate.is_open(TOPIC, 1)
+        assert rep.progress[(TOPIC, 0)]["state"] == "DONE"
+        assert offsets_and_bodies(slave.store, 1) == offsets_and_bodies(master, 1)
+        # Dispatch takes over: the next record of queue 0 reaches the CompactionLog.
+        put(slave.store, "a9", b"q0-new", queue_id=0)
+        assert slave.store.wait_dispatched()
+        [clog] = [c for c in slave.comp.queues() if c.queue_id == 0]
+        assert clog.next_offset == 7
+        got = offsets_and_bodies(slave.store, 0)
+        assert got[-1] == (6, b"q0-new")
+        assert {b for _o, b in got} >= {b"q0-2", b"q0-3", b"q0-4", b"q0-5"}
+    finally:
+        slave.close()
+        master.close()
+
+
+def test_a_queue_the_master_does_not_serve_yet_lets_the_others_open(tmp_path):
+    master = MessageStore(small_config(tmp_path / "master"))
+    master.open()
+    slave = Slave(tmp_path / "slave")
+    try:
+        for i in range(11):
+            put(slave.store, f"a{i % 4}", b"q0-%d" % i, queue_id=0)
+        for node in (master, slave.store):
+            for i in range(3):
+                put(node, f"b{i}", b"q1-%d" % i, queue_id=1)
+        for i in range(6):  # the master serves queue 0 up to offset 6 only, so far
+            put(master, f"a{i % 4}", b"q0-%d" % i, queue_id=0)
+        assert slave.store.wait_dispatched() and master.wait_dispatched()
+        rep = CompactionReplicator(slave.gate, slave.comp, lambda: StorePull(master),
+                                   lambda: [(TOPIC, 0), (TOPIC, 1)])
+        pass_in_thread(rep, StorePull(master))
+        assert not slave.gate.is_open(TOPIC, 0) and slave.gate.is_open(TOPIC, 1)
+        assert rep.progress[(TOPIC, 0)]["state"] == "WAITING"
+        assert offsets_and_bodies(slave.store, 1) == offsets_and_bodies(master, 1)
+        # Once the master serves them, the next pass opens queue 0 with every record.
+        for i in range(6, 11):
+            put(master, f"a{i % 4}", b"q0-%d" % i, queue_id=0)
+        assert master.wait_dispatched()
+        pass_in_thread(rep, StorePull(master))
+        assert slave.gate.is_open(TOPIC, 0)
+        [clog] = [c for c in slave.comp.queues() if c.queue_id == 0]
+        assert clog.next_offset == 11
+    finally:
+        slave.close()
+        master.close()
