@@ -17,6 +17,7 @@ from stratamq.broker.replication import plug_compaction
 from stratamq.compaction.policy import StaticPolicies, TopicPolicy
 from stratamq.config import BrokerRole
 from stratamq.ha.message_replication import CompactionReplicator
+from stratamq.message import Message
 from stratamq.store.message_store import MessageStore
 
 POLICIES = StaticPolicies({TOPIC: TopicPolicy(HOUR)})
@@ -127,6 +128,52 @@ def test_a_queue_the_master_does_not_serve_yet_lets_the_others_open(tmp_path):
         assert slave.gate.is_open(TOPIC, 0)
         [clog] = [c for c in slave.comp.queues() if c.queue_id == 0]
         assert clog.next_offset == 11
+    finally:
+        slave.close()
+        master.close()
+
+
+class CuttingPull(StorePull):
+    """The master's pull, serving at most ``per_pull`` records; on pull ``cut_on`` the slave's
+    log is cut back first (the HA link found the slave ahead of a restarted master while this
+    queue was being pulled)."""
+
+    def __init__(self, store: MessageStore, per_pull: int, cut_on: int, cut) -> None:
+        super().__init__(store)
+        self.per_pull, self.cut_on, self.cut = per_pull, cut_on, cut
+        self.calls = 0
+
+    def pull(self, topic: str, queue_id: int, offset: int, max_count: int
+             ) -> tuple[list[bytes], int]:
+        self.calls += 1
+        if self.calls == self.cut_on:
+            self.cut()
+        return super().pull(topic, queue_id, offset, min(max_count, self.per_pull))
+
+
+def test_a_cut_back_during_a_pull_leaves_no_gap_of_queue_offsets(tmp_path):
+    master = MessageStore(small_config(tmp_path / "master"))
+    master.open()
+    slave = Slave(tmp_path / "slave")
+    try:
+        phys = {}
+        for name, node in (("master", master), ("slave", slave.store)):
+            phys[name] = [node.put_message(Message(TOPIC, b"value-%d" % i, 0, {"KEYS": f"k{i}"}))
+                          .physical_offset for i in range(10)]
+        assert phys["master"] == phys["slave"]  # the slave's log is a copy of the master's
+        assert slave.store.wait_dispatched() and master.wait_dispatched()
+        cuts = []
+        # Pull 1 appends offsets 0..3; before pull 2 the slave's log is cut back to offset 2's
+        # record, so its CompactionLog ends at 2 again while the pull was going to go on at 4.
+        source = CuttingPull(master, 4, 2,
+                             lambda: cuts.append(slave.store.replica.truncate(phys["slave"][2],
+                                                                              "test")))
+        rep = CompactionReplicator(slave.gate, slave.comp, lambda: source, lambda: [(TOPIC, 0)])
+        pass_in_thread(rep, source)
+        assert cuts and cuts[0].records_cut == 8
+        assert slave.gate.is_open(TOPIC, 0)
+        assert offsets_and_bodies(slave.store, 0) == offsets_and_bodies(master, 0)
+        assert [o for o, _b in offsets_and_bodies(slave.store, 0)] == list(range(10))
     finally:
         slave.close()
         master.close()

@@ -39,6 +39,7 @@ dispatch thread, ``try_open`` on the replicator's; they share one lock.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -52,7 +53,7 @@ from stratamq.store.log_reader import CommitLogReader
 from stratamq.store.read_chain import QueueOffsets
 
 __all__ = ["CompactionGate", "CompactionReplicator", "CompactionSink", "GrpcPullSource",
-           "PullSource", "replicate_queue"]
+           "PullCut", "PullSource", "replicate_queue"]
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +86,18 @@ class CompactionSink(Protocol):
 
 def replicate_queue(source: PullSource, sink: CompactionSink, topic: str, queue_id: int,
                     start: int, *, until: int | None = None, batch: int = PULL_BATCH,
-                    stop: threading.Event | None = None) -> tuple[int, int]:
-    """Pull from ``start`` up to ``until`` (None: to the master's end) into ``sink``; return
-    (records the sink took, the offset to pull next)."""
+                    stop: threading.Event | None = None,
+                    put: Callable[[bytes], bool] | None = None) -> tuple[int, int]:
+    """Pull from ``start`` up to ``until`` (None: to the master's end) into ``sink`` (through
+    ``put`` when given); return (records the sink took, the offset to pull next)."""
+    put = put or sink.put_replicated
     offset, taken = start, 0
     while (until is None or offset < until) and not (stop is not None and stop.is_set()):
         records, next_offset = source.pull(topic, queue_id, offset, batch)
         for record in records:
             if until is not None and codec.decode_dispatch_info(record, 0).queue_offset >= until:
                 return taken, until
-            taken += sink.put_replicated(record)
+            taken += put(record)
         if next_offset <= offset:  # nothing more to pull (the master's queue ends there)
             break
         offset = next_offset
@@ -113,6 +116,11 @@ class _Dispatcher(Protocol):
     def destroy_topic(self, topic: str) -> None: ...
 
     def truncate_from(self, physical_offset: int) -> None: ...
+
+
+class PullCut(RuntimeError):
+    """The slave's log was cut back since the pull read where to start: it starts again from
+    the CompactionLog's end (records past the cut would leave a gap of queue offsets)."""
 
 
 class _Policies(Protocol):
@@ -134,6 +142,10 @@ class CompactionGate:
         self._open: frozenset[tuple[str, int]] = frozenset()  # replaced, read without a lock
         self._held: dict[tuple[str, int], int] = {}  # highest queue offset held back
         self._lock = threading.Lock()
+        # A cut-back and a pulled record's append exclude each other; ``cuts`` counts the
+        # cut-backs, so a pull that began before one knows to start again.
+        self._cut_lock = threading.Lock()
+        self.cuts = 0
 
     def dispatch(self, info: DispatchInfo) -> None:
         key = (info.topic, info.queue_id)
@@ -148,12 +160,23 @@ class CompactionGate:
     def is_open(self, topic: str, queue_id: int) -> bool:
         return (topic, queue_id) in self._open
 
-    def try_open(self, topic: str, queue_id: int, pulled_to: int) -> bool:
+    def put_pulled(self, sink: CompactionSink, record: bytes, cuts: int) -> bool:
+        """Hand one pulled record to ``sink``, unless the log was cut back since the pull read
+        ``cuts`` (raises :class:`PullCut`): never during a cut, so a record is either cut or
+        appended after it."""
+        with self._cut_lock:
+            if self.cuts != cuts:
+                raise PullCut(f"the log was cut back during the pull ({cuts} -> {self.cuts})")
+            return sink.put_replicated(record)
+
+    def try_open(self, topic: str, queue_id: int, pulled_to: int,
+                 cuts: int | None = None) -> bool:
         """Open the queue if the pull reached past everything held back (``pulled_to`` is the
-        next offset to pull); False: pull on."""
+        next offset to pull) and (``cuts`` given) no cut-back came since the pull began;
+        False: pull on."""
         key = (topic, queue_id)
-        with self._lock:
-            if self._held.get(key, -1) >= pulled_to:
+        with self._cut_lock, self._lock:
+            if (cuts is not None and cuts != self.cuts) or self._held.get(key, -1) >= pulled_to:
                 return False
             self._held.pop(key, None)
             self._open = self._open | {key}
@@ -177,7 +200,12 @@ class CompactionGate:
         pull loop never passes it). It is capped at the slave's own queue end after the cut
         (the records below the cut the queue held back; none without ``local_end``); the
         dispatch that goes on from the cut holds the master's replacement records again."""
-        self.inner.truncate_from(physical_offset)
+        with self._cut_lock:
+            self.inner.truncate_from(physical_offset)
+            self.cuts += 1
+            self._cap_held()
+
+    def _cap_held(self) -> None:
         with self._lock:
             for key, held in list(self._held.items()):
                 cap = self.local_end(*key) - 1 if self.local_end is not None else -1
@@ -303,6 +331,7 @@ class CompactionReplicator:
         has served nothing new ``STALL_TRIES`` times in a row (the queue stays closed and is
         pulled again on the next pass, so one queue never keeps the others waiting); records
         taken."""
+        cuts = self.gate.cuts  # read before the start: a cut after it restarts the pull
         held = self.sink.offsets(topic, queue_id)
         start = offset = held[1] if held is not None else 0
         row = self.progress[(topic, queue_id)] = {
@@ -311,11 +340,22 @@ class CompactionReplicator:
         stalled = 0
         while not self._stop.is_set():
             before = offset
-            taken, offset = replicate_queue(source, self.sink, topic, queue_id, offset,
-                                            stop=self._stop)
+            try:
+                taken, offset = replicate_queue(
+                    source, self.sink, topic, queue_id, offset, stop=self._stop,
+                    put=functools.partial(self.gate.put_pulled, self.sink, cuts=cuts))
+            except PullCut:
+                taken = -1
+            if taken < 0 or cuts != self.gate.cuts:
+                # The CompactionLog was cut back under the pull: go on from its new end.
+                cuts = self.gate.cuts
+                held = self.sink.offsets(topic, queue_id)
+                offset = held[1] if held is not None else 0
+                row["nextOffset"], stalled = offset, 0
+                continue
             row["pulled"] += taken
             row["nextOffset"] = offset
-            if self.gate.try_open(topic, queue_id, offset):
+            if self.gate.try_open(topic, queue_id, offset, cuts):
                 row["state"] = "DONE"
                 row["doneTimestamp"] = int(time.time() * 1000)
                 break
