@@ -98,3 +98,25 @@ def test_the_brokers_round_restores_then_compacts_with_every_key(tmp_path):
     parts = open_tiered(tmp_path / "store", settings)
     assert as_table(read_from(parts.store)) == model
     parts.close()
+
+
+def test_a_tier_file_damaged_in_the_tier_is_not_restored(tmp_path):
+    settings, rows, model, released = released_history(tmp_path)
+    [damaged] = [p for p in (tmp_path / "tier").rglob("*")
+                 if p.is_file() and p.parent.name == "COMMIT_LOG" and p.name.endswith(released[0])]
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # bit rot in the middle of a record
+    damaged.write_bytes(bytes(data))
+    parts = open_tiered(tmp_path / "store", settings)
+    generation = tier_manifest(parts).generation
+    local = parts.local_files()
+    [report] = parts.compact(NOW + 2 * HOUR)
+    assert report.skipped is not None
+    assert "CRC" in report.skipped and str(damaged) in report.skipped
+    # Nothing local changed, nothing was uploaded again: the floor and the tier copy stand.
+    [clog] = parts.comp.queues()
+    assert clog.state.tier_floor == state_json(tmp_path)["tierFloor"] > 0
+    after = parts.local_files()  # the file being written was sealed; nothing restored
+    assert set(local) <= set(after) and not set(released) & set(after)
+    assert tier_manifest(parts).generation == generation
+    parts.close()

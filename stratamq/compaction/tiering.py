@@ -63,12 +63,37 @@ if TYPE_CHECKING:
     from stratamq.compaction.service import CompactionStore
     from stratamq.tiered import TieredStore
 
-__all__ = ["CompactionTier", "TierSegment", "link"]
+__all__ = ["CompactionTier", "TierFileCorrupt", "TierSegment", "link"]
 
 log = logging.getLogger(__name__)
 
 COMPACTION_DIR = "COMPACTION"
 UPLOAD_CHUNK = 16 * 1024 * 1024  # bytes per upload (one object-store part)
+
+
+class TierFileCorrupt(OSError):
+    """A compacted file read back from the tier is not what the manifest recorded (size, unit
+    count or CRC-32): the message names the tier file. Nothing local is changed."""
+
+
+def verified(tseg: TierSegment) -> tuple[bytes, np.ndarray]:
+    """The released file's log bytes and units, checked against its manifest entry (the CRC
+    is ``segment_crc``'s: the log bytes, then the units), so bit rot in the tier is never made
+    local (and uploaded again as a new generation)."""
+    f, log_path, cq_path = tseg.entry, tseg.log_path, tseg.cq_path
+    data, units_raw = tseg.log_bytes(), tseg.cq_bytes()
+    if len(data) != f.log_bytes or len(units_raw) != f.units * bcq.UNIT_SIZE:
+        raise TierFileCorrupt(
+            f"tier file {log_path} / {cq_path}: {len(data)} log bytes and "
+            f"{len(units_raw) // bcq.UNIT_SIZE} units read back, the manifest has "
+            f"{f.log_bytes} and {f.units}: it is damaged or truncated in the tier")
+    crc = zlib.crc32(units_raw, zlib.crc32(data))
+    if crc != f.crc:
+        raise TierFileCorrupt(
+            f"tier file {log_path} / {cq_path}: CRC-32 {crc:#010x} of what was read back is "
+            f"not the manifest's {f.crc:#010x}: it is damaged in the tier (restore it from a "
+            "backup; the queue's local files were left as they are)")
+    return data, bcq.units_array(units_raw, f.units)
 
 
 def segment_crc(seg: Segment) -> int:
@@ -105,6 +130,14 @@ class TierSegment:
                 if self._units is None:
                     self._units = bcq.units_array(self.cq_bytes(), self.units)
         return self._units
+
+    @property
+    def log_path(self) -> str:
+        return self._log.path
+
+    @property
+    def cq_path(self) -> str:
+        return self._cq.path
 
     def cq_bytes(self) -> bytes:
         return self._cq.read(0, self.units * bcq.UNIT_SIZE)
@@ -389,10 +422,11 @@ class CompactionTier:
             directory.mkdir(parents=True, exist_ok=True)
         try:
             for tseg in tier_only:
+                data, units = verified(tseg)
                 seg = Segment.create(paths.new_log_file(tseg.start),
                                      paths.new_cq_file(tseg.start), clog.log_size, clog.cq_size)
                 try:
-                    seg.append_run(tseg.log_bytes(), tseg.units_array().copy())
+                    seg.append_run(data, units.copy())
                     seg.seal()
                     seg.flush()
                 finally:
