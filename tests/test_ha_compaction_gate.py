@@ -177,3 +177,32 @@ def test_a_cut_back_during_a_pull_leaves_no_gap_of_queue_offsets(tmp_path):
     finally:
         slave.close()
         master.close()
+
+
+def test_a_restarted_slave_keeps_the_records_it_pulled_past_its_own_log(tmp_path, caplog):
+    master = MessageStore(small_config(tmp_path / "master"))
+    master.open()
+    slave = Slave(tmp_path / "slave")
+    try:
+        for i in range(200):  # the master's log runs far ahead of the slave's
+            put(master, f"k{i % 7}", b"q0-%d-" % i + bytes(300), queue_id=0)
+        put(slave.store, "own", b"a record of the slave's own log", queue_id=1)
+        assert slave.store.wait_dispatched() and master.wait_dispatched()
+        rep = CompactionReplicator(slave.gate, slave.comp, lambda: StorePull(master),
+                                   lambda: [(TOPIC, 0)])
+        pass_in_thread(rep, StorePull(master))
+        [clog] = [c for c in slave.comp.queues() if c.queue_id == 0]
+        pulled_end = clog.next_offset
+        assert pulled_end == 200 and clog.physical_end > slave.store.commitlog.max_offset
+        rows = offsets_and_bodies(slave.store, 0)
+    finally:
+        slave.close()
+    try:
+        slave = Slave(tmp_path / "slave")
+        [clog] = [c for c in slave.comp.queues() if c.queue_id == 0]
+        assert clog.next_offset == pulled_end
+        assert offsets_and_bodies(slave.store, 0) == rows
+        assert "cutting them back" not in caplog.text
+    finally:
+        slave.close()
+        master.close()

@@ -40,7 +40,7 @@ from stratamq.compaction.log import CompactionLog
 from stratamq.compaction.policy import TOMBSTONE_PROPERTY, TopicPolicies, TopicPolicy
 from stratamq.compaction.round import RoundReport, round_due, run_round_held
 from stratamq.compaction.state_format import DispatchCheckpoint
-from stratamq.config import InvalidSetting, StoreConfig
+from stratamq.config import BrokerRole, InvalidSetting, StoreConfig
 from stratamq.message import DispatchInfo, Prop, StoredMessage
 from stratamq.record import SysFlag
 from stratamq.store.layout import StoreLayout
@@ -275,9 +275,13 @@ class CompactionStore:
     def _cut_past(self, end: int) -> None:
         """On open: the CommitLog recovered to ``end`` but this split out records past it (its
         tail was lost: a power cut, a disk that lost pages); cut back as a slave does, so the
-        records written at those offsets now are split out."""
+        records written at those offsets now are split out. On a slave the CompactionLogs also
+        hold records pulled from the master (``put_replicated``) at the master's physical
+        offsets, which lie past this CommitLog's end while it catches up: there only the
+        checkpoint (what dispatch split out of this CommitLog) tells a lost tail."""
+        pulled = self.config.broker_role is BrokerRole.SLAVE
         if (self._checkpoint.dispatched_to > end
-                or any(c.physical_end > end for c in self._queues.values())):
+                or (not pulled and any(c.physical_end > end for c in self._queues.values()))):
             log.warning("compaction: the CommitLog ends at %d, before what the CompactionLogs "
                         "hold (checkpoint %d): cutting them back", end,
                         self._checkpoint.dispatched_to)
