@@ -144,6 +144,8 @@ class MessageStore:
         report.dropped_units = dropped[0]  # the primary's: a double-written copy drops the same
         self.recovery = report
         files.flushed_where = files.committed_where = report.end_offset
+        if not files.files and not self.read_only and cfg.broker_role is not BrokerRole.SLAVE:
+            self._start_after_sources(files)
 
         self.commitlog = CommitLog(files, cfg.store_host, cfg.max_message_size)
         self.log_reader = CommitLogReader(files)
@@ -192,6 +194,27 @@ class MessageStore:
         # so a store that fills its disk can still checkpoint and close cleanly.
         self.checkpoint.write(self.layout.checkpoint)
         self._start_services(cfg, files)
+
+    def _start_after_sources(self, files: MappedFileQueue) -> None:
+        """An empty CommitLog next to a plugged read source that holds records (a tier whose
+        history outlived the local files, or an offloaded history this store adopted) starts
+        at the first segment boundary past them, so the CommitLog offsets of new messages, and
+        the offset message ids built on them, never name a record of that history. A source
+        tells where its records end with an optional ``physical_end()``. (A slave's log
+        follows its master's offsets instead.)"""
+        end = 0
+        for source, _first in self._plugged_sources:
+            physical_end = getattr(source, "physical_end", None)
+            if physical_end is not None:
+                end = max(end, int(physical_end()))
+        if end <= 0:
+            return
+        size = files.mapped_file_size
+        start = -(-end // size) * size
+        files.last_mapped_file(start_offset=start)
+        files.flushed_where = files.committed_where = start
+        log.info("empty CommitLog starts at offset %d, past the history its read sources hold "
+                 "(up to %d)", start, end)
 
     def _continue_queues_of_sources(self) -> None:
         """A queue that a plugged read source holds further than the local ConsumeQueues (a
