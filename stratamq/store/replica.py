@@ -121,12 +121,8 @@ def _bulk_scan(data: memoryview, offset: int, limit: int
     walk = codec.walk_records(data, 0, limit, limit)
     positions = np.asarray(walk.positions, dtype=np.int64)
     if len(positions):
-        raw = np.frombuffer(data, dtype=np.uint8)
-        at = positions + PHYSICAL_OFFSET_POS
-        stored = np.zeros(len(at), dtype=np.uint64)
-        for k in range(8):
-            stored = (stored << np.uint64(8)) | raw[at + k]
-        if not np.array_equal(stored.astype(np.int64), positions + offset):
+        stored = codec.gather_longs(data, positions + PHYSICAL_OFFSET_POS)
+        if not np.array_equal(stored, positions + offset):
             scan = codec.scan_records(data, 0, limit, offset, False)  # says which and why
             return scan.end, scan.blank, scan.problem
     if walk.reason == "blank":
