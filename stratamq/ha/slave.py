@@ -198,6 +198,7 @@ class HAClient:
         self.connects += 1
         self.state = HAConnectionState.TRANSFER
         replica = self.replica
+        replica.discard_unpublished()  # the stream starts at the end again
         proto = SlaveConnection(replica.end(), replica.is_empty())
         log.info("connected to master %s; asking for the CommitLog from offset %d",
                  self.master_address, replica.end())
@@ -274,6 +275,7 @@ class HAClient:
                 if event.offset < replica.end():
                     self._truncate(event.offset, "the master's log ends there (it lost a tail "
                                    "this slave holds)")
+                replica.discard_unpublished()  # what follows comes from that end
                 proto.expected = replica.end()
             elif isinstance(event, Gap):
                 raise _Reconnect(

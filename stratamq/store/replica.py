@@ -199,6 +199,7 @@ class ReplicaLog:
         self.check_crc = check_crc
         self.on_truncate: list[Callable[[TruncateReport], None]] = []
         self._hold: _DispatchHold | None = None
+        self._raw_end = 0  # how far append_pieces wrote past the log's end (see discard_...)
 
     @property
     def segment_size(self) -> int:
@@ -270,6 +271,7 @@ class ReplicaLog:
                          pieces: Sequence[bytes | memoryview]) -> int:
         rel = offset - mf.file_from_offset
         written = mf.write_pieces(rel, pieces, mf.file_size - rel)
+        self._raw_end = max(self._raw_end, offset + written)
         view = mf.buffer[rel : rel + written]
         try:
             n = whole_records(view, offset, self.commitlog.files.mapped_file_size)
@@ -281,6 +283,21 @@ class ReplicaLog:
             if codec.read_size_and_magic(view, 0)[1] != BLANK_MAGIC_CODE:
                 mf.store_timestamp = codec.record_store_timestamp(view, 0)  # as in append
         return n
+
+    def discard_unpublished(self) -> None:
+        """Zero what ``append_pieces`` left past the log's end (the head of a record whose rest
+        did not come): the next stream starts at the end again, and may bring other bytes there
+        (a master that lost its tail), shorter than what lies there now. Called when a stream
+        (re)starts; within one stream the next append overwrites those bytes with the same."""
+        files = self.commitlog.files
+        with self.commitlog.append_lock:
+            raw, self._raw_end = self._raw_end, 0
+            end = files.max_offset()
+            mf = files.last()
+            if raw <= end or mf is None or not mf.file_from_offset <= end < mf.file_end_offset:
+                return
+            size = min(raw, mf.file_end_offset) - end
+            mf.write_pieces(end - mf.file_from_offset, (bytes(size),), size)
 
     # -- holding dispatch back while catching up -------------------------------------------------
 
