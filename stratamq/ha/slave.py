@@ -62,6 +62,10 @@ CAUGHT_UP_READ = 256 * 1024  # a read below this (or none): in step again, dispa
 DISPATCH_LAG_MAX = 1024 * 1024 * 1024  # dispatch never lags more than a default segment
 IDLE_READ_WAIT = 1.0  # s a read waits before the loop looks at heartbeats and housekeeping
 HELD_READ_WAIT = 0.02  # s, while dispatch is held
+# Frames of one read adding up to this are written in place (ReplicaLog.append_pieces: a
+# system call, no gathering copy); fewer bytes (a slave in step) are gathered and copied into
+# the map, as a put is.
+IN_PLACE_BYTES = 256 * 1024
 
 
 class _Tail:
@@ -300,7 +304,8 @@ class HAClient:
             start = tail.start
         else:
             pieces = run
-        if len(pieces) > 1 and not self.replica.is_empty():
+        if len(pieces) > 1 and not self.replica.is_empty() \
+                and sum(len(piece) for piece in pieces) >= IN_PLACE_BYTES:
             # Many frames (a slave catching up): written into the segment as they are and
             # checked there, not gathered into one buffer first (one copy less).
             done = 0
