@@ -149,6 +149,80 @@ def test_bytes_not_at_the_end_or_not_records_are_refused_and_nothing_is_written(
         slave.close()
 
 
+def _copy_in_pieces(master: MessageStore, slave: MessageStore, start: int,
+                    chunks: random.Random) -> None:
+    """Stream the master's bytes as a slave catching up gets them: several frames per call
+    (``append_pieces``), a record cut by the last piece handed again with the next pieces."""
+    reader = master.log_reader
+    pending: list[bytes] = []
+    offset = start
+    end = master.commitlog.max_offset
+    while offset < end:
+        for _ in range(chunks.randrange(1, 6)):
+            data = reader.read_range(offset, offset + chunks.randrange(1, 3000))
+            if data:
+                offset += len(data)
+                pending.append(bytes(data))
+        where = slave.replica.end() if not slave.replica.is_empty() else start
+        taken = slave.replica.append_pieces(where, pending)
+        rest = b"".join(pending)[taken:]
+        pending = [rest] if rest else []
+    if pending:  # the last record was cut by the last piece of a call
+        assert slave.replica.append_pieces(slave.replica.end(), pending) == len(pending[0])
+
+
+def test_frames_written_in_place_make_the_same_byte_identical_log(tmp_path):
+    """Pieces are written past the log's end and checked where they landed; only whole records
+    become visible, and a record cut by a call's end waits for its rest."""
+    master = _master(tmp_path)
+    slave = _slave(tmp_path)
+    try:
+        _copy_in_pieces(master, slave, 0, random.Random(5))
+        end = master.commitlog.max_offset
+        assert slave.commitlog.max_offset == end
+        assert _segments(slave, end) == _segments(master, end)
+        assert slave.wait_dispatched()
+        got = slave.get_messages("g", "Repl", 1, 0, max_count=1000, max_bytes=10**8)
+        assert len(got.records) == 100
+        got.release()
+    finally:
+        master.close()
+        slave.close()
+
+
+def test_pieces_that_are_not_records_leave_the_log_and_the_bytes_past_it_as_they_were(tmp_path):
+    master = _master(tmp_path, n=20)
+    slave = _slave(tmp_path)
+    try:
+        data = bytes(master.log_reader.read_range(0, 10_000))
+        first = codec.read_size_and_magic(data, 0)[0]
+        assert slave.replica.append(0, data[:first]) == first
+        second = codec.read_size_and_magic(data, first)[0]
+        mf = slave.commitlog.files.last()
+        shifted = bytearray(data[first:])
+        shifted[second + codec.PHYSICAL_OFFSET_POS + 7] ^= 0x01  # the 2nd record, off by one
+        with pytest.raises(ReplicaDataError, match="physical offset"):
+            slave.replica.append_pieces(first, [shifted[:500], shifted[500:]])
+        assert slave.commitlog.max_offset == first
+        assert bytes(mf.buffer[first : first + len(shifted)]) == bytes(len(shifted))
+        # Whole records, then the head of one: only the records count; the rest comes later.
+        cut = first + second + 100
+        assert slave.replica.append_pieces(first, [data[first : first + 300],
+                                                   data[first + 300 : cut]]) == second
+        assert slave.commitlog.max_offset == first + second
+        # The head of the third record lies past the end until its rest comes; a new stream
+        # (which may bring other bytes there) starts from zeros.
+        end = first + second
+        assert bytes(mf.buffer[end:cut]) == data[end:cut]
+        slave.replica.discard_unpublished()
+        assert bytes(mf.buffer[end:cut]) == bytes(cut - end)
+        assert slave.commitlog.max_offset == end
+        assert slave.replica.append_pieces(end, [data[end:]]) > 0  # and goes on from there
+    finally:
+        master.close()
+        slave.close()
+
+
 def test_whole_records_stops_before_a_record_cut_by_the_chunk_end(tmp_path):
     master = _master(tmp_path, n=10)
     try:

@@ -314,15 +314,17 @@ def summary(puts: dict[str, dict], catch_ups: list[dict], along: list[dict] | No
             ) -> dict:
     """Each replicated mode's median put throughput over no replication's (target: sync >=
     0.5), and the catch-up ratios (target >= 0.5)."""
-    none = puts["none"]["msgs_per_s"]
     def median(key: str, runs: list[dict] = catch_ups) -> float:
         values = sorted(c[key] for c in runs)
         return values[len(values) // 2]
 
-    return {"bench": "target",
-            "async_over_none": round(puts["ASYNC_MASTER"]["msgs_per_s"] / none, 3),
-            "sync_over_none": round(puts["SYNC_MASTER"]["msgs_per_s"] / none, 3),
-            "target_sync_over_none": 0.5,
+    put_ratios = {}
+    if puts:  # none with --catch-up-only
+        none = puts["none"]["msgs_per_s"]
+        put_ratios = {"async_over_none": round(puts["ASYNC_MASTER"]["msgs_per_s"] / none, 3),
+                      "sync_over_none": round(puts["SYNC_MASTER"]["msgs_per_s"] / none, 3),
+                      "target_sync_over_none": 0.5}
+    return {"bench": "target", **put_ratios,
             "catch_up_ratio": median("ratio"), "target_catch_up_ratio": 0.5,
             "catch_up_dispatched_ratio": median("dispatched_ratio"),
             **({"catch_up_ratio_dispatch_along": median("ratio", along),

@@ -3,9 +3,11 @@
 
 One thread connects to ``haMasterAddress``, reports the log's end, and applies what arrives:
 
-* transfer frames go to ``ReplicaLog.append`` at their offsets (a record cut by a frame's end
-  waits for its rest, in memory only); after each read the new end is reported if it moved,
-  and at least every ``haSendHeartbeatInterval`` anyway;
+* transfer frames go to ``ReplicaLog.append`` at their offsets, the many frames of one read
+  to ``ReplicaLog.append_pieces`` (written in place, not gathered first); a record cut by a
+  frame's end waits for its rest in memory (and, written in place, past the log's end, where
+  nothing reads it); after each read the new end is reported if it moved, and at least every
+  ``haSendHeartbeatInterval`` anyway;
 * a check frame (before the log's end) is compared with the local bytes; if they differ the
   log is cut back to the frame's offset (``ReplicaLog.truncate``) and the link reconnects (a
   check below where this slave's copy starts has nothing to compare and passes);
@@ -60,6 +62,10 @@ CAUGHT_UP_READ = 256 * 1024  # a read below this (or none): in step again, dispa
 DISPATCH_LAG_MAX = 1024 * 1024 * 1024  # dispatch never lags more than a default segment
 IDLE_READ_WAIT = 1.0  # s a read waits before the loop looks at heartbeats and housekeeping
 HELD_READ_WAIT = 0.02  # s, while dispatch is held
+# Frames of one read adding up to this are written in place (ReplicaLog.append_pieces: a
+# system call, no gathering copy); fewer bytes (a slave in step) are gathered and copied into
+# the map, as a put is.
+IN_PLACE_BYTES = 256 * 1024
 
 
 class _Tail:
@@ -87,6 +93,18 @@ class _Tail:
         for body in bodies:
             self.chunks.append(bytes(body))
             self.size += len(body)
+
+
+def _skip(pieces: list, n: int) -> list:
+    """``pieces`` without their first ``n`` bytes."""
+    at = 0
+    while at < len(pieces) and n >= len(pieces[at]):
+        n -= len(pieces[at])
+        at += 1
+    rest = pieces[at:]
+    if rest and n:
+        rest[0] = memoryview(rest[0])[n:]
+    return rest
 
 
 class _Reconnect(Exception):
@@ -117,7 +135,6 @@ class HAClient:
         self.last_truncation: TruncateReport | None = None
         self.connects = 0
         self._sock: socket.socket | None = None
-        self._scratch = bytearray()  # consecutive frames gathered for one append
         self._read_buf = bytearray(READ_SIZE)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="ha-client")
@@ -185,6 +202,7 @@ class HAClient:
         self.connects += 1
         self.state = HAConnectionState.TRANSFER
         replica = self.replica
+        replica.discard_unpublished()  # the stream starts at the end again
         proto = SlaveConnection(replica.end(), replica.is_empty())
         log.info("connected to master %s; asking for the CommitLog from offset %d",
                  self.master_address, replica.end())
@@ -261,6 +279,7 @@ class HAClient:
                 if event.offset < replica.end():
                     self._truncate(event.offset, "the master's log ends there (it lost a tail "
                                    "this slave holds)")
+                replica.discard_unpublished()  # what follows comes from that end
                 proto.expected = replica.end()
             elif isinstance(event, Gap):
                 raise _Reconnect(
@@ -274,7 +293,7 @@ class HAClient:
 
     def _append(self, run: list[memoryview], start: int, tail: _Tail) -> None:
         """Append consecutive frames' bytes in one go (a slave catching up reads many frames
-        at once: one check and one copy each, not one per frame)."""
+        at once: one check and one write for them all, not one per frame)."""
         if not run:
             return
         if tail.size:
@@ -285,22 +304,21 @@ class HAClient:
             start = tail.start
         else:
             pieces = run
-        data: bytes | memoryview
-        if len(pieces) == 1:
-            data = pieces[0]
-        else:
-            # Gathered into one reused buffer: a fresh object per read would fault in new
-            # pages every time (as costly as the copy itself when catching up).
-            total = sum(len(piece) for piece in pieces)
-            if len(self._scratch) < total:
-                self._scratch = bytearray(total)  # rebound, never resized: views may live on
-            scratch = self._scratch
-            pos = 0
-            for piece in pieces:
-                scratch[pos : pos + len(piece)] = piece
-                pos += len(piece)
-            data = memoryview(scratch)[:total]
-        view = memoryview(data)
+        if len(pieces) > 1 and not self.replica.is_empty() \
+                and sum(len(piece) for piece in pieces) >= IN_PLACE_BYTES:
+            # Many frames (a slave catching up): written into the segment as they are and
+            # checked there, not gathered into one buffer first (one copy less).
+            done = 0
+            while pieces:  # a run may cross into the next segment
+                taken = self.replica.append_pieces(start + done, pieces)
+                if not taken:
+                    break
+                done += taken
+                pieces = _skip(pieces, taken)
+            tail.keep(start + done, b"".join(pieces))
+            self.last_error = ""
+            return
+        view = memoryview(pieces[0] if len(pieces) == 1 else b"".join(pieces))
         done = 0
         while done < len(view):  # a run may cross into the next segment
             taken = self.replica.append(start + done, view[done:])

@@ -46,13 +46,21 @@ def walk_records(buf: Buffer, pos: int, end: int, limit: int) -> Walk:
     that happens to contain a magic code only breaks the chain there; the walk jumps to the
     record the chain points at and goes on. Where the chain leaves the candidates (blank filler,
     never-written bytes, corruption) one sequential step says why.
+
+    Before that scan, runs of records of one size (a producer's batch, most of a log in
+    practice) are followed without it (:func:`_same_size_runs`); the scan then covers only
+    what is left, if anything.
     """
     import numpy as np
 
     data = np.frombuffer(buf, dtype=np.uint8)
+    pieces, pos = _same_size_runs(np, buf, data, pos, end, limit)
+    if pos >= end:
+        return Walk(_join(np, pieces), pos, "end")
+    if not _is_candidate(buf, pos, min(end, limit - 8), limit):
+        return Walk(_join(np, pieces), pos, _why_not(buf, pos, limit))  # no need to scan
     cand, nxt = _candidates(np, data, pos, min(end, limit - 8), limit)
     breaks = np.flatnonzero(nxt[:-1] != cand[1:])  # chain from cand[i] stops after a break
-    pieces = []
     while pos < end:
         j = int(np.searchsorted(cand, pos))
         if j < len(cand) and cand[j] == pos:
@@ -62,21 +70,73 @@ def walk_records(buf: Buffer, pos: int, end: int, limit: int) -> Walk:
             pos = int(nxt[b])
             continue
         # Not a candidate: this is where the segment's records end (or are damaged).
-        if pos + 8 > limit:
-            return Walk(_join(np, pieces), pos, "zero" if pos == limit else "corrupt")
-        total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
-        if magic in (MESSAGE_MAGIC_CODE_V1, MESSAGE_MAGIC_CODE_V2):
-            return Walk(_join(np, pieces), pos, "corrupt")  # a candidate unless its size is bad
-        if magic == BLANK_MAGIC_CODE:
-            return Walk(_join(np, pieces), pos, "blank")
-        if total == 0 and magic == 0:
-            return Walk(_join(np, pieces), pos, "zero")
-        return Walk(_join(np, pieces), pos, "corrupt")
+        return Walk(_join(np, pieces), pos, _why_not(buf, pos, limit))
     positions = _join(np, pieces)
     # A chain piece may run past ``end``; the walk stops at the first record starting after it.
     cut = int(np.searchsorted(positions, end))
     stop = pos if cut == len(positions) else int(positions[cut])
     return Walk(positions[:cut], stop, "end")
+
+
+def _is_candidate(buf: Buffer, pos: int, hi: int, limit: int) -> bool:
+    """What :func:`_candidates` answers for one position."""
+    if pos >= hi:
+        return False
+    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    return (magic in (MESSAGE_MAGIC_CODE_V1, MESSAGE_MAGIC_CODE_V2) and size >= MIN_RECORD_SIZE
+            and pos + size <= limit)
+
+
+def _why_not(buf: Buffer, pos: int, limit: int) -> str:
+    """The walk's reason to stop at a chain position that is not a candidate."""
+    if pos + 8 > limit:
+        return "zero" if pos == limit else "corrupt"
+    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if magic in (MESSAGE_MAGIC_CODE_V1, MESSAGE_MAGIC_CODE_V2):
+        return "corrupt"  # a candidate unless its size is bad
+    if magic == BLANK_MAGIC_CODE:
+        return "blank"
+    if total == 0 and magic == 0:
+        return "zero"
+    return "corrupt"
+
+
+SHORT_RUN = 64  # a run of one size shorter than this: sizes vary, scan for candidates instead
+RUN_PROBE = 16384  # headers read at once when following a run
+
+
+def _same_size_runs(np: Any, buf: Buffer, data: Any, pos: int, end: int, limit: int
+                    ) -> tuple[list, int]:
+    """Follow the size chain from the record at ``pos`` (a chain position) while records come
+    in runs of one size, without looking at every byte: if the record at ``pos`` has size
+    ``s``, read the headers at ``pos + k*s`` at once; the run is the records up to the first
+    one whose magic code is not V1/V2 or whose size is not ``s`` (exactly the sequential walk:
+    each record's successor is its position plus its size). That first record is where the
+    chain goes on, with its own size. Stops at ``end``, at a header that is no record (the
+    caller's scan says why), or after a short run (sizes vary: the candidate scan is cheaper
+    then). Returns the runs' positions and where the chain stopped."""
+    pieces: list = []
+    hi = min(end, limit - 8)  # headers readable
+    v1, v2 = MESSAGE_MAGIC_CODE_V1, MESSAGE_MAGIC_CODE_V2
+    while pos < hi:
+        size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+        if magic not in (v1, v2) or size < MIN_RECORD_SIZE or pos + size > limit:
+            break
+        # Run positions starting before ``end`` whose header and whole record are readable
+        # (at most RUN_PROBE of them at once: a run may end early).
+        last = min(hi - 1, limit - size, pos + (RUN_PROBE - 1) * size)
+        at = np.arange(pos, last + 1, size, dtype=np.int64)
+        heads = _rows(np, data, at, 8).view(">u4")  # (size, magic) per position
+        good = (heads[:, 0] == size) & ((heads[:, 1] == v1) | (heads[:, 1] == v2))
+        bad = np.flatnonzero(~good)
+        run = int(bad[0]) if len(bad) else len(at)  # records of the run (the first is good)
+        pieces.append(at[:run])
+        pos += run * size
+        if run < min(len(at), SHORT_RUN):
+            break
+        # Otherwise the next record (another size, or no record, or past ``hi``) is looked
+        # at as the start of the next run.
+    return pieces, pos
 
 
 def _join(np: Any, pieces: list) -> Any:
@@ -231,6 +291,14 @@ def _rows(np, data, pos, width: int):
     view = np.lib.stride_tricks.as_strided(data, shape=(max(len(data) - width + 1, 0), width),
                                            strides=(1, 1), writeable=False)
     return view[pos]
+
+
+def gather_longs(buf: Buffer, at: Any) -> Any:
+    """The big-endian signed 8-byte integers at positions ``at`` of ``buf`` (numpy int64)."""
+    import numpy as np
+
+    return _gather(np, np.frombuffer(buf, dtype=np.uint8), np.asarray(at, dtype=np.int64),
+                   ">i8")
 
 
 def _gather(np, data, at, dtype: str):

@@ -16,7 +16,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from stratamq.limits import OS_PAGE_SIZE
@@ -144,6 +144,25 @@ class RefCountedMap:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+# A write this large (a slave catching up appends megabytes at once) goes through the file
+# descriptor, not the map: a first store into a page of the map faults, and the kernel fills the
+# page with zeros (a hole or an unwritten extent) before the copy, while ``pwrite`` of whole
+# pages copies once. Measured on 4 MiB writes into a new segment: 62 ms CPU per 128 MiB through
+# the map, 35 ms through pwrite. The page cache is one: the map sees the bytes at once. Small
+# writes (puts, ConsumeQueue units) stay in the map: a system call each would cost more.
+PWRITE_BYTES = 256 * 1024
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, position: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, position)
+        if n <= 0:  # a regular file raises (ENOSPC, EIO) rather than take nothing; be sure
+            raise OSError(errno.EIO, f"pwrite wrote nothing at {position}")
+        view, position = view[n:], position + n
 
 
 class MappedFile(RefCountedMap):
@@ -274,8 +293,50 @@ class MappedFile(RefCountedMap):
                     self._remap()
                 self._map[position:end] = data  # type: ignore[index]
             budget.mapped(self)
+        elif len(data) >= PWRITE_BYTES:
+            _pwrite_all(self._fd, data, position)
         else:
             self._map[position:end] = data  # type: ignore[index]
+        self.wrote_position = self.committed_position = end
+
+    def write_pieces(self, position: int, pieces: Sequence[bytes | bytearray | memoryview],
+                     limit: int) -> int:
+        """Write the bytes of ``pieces`` one after another at ``position``, at most ``limit`` of
+        them, through the file descriptor (one ``pwritev`` for many pieces: nothing gathered),
+        WITHOUT moving ``wrote_position``: readers do not see them until ``publish``. Returns
+        how many bytes were written. Only for a file that keeps its descriptor."""
+        if self._fd < 0:
+            raise MappedFileError(errno.EBADF, f"{self.path}: no descriptor to write through")
+        views = []
+        left = limit
+        for piece in pieces:
+            if left <= 0:
+                break
+            view = memoryview(piece)[:left]
+            if view:
+                views.append(view)
+                left -= len(view)
+        total = limit - left
+        if position + total > self._allocated_until:
+            self._ensure_allocated(position + total)
+        at = position
+        while views:
+            n = os.pwritev(self._fd, views[:IOV_MAX], at)
+            if n <= 0:
+                raise OSError(errno.EIO, f"pwritev wrote nothing at {at}")
+            at += n
+            while n:  # drop what was written; a piece written in part keeps its rest
+                if n >= len(views[0]):
+                    n -= len(views.pop(0))
+                else:
+                    views[0] = views[0][n:]
+                    n = 0
+        return total
+
+    def publish(self, end: int) -> None:
+        """Make the bytes below ``end`` part of the file (after ``write_pieces``)."""
+        if not self.wrote_position <= end <= self.file_size:
+            raise ValueError(f"cannot publish up to {end}: wrote position {self.wrote_position}")
         self.wrote_position = self.committed_position = end
 
     def zero_from(self, position: int) -> int:

@@ -8,8 +8,11 @@ offsets. Two operations, both only on a store whose ``brokerRole`` is SLAVE:
   which must be ``offset``. Every record is checked as recovery checks it (magic code, sizes,
   the physical offset stored in it equals where it lands); a blank filler must end its segment
   exactly. A record cut by the end of ``data`` is not an error: the caller hands it again with
-  its rest (the master streams bytes, not records). Dispatch into the slave's ConsumeQueues and
-  index is the reput thread's, as for any append; flushing is the flush service's.
+  its rest (the master streams bytes, not records). ``append_pieces(offset, pieces)`` does
+  the same for bytes in pieces (the frames of one read): written past the log's end first,
+  checked where they landed, then made visible; no gathering copy. Dispatch into the slave's
+  ConsumeQueues and index is the reput thread's, as for any append; flushing is the flush
+  service's.
 * ``truncate(offset)``: cut the log back to ``offset`` (a slave ahead of its master, or one whose
   bytes after ``offset`` differ from the master's): later segments are deleted and the cut tail
   zeroed (recovery's ``truncate_dirty_files``), ConsumeQueue units of the cut records dropped,
@@ -47,6 +50,7 @@ from stratamq.record import (
 from stratamq.store.commitlog import CommitLog
 from stratamq.store.consume_queue_store import ConsumeQueueStore
 from stratamq.store.dispatch import Dispatcher, ReputService
+from stratamq.store.mapped_file import MappedFile
 from stratamq.store.recovery import count_records_after
 
 __all__ = ["ReplicaDataError", "ReplicaLog", "TruncateReport", "whole_records"]
@@ -121,12 +125,8 @@ def _bulk_scan(data: memoryview, offset: int, limit: int
     walk = codec.walk_records(data, 0, limit, limit)
     positions = np.asarray(walk.positions, dtype=np.int64)
     if len(positions):
-        raw = np.frombuffer(data, dtype=np.uint8)
-        at = positions + PHYSICAL_OFFSET_POS
-        stored = np.zeros(len(at), dtype=np.uint64)
-        for k in range(8):
-            stored = (stored << np.uint64(8)) | raw[at + k]
-        if not np.array_equal(stored.astype(np.int64), positions + offset):
+        stored = codec.gather_longs(data, positions + PHYSICAL_OFFSET_POS)
+        if not np.array_equal(stored, positions + offset):
             scan = codec.scan_records(data, 0, limit, offset, False)  # says which and why
             return scan.end, scan.blank, scan.problem
     if walk.reason == "blank":
@@ -199,6 +199,7 @@ class ReplicaLog:
         self.check_crc = check_crc
         self.on_truncate: list[Callable[[TruncateReport], None]] = []
         self._hold: _DispatchHold | None = None
+        self._raw_end = 0  # how far append_pieces wrote past the log's end (see discard_...)
 
     @property
     def segment_size(self) -> int:
@@ -211,21 +212,23 @@ class ReplicaLog:
     def is_empty(self) -> bool:
         return self.commitlog.files.last() is None
 
+    def _check_at_end(self, offset: int) -> None:
+        files = self.commitlog.files
+        if files.last() is None:
+            if offset % files.mapped_file_size:
+                raise ReplicaDataError(
+                    f"an empty log starts at a segment boundary, not at {offset}")
+        elif offset != files.max_offset():
+            raise ReplicaDataError(f"replicated bytes for offset {offset}, but the log ends "
+                                   f"at {files.max_offset()}")
+
     def append(self, offset: int, data: bytes | bytearray | memoryview) -> int:
         """Append the whole records at the head of ``data`` at ``offset``; return their size
         (0 when ``data`` holds only the head of a record). See ``whole_records``."""
         view = memoryview(data)
         files = self.commitlog.files
         with self.commitlog.append_lock:  # the slave's only writer, but readers of max_offset race
-            empty = files.last() is None
-            end = files.max_offset()
-            if empty:
-                if offset % files.mapped_file_size:
-                    raise ReplicaDataError(
-                        f"an empty log starts at a segment boundary, not at {offset}")
-            elif offset != end:
-                raise ReplicaDataError(f"replicated bytes for offset {offset}, but the log ends "
-                                       f"at {end}")
+            self._check_at_end(offset)
             n = whole_records(view, offset, files.mapped_file_size)
             if n == 0:
                 return 0
@@ -241,6 +244,60 @@ class ReplicaLog:
         if self.commitlog.on_append is not None:
             self.commitlog.on_append()
         return n
+
+    def append_pieces(self, offset: int, pieces: Sequence[bytes | memoryview]) -> int:
+        """``append`` of the bytes of ``pieces`` one after another (the frames of one read),
+        without gathering them first: they are written into the segment past its end, where no
+        reader looks, then checked where they landed (``whole_records``), and only the whole
+        records become part of the log. What lies past the new end (the head of a record
+        whose rest comes later) is overwritten by the next append, cut by ``truncate``, or
+        cut by recovery as a torn tail. Bytes that are not records are zeroed again before
+        ReplicaDataError is raised. Returns the size of the whole records (at most the rest
+        of the segment holding ``offset``; the caller hands the remainder again)."""
+        files = self.commitlog.files
+        with self.commitlog.append_lock:
+            self._check_at_end(offset)
+            mf = files.last()
+            in_place = mf is not None and not mf.is_full()
+            n = self._write_and_check(mf, offset, pieces) if mf is not None and in_place else 0
+        if not in_place:
+            # A new segment (once per segment): gathered; ``append`` creates it once checked.
+            return self.append(offset, b"".join(pieces))
+        if n and self.commitlog.on_append is not None:
+            self.commitlog.on_append()
+        return n
+
+    def _write_and_check(self, mf: MappedFile, offset: int,
+                         pieces: Sequence[bytes | memoryview]) -> int:
+        rel = offset - mf.file_from_offset
+        written = mf.write_pieces(rel, pieces, mf.file_size - rel)
+        self._raw_end = max(self._raw_end, offset + written)
+        view = mf.buffer[rel : rel + written]
+        try:
+            n = whole_records(view, offset, self.commitlog.files.mapped_file_size)
+        except ReplicaDataError:
+            mf.write_pieces(rel, (bytes(written),), written)  # back to zeros
+            raise
+        if n:
+            mf.publish(rel + n)
+            if codec.read_size_and_magic(view, 0)[1] != BLANK_MAGIC_CODE:
+                mf.store_timestamp = codec.record_store_timestamp(view, 0)  # as in append
+        return n
+
+    def discard_unpublished(self) -> None:
+        """Zero what ``append_pieces`` left past the log's end (the head of a record whose rest
+        did not come): the next stream starts at the end again, and may bring other bytes there
+        (a master that lost its tail), shorter than what lies there now. Called when a stream
+        (re)starts; within one stream the next append overwrites those bytes with the same."""
+        files = self.commitlog.files
+        with self.commitlog.append_lock:
+            raw, self._raw_end = self._raw_end, 0
+            end = files.max_offset()
+            mf = files.last()
+            if raw <= end or mf is None or not mf.file_from_offset <= end < mf.file_end_offset:
+                return
+            size = min(raw, mf.file_end_offset) - end
+            mf.write_pieces(end - mf.file_from_offset, (bytes(size),), size)
 
     # -- holding dispatch back while catching up -------------------------------------------------
 

@@ -1,0 +1,104 @@
+"""``walk_records`` (the bulk walk of a segment's size chain: the slave's check of what it
+copies, the Spark source, verify) answers exactly what the record-by-record walk answers,
+whether records come in runs of one size (followed without scanning every byte) or not."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import numpy as np
+import pytest
+
+from stratamq import record as codec
+from stratamq.config import StoreConfig
+from stratamq.message import Message
+from stratamq.store.message_store import MessageStore
+
+SEGMENT = 256 * 1024
+RUN_BODY = 300
+
+
+def _sequential(buf: bytes, pos: int, end: int, limit: int) -> tuple[list[int], int, str]:
+    """The walk one record at a time: the reference."""
+    out = []
+    while pos < end:
+        if pos + 8 > limit:
+            return out, pos, "zero" if pos == limit else "corrupt"
+        size, magic = struct.unpack_from(">iI", buf, pos)
+        if magic in (codec.MESSAGE_MAGIC_CODE_V1, codec.MESSAGE_MAGIC_CODE_V2) \
+                and size >= codec.MIN_RECORD_SIZE and pos + size <= limit:
+            out.append(pos)
+            pos += size
+            continue
+        if magic == codec.MESSAGE_MAGIC_CODE_V1 or magic == codec.MESSAGE_MAGIC_CODE_V2:
+            return out, pos, "corrupt"
+        if magic == codec.BLANK_MAGIC_CODE:
+            return out, pos, "blank"
+        return out, pos, "zero" if size == 0 and magic == 0 else "corrupt"
+    return out, pos, "end"
+
+
+@pytest.fixture(scope="module")
+def segment(tmp_path_factory) -> bytes:
+    """A full segment: runs of one size, a stretch of varying sizes, and a record whose body
+    holds fake headers of the run's size exactly where the run's stride would put records,
+    then the blank filler."""
+    config = StoreConfig(store_path_root_dir=str(tmp_path_factory.mktemp("walk")),
+                         mapped_file_size_commit_log=SEGMENT)
+    rng = random.Random(3)
+    with MessageStore(config) as store:
+        def put(body: bytes) -> int:
+            result = store.put_message(Message("Walk", body, 0))
+            assert result.ok
+            return result.messages[0].size
+
+        run_size = put(b"r" * RUN_BODY)
+        for _ in range(150):
+            assert put(b"r" * RUN_BODY) == run_size
+        for _ in range(40):
+            put(b"v" * rng.randrange(10, 900))
+        for _ in range(100):
+            put(b"r" * RUN_BODY)
+        trap_at = store.commitlog.max_offset
+        body = bytearray(b"t" * 4000)
+        for k in range(1, 4000 // run_size + 1):  # where the stride would put records
+            at = k * run_size - codec.HEADER_SIZE_V4
+            if 0 <= at <= len(body) - 8:
+                struct.pack_into(">iI", body, at, run_size, codec.MESSAGE_MAGIC_CODE_V2)
+        put(bytes(body))
+        assert codec.read_size_and_magic(store.log_reader.read_range(trap_at, trap_at + 8),
+                                         0)[0] > run_size
+        while store.commitlog.max_offset < SEGMENT:  # runs again, up to the segment's filler
+            put(b"r" * RUN_BODY)
+        return bytes(store.commitlog.files.files[0].buffer[:SEGMENT])
+
+
+def test_the_bulk_walk_is_the_sequential_walk(segment):
+    rng = random.Random(11)
+    starts = _sequential(segment, 0, SEGMENT, SEGMENT)[0]
+    assert _sequential(segment, 0, SEGMENT, SEGMENT)[2] == "blank"
+    windows = [(0, SEGMENT, SEGMENT)]
+    for _ in range(200):
+        pos = rng.choice(starts)
+        end = min(SEGMENT, pos + rng.randrange(1, SEGMENT))
+        windows.append((pos, end, rng.choice([SEGMENT, max(end, SEGMENT - rng.randrange(5000))])))
+    for pos, end, limit in windows:
+        walk = codec.walk_records(segment, pos, end, limit)
+        positions, stop, reason = _sequential(segment, pos, end, limit)
+        assert (list(np.asarray(walk.positions)), walk.stop, walk.reason) \
+            == (positions, stop, reason), (pos, end, limit)
+
+
+def test_damage_after_a_run_stops_the_walk_where_the_sequential_walk_stops(segment):
+    starts = _sequential(segment, 0, SEGMENT, SEGMENT)[0]
+    at = starts[60]  # inside the first run
+    for damage, reason in ((b"\0" * 8, "zero"), (b"\x01\x02\x03\x04\x05\x06\x07\x08", "corrupt"),
+                           (struct.pack(">iI", 5, codec.MESSAGE_MAGIC_CODE_V2), "corrupt"),
+                           (struct.pack(">iI", 7, codec.MESSAGE_MAGIC_CODE_V2)[:4] + b"\0" * 4,
+                            "corrupt")):
+        torn = bytearray(segment)
+        torn[at : at + 8] = damage
+        walk = codec.walk_records(bytes(torn), 0, SEGMENT, SEGMENT)
+        assert list(np.asarray(walk.positions)) == starts[:60]
+        assert (walk.stop, walk.reason) == (at, reason)
