@@ -192,8 +192,10 @@ def spark_job(cores: int, job: str, src: Path, work: Path, repeat: int, rows: in
               nbytes: int, warm: Path) -> dict:
     from stratamq.spark.pipelines.common import spark_session
 
+    # As ``stratamq spark rebuild`` / ``offload`` start their JVM (common.QUICK_JIT).
     spark = spark_session("stratamq-bench-pipelines", f"local[{cores}]",
-                          {"spark.ui.enabled": "false", "spark.driver.memory": "2g"})
+                          {"spark.ui.enabled": "false", "spark.driver.memory": "2g"},
+                          quick_jit=True)
     jvm = spark.sparkContext._gateway.proc.pid
     runs = []
     try:

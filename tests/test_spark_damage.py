@@ -116,6 +116,41 @@ def test_zeros_where_records_were_fail_naming_the_offset(tmp_path):
     assert "zero bytes" in str(err.value)
 
 
+@pytest.fixture
+def small_tail(monkeypatch):
+    """The end of the last segment found from a walk of only its last few records' bytes (a
+    64 KiB test segment is otherwise all inside the window)."""
+    from stratamq.spark import reading
+
+    monkeypatch.setattr(reading, "TAIL_WINDOW", 2048)
+    monkeypatch.setattr(reading, "TAIL_CRC_RECORDS", 4)
+
+
+def test_the_tail_walk_finds_the_end_a_whole_walk_finds(tmp_path, small_tail):
+    root = tmp_path / "store"
+    store_with(root, 2000)
+    seg, pos, size = records(root)[-1]
+    assert pos > 8 * 2048  # the last segment holds far more than the window
+    assert planning.commitlog_bounds(str(root))[1] == int(seg.name) + pos + size
+    assert len(whole_read(root)) == 2000
+    # A torn last record (the body not all there): the end is before it.
+    patch(seg, pos + size - 30, bytes(30))
+    assert planning.commitlog_bounds(str(root))[1] == int(seg.name) + pos
+    assert len(whole_read(root)) == 1999
+
+
+def test_damage_before_the_tail_window_fails_the_read_naming_the_offset(tmp_path, small_tail):
+    root = tmp_path / "store"
+    store_with(root, 2000)
+    in_last = [r for r in records(root) if r[0] == records(root)[-1][0]]
+    seg, pos, size = in_last[len(in_last) // 4]  # far before the window
+    patch(seg, pos, bytes(size * 2))  # a lost write: zeros where two records were
+    with pytest.raises(codec.RecordCorrupt) as err:
+        whole_read(root)
+    assert f"corrupt record at {int(seg.name) + pos}" in str(err.value)
+    assert "zero bytes" in str(err.value) and seg.name in str(err.value)
+
+
 # -- segments that are gone ---------------------------------------------------------------------
 
 

@@ -221,3 +221,25 @@ def test_log_bounds_match_a_store_open_and_cut_a_torn_tail(tmp_path):
         f.write(b"\x00" * 20)
     assert log_bounds(str(tmp_path)) == (0, at)
     assert log_bounds(str(tmp_path / "no-store-here")) == (0, 0)
+
+
+WORDS = st.lists(st.sampled_from(["a", "b", "k1", "K1", "é", "x-y", ""]), max_size=5)
+SPACES = st.sampled_from([" ", "  ", "\t", " \n "])
+
+
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.none() | st.builds(lambda w, s, e: s.join(w) + e, WORDS, SPACES,
+                                                st.sampled_from(["", " "])),
+                          st.none() | st.sampled_from(["", "a", "k1", "U1"])), max_size=12))
+def test_offload_index_keys_are_the_uploaders(rows):
+    """Per message the offload indexes what the tier's uploader does (``tiered.batch``): the
+    distinct words of KEYS and a non-empty UNIQ_KEY, here sorted so a rerun writes the same
+    bytes."""
+    from stratamq.spark.pipelines.offload_rows import _keys
+
+    maps = [[(k, v) for k, v in (("KEYS", keys), ("UNIQ_KEY", uniq)) if v is not None]
+            for keys, uniq in rows]
+    got = _keys(pa.array(maps, pa.map_(pa.string(), pa.string()))).to_pylist()
+    want = [sorted(set((keys or "").split()) | ({uniq} if uniq else set()))
+            for keys, uniq in rows]
+    assert got == want

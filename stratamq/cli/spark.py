@@ -92,7 +92,7 @@ def spark_rebuild(store_dir: str, what: str, store_type: str | None, master: str
     from stratamq.spark.pipelines.rebuild import run_rebuild
 
     config = store_config(store_dir)
-    session = spark_session("stratamq-rebuild", master)
+    session = spark_session("stratamq-rebuild", master, quick_jit=True)
     try:
         emit(run_rebuild(session, store_dir, what, store_type, config=config,
                          progress=not quiet))
@@ -136,7 +136,7 @@ def spark_offload(store_dir: str, tier: str, topics: str | None, master: str | N
         cluster = cluster or conf.broker.broker_cluster_name
         broker_name = broker_name or conf.broker.broker_name
     names = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
-    session = spark_session("stratamq-offload", master)
+    session = spark_session("stratamq-offload", master, quick_jit=True)
     try:
         emit(run_offload(session, store_dir, tier, names, config=store_cfg, cluster=cluster,
                          broker=broker_name, s3_endpoint=s3_endpoint, progress=not quiet,

@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_main("stratamq-offload", args.master, lambda spark: run_offload(
         spark, args.store, args.tier, topics, config=store_cfg, cluster=cluster, broker=broker,
         s3_endpoint=args.s3_endpoint, progress=not args.quiet,
-        partition_bytes=int(args.partition_mb * 2**20)))
+        partition_bytes=int(args.partition_mb * 2**20)), quick_jit=True)
 
 
 if __name__ == "__main__":

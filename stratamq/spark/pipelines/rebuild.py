@@ -458,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = _config(args.config, args.store) if args.config else None
     return run_main("stratamq-rebuild", args.master, lambda spark: run_rebuild(
-        spark, args.store, args.what, args.store_type, config=config, progress=not args.quiet))
+        spark, args.store, args.what, args.store_type, config=config, progress=not args.quiet),
+        quick_jit=True)
 
 
 def _config(path: str, store: str) -> StoreConfig:
