@@ -3,9 +3,8 @@ buffer, and the fields the tier needs of them (store times, index keys) found wi
 rather than record by record.
 
 A batch of a queue is a few thousand records scattered over the CommitLog between other
-queues' records. ``gather`` reads them window by window: where the queue's records are dense
-(its span in one local segment is at most ``DENSE_SPAN`` times the bytes it needs) the span is
-read once and the records sliced out of it; elsewhere each run of adjacent records is one read.
+queues' records. ``gather`` copies them out of each local segment straight into one buffer
+(``CommitLogReader.read_gather``): only the queue's own bytes are copied, once.
 Record-at-a-time code remains for what is not a plain run of readable records (blank units,
 data the local store no longer has): ``gather`` answers None and the uploader takes that path.
 
@@ -23,9 +22,8 @@ from stratamq.record import codec
 from stratamq.record.layout import _V4, MESSAGE_MAGIC_CODE_V1, SYS_FLAG_POS
 from stratamq.store.log_reader import CommitLogReader
 
-__all__ = ["Batch", "DENSE_SPAN", "be_ints", "gather", "index_entries", "store_times"]
+__all__ = ["Batch", "be_ints", "gather", "index_entries", "store_times"]
 
-DENSE_SPAN = 4  # read a window whole when it is at most this many times the bytes needed
 _HOST_FLAGS = int(codec.SysFlag.BORN_HOST_V6 | codec.SysFlag.STORE_HOST_V6)
 _KEYS_TAG = (Prop.KEYS + codec.NAME_VALUE_SEPARATOR).encode()
 _UNIQ_TAG = (Prop.UNIQ_KEY + codec.NAME_VALUE_SEPARATOR).encode()
@@ -82,27 +80,16 @@ def gather(reader: CommitLogReader, first: int, units: list[tuple[int, int, int]
     segment = phys // reader.segment_size
     if (segment != (phys + sizes - 1) // reader.segment_size).any():
         return None  # a record across a segment boundary is not a record
-    pieces: list[memoryview] = []
-    # Windows: the records of one local segment.
+    # One copy per local segment, of the records alone (not of the other queues' records
+    # between them): a queue is usually one of many sharing the CommitLog.
     cuts = np.flatnonzero(segment[1:] != segment[:-1]) + 1
+    windows = []
     for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), take], strict=True):
-        start, stop = int(phys[lo]), int(phys[hi - 1] + sizes[hi - 1])
-        need = int(sizes[lo:hi].sum())
-        if stop - start <= DENSE_SPAN * need:
-            reads = [(lo, hi)]
-        else:  # runs of adjacent records
-            gaps = np.flatnonzero(phys[lo + 1:hi] != phys[lo:hi - 1] + sizes[lo:hi - 1]) + 1
-            bounds = [lo, *(gaps + lo).tolist(), hi]
-            reads = list(zip(bounds[:-1], bounds[1:], strict=True))
-        for a, b in reads:
-            start, stop = int(phys[a]), int(phys[b - 1] + sizes[b - 1])
-            buf = reader.read_range(start, stop)
-            if len(buf) != stop - start:
-                return None  # gone (or not written): the record-at-a-time path says which
-            view = memoryview(buf)
-            rel = (phys[a:b] - start).tolist()
-            pieces.extend(view[r : r + s] for r, s in zip(rel, sizes[a:b].tolist(), strict=True))
-    data = b"".join(pieces)
+        piece = reader.read_gather(phys[lo:hi].tolist(), sizes[lo:hi].tolist())
+        if piece is None:
+            return None  # gone (or not written): the record-at-a-time path says which
+        windows.append(piece)
+    data = windows[0] if len(windows) == 1 else b"".join(windows)
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
     # Each record's own size field must match its unit (a unit pointing at the wrong bytes
     # must not be copied into the tier).
