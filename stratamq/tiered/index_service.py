@@ -249,18 +249,22 @@ class IndexStoreService:
             last = flat.segments[-1] if flat.segments else None
             if last is not None and last.needs_commit():
                 segment = last  # a failed upload of this file, retried
-            elif last is not None and last.append_position == 0:
-                segment = last  # rolled (and recorded) before a stop, never written
-                segment.append(data, local.begin_timestamp)
             else:
-                segment = flat.roll(flat.append_offset)
+                segment = self._next_segment(last)
+                # Recorded with the local file's time range before a byte is uploaded: after a
+                # crash past the upload, the start finds the size in the tier
+                # (``check_uploaded``) and knows the local file by its begin time, so the
+                # size needs no write of its own here (the caller's next persist has it).
+                segment.min_timestamp = local.min_timestamp
+                segment.max_timestamp = local.max_timestamp
+                flat.flush_segment_meta(segment)
+                self.metadata.persist()
                 segment.append(data, local.begin_timestamp)
             segment.min_timestamp = local.min_timestamp
             segment.max_timestamp = local.max_timestamp
             if not flat.commit():
                 log.warning("tier index: upload of %s failed; retried later", local.path)
                 return False
-        self.metadata.persist()
         with self._lock:
             self.uploaded.append(UploadedIndexFile(segment, self))
             self._drop_local(local)
@@ -268,6 +272,21 @@ class IndexStoreService:
         log.info("tier index: %s uploaded as %s (%d items)", local.path.name, segment.path,
                  local.item_count)
         return True
+
+    def _next_segment(self, last: FileSegment | None) -> FileSegment:
+        """The INDEX segment the next sealed file goes to (under the flat file's lock), not
+        yet persisted: the caller records its time range and persists before uploading."""
+        if last is not None and last.append_position == 0:
+            size = last.get_size()
+            if not size:
+                return last  # rolled (and recorded) before a stop, never written
+            # Uploaded before a crash and its size unknown at the start (the tier was not
+            # reachable then): kept as it is, the next file goes after it.
+            last.init_position(size)
+            self.flat.flush_segment_meta(last)
+            with self._lock:
+                self.uploaded.append(UploadedIndexFile(last, self))
+        return self.flat.roll(self.flat.append_offset, persist=False)
 
     def _drop_local(self, local: UnsealedIndexFile) -> None:
         with self._lock:

@@ -222,7 +222,7 @@ class TierUploader:
         """Start an upload for every queue whose batch is due (every waiting queue with
         ``force``); returns how many were started."""
         now = int(time.time() * 1000)
-        started = 0
+        due: list[tuple[tuple[str, int], int]] = []
         with self._lock:
             for key, waiting in self._waiting.items():
                 if force:
@@ -230,9 +230,45 @@ class TierUploader:
                 if waiting.scheduled or not self._due(waiting, now):
                     continue
                 waiting.scheduled = True
-                self._executor.submit(self._upload_task, key)
-                started += 1
-        return started
+                due.append((key, waiting.next))
+        try:
+            self._start_new_queues(due)
+        except Exception:
+            with self._progress:
+                for key, _next in due:
+                    if (left := self._waiting.get(key)) is not None:
+                        left.scheduled = False
+            raise
+        for key, _next in due:
+            self._executor.submit(self._upload_task, key)
+        return len(due)
+
+    def _start_new_queues(self, due: list[tuple[tuple[str, int], int]]) -> None:
+        """Start the tier files of the due queues the tier does not have yet, together: they
+        must be recorded in the metadata before their first upload, and one write of it (two
+        fsyncs) serves the round, where each queue's upload would write it for itself. Only
+        the plain case (the first waiting offset still held locally); the upload itself
+        starts the others, as before."""
+        started = False
+        try:
+            for (topic, queue_id), next_offset in due:
+                flat = self.files.get(topic, queue_id)
+                if flat is not None and (flat.is_init() or flat.commit_log.segments):
+                    continue
+                held = self.local.offsets(topic, queue_id)
+                if held is None or not held[0] <= next_offset < held[1]:
+                    continue
+                flat = self.files.get_or_create(topic, queue_id)
+                with flat.file_lock:
+                    if flat.closed or flat.is_init() or flat.commit_log.segments:
+                        continue
+                    if not flat.recovered:
+                        flat.recover()  # nothing to reconcile: the queue has no tier file
+                    flat.init_offset(next_offset, persist=False)
+                    started = True
+        finally:
+            if started:
+                self.metadata.persist()
 
     def _housekeeping(self) -> None:
         if self.index is not None:
