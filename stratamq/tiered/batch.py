@@ -22,7 +22,7 @@ from stratamq.record import codec
 from stratamq.record.layout import _V4, MESSAGE_MAGIC_CODE_V1, SYS_FLAG_POS
 from stratamq.store.log_reader import CommitLogReader
 
-__all__ = ["Batch", "be_ints", "gather", "index_entries", "store_times"]
+__all__ = ["Batch", "be_ints", "gather", "index_keys", "store_times"]
 
 _HOST_FLAGS = int(codec.SysFlag.BORN_HOST_V6 | codec.SysFlag.STORE_HOST_V6)
 _KEYS_TAG = (Prop.KEYS + codec.NAME_VALUE_SEPARATOR).encode()
@@ -117,11 +117,13 @@ def store_times(batch: Batch) -> np.ndarray:
     return times
 
 
-def index_entries(batch: Batch, flat_offsets: np.ndarray, times: np.ndarray
-                  ) -> list[tuple[set[str], int, int, int]]:
-    """(keys, flat offset, size, store time) of each record that has keys (``KEYS``, split on
-    spaces, and ``UNIQ_KEY``): the properties are located for all records at once, and only
-    their bytes are searched."""
+def index_keys(batch: Batch) -> tuple[list[str], np.ndarray]:
+    """Every index key of the batch's records (``KEYS`` split on spaces, then ``UNIQ_KEY``;
+    a record's keys without repeats) and the row of the record each belongs to, in record
+    order. The properties are located for all records at once, and only their bytes are
+    searched. Flat lists of strings, no container per record: thousands of them alive
+    through an upload would set off the garbage collector's full passes (a tenth of a second
+    and more with a broker's objects) in the middle of it."""
     data = np.frombuffer(batch.data, dtype=np.uint8)
     pos = batch.starts
     v6 = (be_ints(data, pos + SYS_FLAG_POS, 4) & _HOST_FLAGS) != 0
@@ -132,26 +134,36 @@ def index_entries(batch: Batch, flat_offsets: np.ndarray, times: np.ndarray
     safe = np.minimum(p, len(data) - 2)
     topic_len = np.where(v1, data[safe], (data[safe].astype(np.int64) << 8) | data[safe + 1])
     props_start = p + np.where(v1, 1, 2) + topic_len + 2
-    props_len = batch.sizes - (props_start - pos)
-    raw, entries = batch.data, []
-    rows = zip(props_start.tolist(), props_len.tolist(), flat_offsets.tolist(),
-               batch.sizes.tolist(), times.tolist(), v6.tolist(), pos.tolist(), strict=True)
-    for start, length, flat_offset, size, ts, is_v6, at in rows:
+    props_end = pos + batch.sizes
+    raw = batch.data
+    keys: list[str] = []
+    rows: list[int] = []
+    spans = zip(props_start.tolist(), props_end.tolist(), v6.tolist(), pos.tolist(),
+                strict=True)
+    for row, (start, end, is_v6, at) in enumerate(spans):
         if is_v6:  # the header is longer: the record's own codec finds its properties
-            record = raw[at : at + size]
-            keys = set((codec.record_property(record, Prop.KEYS) or "").split())
-            uniq = codec.record_property(record, Prop.UNIQ_KEY)
-            if uniq:
-                keys.add(uniq)
+            record = raw[at : int(at + batch.sizes[row])]
+            words = codec.record_property(record, Prop.KEYS) or ""
+            uniq = codec.record_property(record, Prop.UNIQ_KEY) or ""
         else:
-            props = raw[start : start + length]
-            keys = set(_value(props, _KEYS_TAG).split())
+            props = raw[start:end]
+            words = _value(props, _KEYS_TAG)
             uniq = _value(props, _UNIQ_TAG)
-            if uniq:
-                keys.add(uniq)
-        if keys:
-            entries.append((keys, flat_offset, size, ts))
-    return entries
+        if words:
+            split = words.split()
+            if len(split) == 1:
+                if split[0] != uniq:
+                    keys.append(split[0])
+                    rows.append(row)
+            else:
+                for word in dict.fromkeys(split):
+                    if word != uniq:
+                        keys.append(word)
+                        rows.append(row)
+        if uniq:
+            keys.append(uniq)
+            rows.append(row)
+    return keys, np.array(rows, dtype=np.int64)
 
 
 def _value(props: bytes, tag: bytes) -> str:

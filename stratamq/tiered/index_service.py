@@ -169,18 +169,18 @@ class IndexStoreService:
                               "file (tieredStoreIndexFileMaxIndexNum=%d)", len(hashes),
                               self.max_items)
 
-    def put_batch(self, topic: str, topic_id: int, queue_id: int,
-                  entries: list[tuple[set[str], int, int, int]]) -> None:
-        """``put_key`` for many messages of one queue: (keys, offset, size, store time). Keys
-        are hashed in one pass and added a file's worth at a time (``put_many``); a message's
-        keys never straddle two files."""
-        keys = [(k, row) for row, (ks, *_rest) in enumerate(entries) for k in ks]
+    def put_keys(self, topic: str, topic_id: int, queue_id: int, keys: list[str],
+                 rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
+                 times: np.ndarray) -> None:
+        """``put_key`` for many messages of one queue: key ``i`` belongs to message
+        ``rows[i]`` (grouped by message), whose tier CommitLog offset, size and store time are
+        ``offsets``, ``sizes`` and ``times`` at that row. Keys are hashed in one pass and
+        added a file's worth at a time (``put_many``); a message's keys never straddle two
+        files."""
         if not keys:
             return
-        hashes = np.array(key_hashes([build_key(topic, k) for k, _row in keys]), dtype=np.int64)
-        rows = np.array([row for _k, row in keys], dtype=np.int64)
-        table = np.array([e[1:] for e in entries], dtype=np.int64).reshape(-1, 3)
-        offsets, sizes, times = table[rows, 0], table[rows, 1], table[rows, 2]
+        hashes = np.array(key_hashes([build_key(topic, k) for k in keys]), dtype=np.int64)
+        offsets, sizes, times = offsets[rows], sizes[rows], times[rows]
         with self._lock:
             current = self.unsealed[-1] if self.unsealed else None
             done = 0

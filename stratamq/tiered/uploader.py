@@ -40,7 +40,7 @@ from stratamq.config import StoreConfig
 from stratamq.message import DispatchInfo
 from stratamq.store.consume_queue_format import is_blank_unit
 from stratamq.store.log_reader import CommitLogReader
-from stratamq.tiered.batch import Batch, gather, index_entries, store_times
+from stratamq.tiered.batch import Batch, gather, index_keys, store_times
 from stratamq.tiered.drivers import TierIOError
 from stratamq.tiered.flat_message_file import HEADER_PEEK, FlatFileStore, FlatMessageFile
 from stratamq.tiered.index_service import IndexStoreService
@@ -110,6 +110,7 @@ class TierUploader:
         self._lock = threading.Lock()
         self._progress = threading.Condition(self._lock)
         self._waiting: dict[tuple[str, int], _Waiting] = {}
+        self._finished = 0  # upload tasks ended (under _lock): ``flush`` waits for the next
         # Per queue, the batch whose upload failed (appended, not committed): its keys go to
         # the index when the retry lands. Touched only under the queue's file_lock.
         self._failed: dict[tuple[str, int], tuple[Batch, np.ndarray]] = {}
@@ -331,6 +332,7 @@ class TierUploader:
                 waiting = self._waiting.get(key)
                 if waiting is not None:
                     waiting.scheduled = False
+                self._finished += 1
                 self._progress.notify_all()
         if repeat:
             self._wake.set()
@@ -490,8 +492,9 @@ class TierUploader:
         always points at data in the tier)."""
         if self.index is None or not self.config.message_index_enable:
             return
-        entries = index_entries(batch, flat_offsets, store_times(batch))
-        self.index.put_batch(flat.topic, flat.topic_id, flat.queue_id, entries)
+        keys, rows = index_keys(batch)
+        self.index.put_keys(flat.topic, flat.topic_id, flat.queue_id, keys, rows, flat_offsets,
+                            batch.sizes, store_times(batch))
         meta = flat.queue_meta
         if meta is not None:
             meta.indexedOffset = batch.first + len(batch)
@@ -526,6 +529,8 @@ class TierUploader:
         with self._lock:
             targets = {k: w.seen_next for k, w in self._waiting.items()}
         while True:
+            with self._lock:
+                finished = self._finished
             self.run_round(force=True)
             with self._progress:
                 left = [k for k, target in targets.items()
@@ -536,7 +541,8 @@ class TierUploader:
                     log.warning("tier flush: %d queues not uploaded in %.0f s", len(left),
                                 timeout)
                     return False
-                self._progress.wait(0.2)
+                if self._finished == finished:  # else a batch ended since: start the next
+                    self._progress.wait(0.2)
         ok = True
         if index and self.index is not None:
             self.index.seal_current()
