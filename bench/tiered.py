@@ -9,11 +9,19 @@ Prints one JSON object per line:
 
 Tier and baseline talk to the server through the same ``s3fs`` client (made and connected
 before anything is timed): a broker makes its client once, and the first request of a new one
-(credentials, endpoint, connection: 0.2-0.5 s here) is not what either figure is about.
+(credentials, endpoint, connection: 0.2-0.5 s here) is not what either figure is about. The
+server (``python -m moto.server``) runs in a process of its own on loopback, as a real S3 is
+another machine: it does not share this process's GIL with the uploader or the baseline
+client, and its CPU time is measured apart (``/proc/PID/stat``).
 * ``upload``: MB/s of ``tier flush`` (local records read, CommitLog parts and ConsumeQueue
   parts uploaded, keys indexed, the index file sealed and uploaded) against a bare ``s3fs``
   put of the same bytes (every object the flush wrote: CommitLog, ConsumeQueue and index) as
-  objects of the same sizes to the same server; ``ratio`` = tier / bare (issue target >= 0.7);
+  objects of the same sizes to the same server; ``ratio`` = tier / bare (issue target >= 0.7).
+  Each queue's first batch (its files created in the tier). Also the CPU seconds per MB of
+  each side, median of the rounds: this process's (``*_cpu_s_per_mb``: the uploader, or the
+  bare client) and the server's (``*_server_cpu_s_per_mb``);
+* ``upload_steady``: the same for a queue's later batches: a store whose queues already have
+  their tier files (one message each, flushed first) uploads the same number of messages;
 * ``cold_read``: messages/s of a sequential read of every queue from the tier, 32 messages a
   read, with a fresh fetcher, with read-ahead (``read_ahead``) and without (``no_read_ahead``),
   against a bare ranged read of the same CommitLog objects in read-ahead-sized ranges, split
@@ -29,12 +37,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import platform
 import random
 import shutil
 import socket
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -65,16 +74,59 @@ def emit(row: dict) -> None:
     print(json.dumps(out), flush=True)
 
 
-def start_s3():
-    from moto.server import ThreadedMotoServer
+class S3Process:
+    """moto's S3 server as a process of its own on a free loopback port."""
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    return server, f"http://127.0.0.1:{port}"
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:  # polled until it listens
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moto server exited with {self.proc.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("moto server did not listen within 60 s") from None
+                time.sleep(0.05)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the server process used so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Meter:
+    """Wall seconds, this process's CPU seconds and the server's, of one timed step."""
+
+    def __init__(self, server: S3Process) -> None:
+        self.server = server
+
+    def __enter__(self) -> Meter:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        self.server_cpu = self.server.cpu_seconds()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.wall
+        self.cpu = time.process_time() - self.cpu
+        self.server_cpu = self.server.cpu_seconds() - self.server_cpu
 
 
 def config(root: Path, endpoint: str, bucket: str, **extra) -> StoreConfig:
@@ -99,68 +151,108 @@ def main() -> None:
         if getattr(args, key) is not None:
             sizes[key] = getattr(args, key)
     work = Path(tempfile.mkdtemp(prefix="bench-tiered-", dir=args.dir))
-    server, endpoint = start_s3()
+    server = S3Process()
     try:
-        run(work, endpoint, sizes)
+        run(work, server, sizes)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def upload_once(cfg: StoreConfig, fs, n: int):
-    """A store of ``n`` messages, then ``tier flush`` timed: (store, tier, bytes, part sizes,
-    seconds)."""
+def tier_parts(fs, tier) -> list[tuple[str, int]]:
+    """(object name, size) of every part the tier holds: CommitLog, ConsumeQueue, index."""
+    files = [f for flat in tier.files.files()
+             for f in (*flat.commit_log.segments, *flat.consume_queue.segments)]
+    if tier.index is not None:  # the sealed index files the flush uploaded: tier bytes too
+        files += list(tier.index.flat.segments)
+    return [(f"{f.path}/{pos}", size) for f in files for pos, size in list_parts(fs, f.path)]
+
+
+def upload_once(cfg: StoreConfig, fs, server: S3Process, n: int, *, warm: bool = False):
+    """A store of ``n`` messages, then ``tier flush`` measured: (store, tier, part sizes,
+    meter). ``warm``: each queue's tier files made first (one message each, flushed), so the
+    measured flush is a queue's later batch."""
     store = MessageStore(cfg)
     tier = tiered.wire(store, cluster="DefaultCluster", broker="broker-a", background=False,
                        fs=fs)
     assert tier is not None and tier.uploader is not None
     store.open()
+    before: set[tuple[str, int]] = set()
+    if warm:
+        for q in range(QUEUES):
+            assert store.put_message(Message(TOPIC, BODY, q, {"KEYS": f"warm-{q}"})).ok
+        assert store.wait_dispatched(60)
+        store.flush()
+        assert tier.flush(600), "tier flush did not complete"
+        before = set(tier_parts(fs, tier))
     for i in range(n):  # one put per message keeps each message its own record
         assert store.put_message(Message(TOPIC, BODY, i % QUEUES, {"KEYS": f"key-{i}"})).ok
     assert store.wait_dispatched(60)
     store.flush()
-    t0 = time.perf_counter()
-    assert tier.flush(600), "tier flush did not complete"
-    upload_s = time.perf_counter() - t0
-    parts = []
-    for flat in tier.files.files():
-        for f in (*flat.commit_log.segments, *flat.consume_queue.segments):
-            parts += [size for _pos, size in list_parts(fs, f.path)]
-    if tier.index is not None:  # the sealed index file the flush uploaded: tier bytes too
-        for f in tier.index.flat.segments:
-            parts += [size for _pos, size in list_parts(fs, f.path)]
-    return store, tier, sum(parts), parts, upload_s
+    with Meter(server) as meter:
+        assert tier.flush(600), "tier flush did not complete"
+    parts = [size for name, size in tier_parts(fs, tier) if (name, size) not in before]
+    return store, tier, parts, meter
 
 
-def run(work: Path, endpoint: str, sizes: dict[str, int]) -> None:
+def bare_put(fs, server: S3Process, parts: list[int], prefix: str) -> Meter:
+    payload = os.urandom(max(parts))
+    with Meter(server) as meter:
+        for i, size in enumerate(parts):
+            fs.pipe_file(f"{prefix}/{i:08d}", payload[:size])
+    return meter
+
+
+def upload_row(name: str, parts: list[int], tier_m: list[Meter], bare_m: list[Meter],
+               repeat: int) -> dict:
+    total = sum(parts)
+    mb = total / 1e6
+    tier_best = max(mb / m.wall for m in tier_m)
+    bare_best = max(mb / m.wall for m in bare_m)
+
+    def per_mb(meters: list[Meter], attr: str) -> float:
+        return statistics.median(getattr(m, attr) for m in meters) / mb
+
+    return {"bench": name, "objects": len(parts), "bytes": total, "tier_mb_s": tier_best,
+            "bare_s3fs_put_mb_s": bare_best, "ratio": tier_best / bare_best, "target": 0.7,
+            "repeat": repeat, "tier_cpu_s_per_mb": per_mb(tier_m, "cpu"),
+            "bare_cpu_s_per_mb": per_mb(bare_m, "cpu"),
+            "tier_server_cpu_s_per_mb": per_mb(tier_m, "server_cpu"),
+            "bare_server_cpu_s_per_mb": per_mb(bare_m, "server_cpu")}
+
+
+def run(work: Path, server: S3Process, sizes: dict[str, int]) -> None:
     import s3fs
 
+    endpoint = server.endpoint
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True,
                            use_listings_cache=False)
     fs.mkdir("bench")
     n = sizes["messages"]
     emit({"bench": "env", "python": platform.python_version(), "machine": platform.machine(),
           "messages": n, "body_bytes": len(BODY), "queues": QUEUES, "lookups": sizes["lookups"],
-          "s3": "moto server on loopback, s3fs over HTTP"})
+          "s3": "moto server (its own process) on loopback, s3fs over HTTP"})
     repeat = sizes["repeat"]
-    tier_best = bare_best = 0.0
-    for r in range(repeat):  # alternating tier and bare: the machine is shared
-        cfg = config(work / f"store{r}", endpoint, "bench",
-                     tiered_store_file_path=f"s3://bench/t{r}")
-        store, tier, total, parts, upload_s = upload_once(cfg, fs, n)
-        payload = os.urandom(max(parts))
-        t0 = time.perf_counter()
-        for i, size in enumerate(parts):
-            fs.pipe_file(f"bench/bare{r}/{i:08d}", payload[:size])
-        bare_s = time.perf_counter() - t0
-        tier_best = max(tier_best, total / upload_s / 1e6)
-        bare_best = max(bare_best, total / bare_s / 1e6)
-        if r < repeat - 1:
-            store.close()
-            tier.close()
-    emit({"bench": "upload", "objects": len(parts), "bytes": total, "tier_mb_s": tier_best,
-          "bare_s3fs_put_mb_s": bare_best, "ratio": tier_best / bare_best, "target": 0.7,
-          "repeat": repeat})
+    rows = {}
+    for warm in (False, True):
+        tier_m, bare_m = [], []
+        for r in range(repeat):  # alternating tier and bare: the machine is shared
+            tag = f"{'w' if warm else ''}{r}"
+            cfg = config(work / f"store{tag}", endpoint, "bench",
+                         tiered_store_file_path=f"s3://bench/t{tag}")
+            store, tier, parts, meter = upload_once(cfg, fs, server, n, warm=warm)
+            tier_m.append(meter)
+            bare_m.append(bare_put(fs, server, parts, f"bench/bare{tag}"))
+            if warm or r < repeat - 1:
+                store.close()
+                tier.close()
+            else:  # read back below
+                kept = (cfg, store, tier)
+        rows[warm] = upload_row("upload_steady" if warm else "upload", parts, tier_m, bare_m,
+                                repeat)
+    emit(rows[False])
+    emit(rows[True])
+    cfg, store, tier = kept
 
     # -- cold sequential reads ------------------------------------------------------------------
     local_keys = [f"key-{random.randrange(n)}" for _ in range(sizes["lookups"])]

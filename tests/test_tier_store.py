@@ -333,3 +333,51 @@ def test_index_lookups_from_sealed_and_uploaded_files_after_local_index_is_gone(
         tier.close()
     finally:
         server.stop()
+
+
+def test_restart_after_a_crash_past_an_index_upload_uploads_it_once(tmp_path):
+    """An index file is recorded in the metadata (with its time range) before its upload, and
+    its size only at the next write: a crash between the two leaves the document saying 0
+    bytes and the local file in place. The restart takes the size from the tier, drops the
+    local file it recognises, and uploads nothing twice; its keys are found in the tier."""
+    cfg = tier_config(tmp_path)
+    store, tier = open_tiered(cfg)
+    fill(store, 60)
+    assert tier.flush(60)
+    assert tier.index is not None
+    index_dir = tmp_path / "store" / "tiered_index_file"
+    meta_file = tmp_path / "store" / "config" / "tieredStoreMetadata.json"
+    fill(store, 60, start=60)
+    kept: dict[str, bytes] = {}
+    commit = tier.index.flat.commit
+
+    def commit_and_remember() -> bool:  # what a crash right after this upload leaves on disk
+        kept["metadata"] = meta_file.read_bytes()
+        kept.update({p.name: p.read_bytes() for p in index_dir.iterdir() if p.is_file()})
+        return commit()
+
+    tier.index.flat.commit = commit_and_remember  # type: ignore[method-assign]
+    assert tier.flush(60)
+    uploaded = tier.index.states()["uploaded"]
+    store.close()
+    tier.close()
+    index_files = sorted((tmp_path / "tier").rglob("INDEX/*"))
+    tier_bytes = {p: p.read_bytes() for p in index_files}
+    meta_file.write_bytes(kept.pop("metadata"))
+    for name, data in kept.items():
+        (index_dir / name).write_bytes(data)
+    store, tier = open_tiered(cfg)
+    try:
+        assert tier.index is not None
+        assert tier.index.states()["uploaded"] == uploaded
+        assert tier.flush(60)
+        assert sorted((tmp_path / "tier").rglob("INDEX/*")) == index_files
+        assert {p: p.read_bytes() for p in index_files} == tier_bytes  # nothing twice
+        for f in (tmp_path / "store" / "index").iterdir():
+            f.unlink()  # the store's own index is gone: lookups go to the tier
+        for i in (5, 70, 119):
+            got = store.query_messages(TOPIC, f"order-{i}")
+            assert [m.body[:10] for m in got] == [b"body-%05d" % i], i
+    finally:
+        store.close()
+        tier.close()

@@ -6,6 +6,8 @@ interface that hands out bytes, not ``MappedFile`` internals:
 - ``read_bytes(offset, size)``: a copy of a byte range inside one segment (a record);
 - ``read_range(start, end)``: raw CommitLog bytes for replication, clipped to a segment and to
   what is written;
+- ``read_gather(offsets, sizes)``: many records of one segment back to back, one copy (the
+  tier uploader's batch of one queue);
 - ``records(start, end)``: the records from ``start`` (a record boundary), each as a copy, with
   blank filler skipped to the next segment and damage reported through a ``Reporter`` (what,
   where, why) before the walk resyncs past it.
@@ -17,6 +19,7 @@ always take it afterwards. Thread-safety: any thread; no state between calls.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Iterator
 from typing import NamedTuple, Protocol
 
@@ -99,6 +102,31 @@ class CommitLogReader:
             if stop <= rel:
                 return b""
             return bytes(mf.buffer[rel:stop])
+        finally:
+            mf.release()
+
+    def read_gather(self, offsets: list[int], sizes: list[int]) -> bytes | None:
+        """The byte ranges ``offsets[i]``..``+ sizes[i]`` (all in the segment holding
+        ``offsets[0]``) back to back, copied once straight from the segment (no copy of the
+        span between them); None when one is gone, not written, or in another segment."""
+        if not offsets:
+            return b""
+        mf = self._files.find_by_offset(offsets[0])
+        if mf is None or not mf.hold():
+            return None
+        try:
+            base = mf.file_from_offset
+            stop = min(mf.read_position, self._end() - base)
+            if min(offsets) < base or min(sizes) < 0 or \
+                    max(map(operator.add, offsets, sizes)) - base > stop:
+                return None
+            buf = mf.buffer
+            # The slices are views of the mapping: they are gone before it is released.
+            pieces = [buf[at - base : at - base + size]
+                      for at, size in zip(offsets, sizes, strict=True)]
+            data = b"".join(pieces)
+            del pieces
+            return data
         finally:
             mf.release()
 

@@ -3,9 +3,8 @@ buffer, and the fields the tier needs of them (store times, index keys) found wi
 rather than record by record.
 
 A batch of a queue is a few thousand records scattered over the CommitLog between other
-queues' records. ``gather`` reads them window by window: where the queue's records are dense
-(its span in one local segment is at most ``DENSE_SPAN`` times the bytes it needs) the span is
-read once and the records sliced out of it; elsewhere each run of adjacent records is one read.
+queues' records. ``gather`` copies them out of each local segment straight into one buffer
+(``CommitLogReader.read_gather``): only the queue's own bytes are copied, once.
 Record-at-a-time code remains for what is not a plain run of readable records (blank units,
 data the local store no longer has): ``gather`` answers None and the uploader takes that path.
 
@@ -23,9 +22,8 @@ from stratamq.record import codec
 from stratamq.record.layout import _V4, MESSAGE_MAGIC_CODE_V1, SYS_FLAG_POS
 from stratamq.store.log_reader import CommitLogReader
 
-__all__ = ["Batch", "DENSE_SPAN", "be_ints", "gather", "index_entries", "store_times"]
+__all__ = ["Batch", "be_ints", "gather", "index_keys", "store_times"]
 
-DENSE_SPAN = 4  # read a window whole when it is at most this many times the bytes needed
 _HOST_FLAGS = int(codec.SysFlag.BORN_HOST_V6 | codec.SysFlag.STORE_HOST_V6)
 _KEYS_TAG = (Prop.KEYS + codec.NAME_VALUE_SEPARATOR).encode()
 _UNIQ_TAG = (Prop.UNIQ_KEY + codec.NAME_VALUE_SEPARATOR).encode()
@@ -82,27 +80,16 @@ def gather(reader: CommitLogReader, first: int, units: list[tuple[int, int, int]
     segment = phys // reader.segment_size
     if (segment != (phys + sizes - 1) // reader.segment_size).any():
         return None  # a record across a segment boundary is not a record
-    pieces: list[memoryview] = []
-    # Windows: the records of one local segment.
+    # One copy per local segment, of the records alone (not of the other queues' records
+    # between them): a queue is usually one of many sharing the CommitLog.
     cuts = np.flatnonzero(segment[1:] != segment[:-1]) + 1
+    windows = []
     for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), take], strict=True):
-        start, stop = int(phys[lo]), int(phys[hi - 1] + sizes[hi - 1])
-        need = int(sizes[lo:hi].sum())
-        if stop - start <= DENSE_SPAN * need:
-            reads = [(lo, hi)]
-        else:  # runs of adjacent records
-            gaps = np.flatnonzero(phys[lo + 1:hi] != phys[lo:hi - 1] + sizes[lo:hi - 1]) + 1
-            bounds = [lo, *(gaps + lo).tolist(), hi]
-            reads = list(zip(bounds[:-1], bounds[1:], strict=True))
-        for a, b in reads:
-            start, stop = int(phys[a]), int(phys[b - 1] + sizes[b - 1])
-            buf = reader.read_range(start, stop)
-            if len(buf) != stop - start:
-                return None  # gone (or not written): the record-at-a-time path says which
-            view = memoryview(buf)
-            rel = (phys[a:b] - start).tolist()
-            pieces.extend(view[r : r + s] for r, s in zip(rel, sizes[a:b].tolist(), strict=True))
-    data = b"".join(pieces)
+        piece = reader.read_gather(phys[lo:hi].tolist(), sizes[lo:hi].tolist())
+        if piece is None:
+            return None  # gone (or not written): the record-at-a-time path says which
+        windows.append(piece)
+    data = windows[0] if len(windows) == 1 else b"".join(windows)
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
     # Each record's own size field must match its unit (a unit pointing at the wrong bytes
     # must not be copied into the tier).
@@ -130,11 +117,13 @@ def store_times(batch: Batch) -> np.ndarray:
     return times
 
 
-def index_entries(batch: Batch, flat_offsets: np.ndarray, times: np.ndarray
-                  ) -> list[tuple[set[str], int, int, int]]:
-    """(keys, flat offset, size, store time) of each record that has keys (``KEYS``, split on
-    spaces, and ``UNIQ_KEY``): the properties are located for all records at once, and only
-    their bytes are searched."""
+def index_keys(batch: Batch) -> tuple[list[str], np.ndarray]:
+    """Every index key of the batch's records (``KEYS`` split on spaces, then ``UNIQ_KEY``;
+    a record's keys without repeats) and the row of the record each belongs to, in record
+    order. The properties are located for all records at once, and only their bytes are
+    searched. Flat lists of strings, no container per record: thousands of them alive
+    through an upload would set off the garbage collector's full passes (a tenth of a second
+    and more with a broker's objects) in the middle of it."""
     data = np.frombuffer(batch.data, dtype=np.uint8)
     pos = batch.starts
     v6 = (be_ints(data, pos + SYS_FLAG_POS, 4) & _HOST_FLAGS) != 0
@@ -145,26 +134,36 @@ def index_entries(batch: Batch, flat_offsets: np.ndarray, times: np.ndarray
     safe = np.minimum(p, len(data) - 2)
     topic_len = np.where(v1, data[safe], (data[safe].astype(np.int64) << 8) | data[safe + 1])
     props_start = p + np.where(v1, 1, 2) + topic_len + 2
-    props_len = batch.sizes - (props_start - pos)
-    raw, entries = batch.data, []
-    rows = zip(props_start.tolist(), props_len.tolist(), flat_offsets.tolist(),
-               batch.sizes.tolist(), times.tolist(), v6.tolist(), pos.tolist(), strict=True)
-    for start, length, flat_offset, size, ts, is_v6, at in rows:
+    props_end = pos + batch.sizes
+    raw = batch.data
+    keys: list[str] = []
+    rows: list[int] = []
+    spans = zip(props_start.tolist(), props_end.tolist(), v6.tolist(), pos.tolist(),
+                strict=True)
+    for row, (start, end, is_v6, at) in enumerate(spans):
         if is_v6:  # the header is longer: the record's own codec finds its properties
-            record = raw[at : at + size]
-            keys = set((codec.record_property(record, Prop.KEYS) or "").split())
-            uniq = codec.record_property(record, Prop.UNIQ_KEY)
-            if uniq:
-                keys.add(uniq)
+            record = raw[at : int(at + batch.sizes[row])]
+            words = codec.record_property(record, Prop.KEYS) or ""
+            uniq = codec.record_property(record, Prop.UNIQ_KEY) or ""
         else:
-            props = raw[start : start + length]
-            keys = set(_value(props, _KEYS_TAG).split())
+            props = raw[start:end]
+            words = _value(props, _KEYS_TAG)
             uniq = _value(props, _UNIQ_TAG)
-            if uniq:
-                keys.add(uniq)
-        if keys:
-            entries.append((keys, flat_offset, size, ts))
-    return entries
+        if words:
+            split = words.split()
+            if len(split) == 1:
+                if split[0] != uniq:
+                    keys.append(split[0])
+                    rows.append(row)
+            else:
+                for word in dict.fromkeys(split):
+                    if word != uniq:
+                        keys.append(word)
+                        rows.append(row)
+        if uniq:
+            keys.append(uniq)
+            rows.append(row)
+    return keys, np.array(rows, dtype=np.int64)
 
 
 def _value(props: bytes, tag: bytes) -> str:

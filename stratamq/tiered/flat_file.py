@@ -148,7 +148,8 @@ class FlatAppendFile:
         """Start a new last segment at ``offset``; recorded (and persisted, unless the caller
         persists before anything is uploaded) before any byte goes to it, so a crash never
         leaves tier data the metadata does not know of. Its size is asked of the tier (a file
-        a lost metadata file forgot), unless ``known_new``."""
+        a lost metadata file forgot), unless ``known_new`` or the factory knows the tier has
+        no file there (``segment_absent``: one listing per directory per process)."""
         with self.lock:
             if self.segments and self.segments[-1].needs_commit():
                 raise TierIOError(f"tier file {self.segments[-1].path}: cannot roll over "
@@ -156,7 +157,7 @@ class FlatAppendFile:
             if self.segments:
                 self.flush_segment_meta(self.segments[-1], sealed=True)
             segment = self.factory.create_segment(self.file_type, self.file_path, offset)
-            if known_new:
+            if known_new or self.factory.segment_absent(self.file_type, self.file_path, offset):
                 segment.mark_new()
                 existing = 0
             else:

@@ -160,14 +160,16 @@ class FlatMessageFile:
 
     # -- writing (the uploader, under file_lock) ---------------------------------------------
 
-    def init_offset(self, queue_offset: int) -> None:
+    def init_offset(self, queue_offset: int, *, persist: bool = True) -> None:
         """Start the queue's files, its first record at ``queue_offset``: both recorded in
-        the metadata, persisted once, before anything is uploaded."""
+        the metadata, persisted once, before anything is uploaded (``persist=False``: the
+        caller persists before any upload, once for several queues)."""
         known_new = self.factory.queue_absent(self.file_path)
         self.commit_log.init_offset(0, known_new=known_new, persist=False)
         self.consume_queue.init_offset(queue_offset * UNIT_SIZE, known_new=known_new,
                                        persist=False)
-        self.metadata.persist()
+        if persist:
+            self.metadata.persist()
         if self.commit_log.commit_offset == 0:
             self._first_queue_offset = (0, queue_offset)
 

@@ -169,18 +169,18 @@ class IndexStoreService:
                               "file (tieredStoreIndexFileMaxIndexNum=%d)", len(hashes),
                               self.max_items)
 
-    def put_batch(self, topic: str, topic_id: int, queue_id: int,
-                  entries: list[tuple[set[str], int, int, int]]) -> None:
-        """``put_key`` for many messages of one queue: (keys, offset, size, store time). Keys
-        are hashed in one pass and added a file's worth at a time (``put_many``); a message's
-        keys never straddle two files."""
-        keys = [(k, row) for row, (ks, *_rest) in enumerate(entries) for k in ks]
+    def put_keys(self, topic: str, topic_id: int, queue_id: int, keys: list[str],
+                 rows: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
+                 times: np.ndarray) -> None:
+        """``put_key`` for many messages of one queue: key ``i`` belongs to message
+        ``rows[i]`` (grouped by message), whose tier CommitLog offset, size and store time are
+        ``offsets``, ``sizes`` and ``times`` at that row. Keys are hashed in one pass and
+        added a file's worth at a time (``put_many``); a message's keys never straddle two
+        files."""
         if not keys:
             return
-        hashes = np.array(key_hashes([build_key(topic, k) for k, _row in keys]), dtype=np.int64)
-        rows = np.array([row for _k, row in keys], dtype=np.int64)
-        table = np.array([e[1:] for e in entries], dtype=np.int64).reshape(-1, 3)
-        offsets, sizes, times = table[rows, 0], table[rows, 1], table[rows, 2]
+        hashes = np.array(key_hashes([build_key(topic, k) for k in keys]), dtype=np.int64)
+        offsets, sizes, times = offsets[rows], sizes[rows], times[rows]
         with self._lock:
             current = self.unsealed[-1] if self.unsealed else None
             done = 0
@@ -249,18 +249,22 @@ class IndexStoreService:
             last = flat.segments[-1] if flat.segments else None
             if last is not None and last.needs_commit():
                 segment = last  # a failed upload of this file, retried
-            elif last is not None and last.append_position == 0:
-                segment = last  # rolled (and recorded) before a stop, never written
-                segment.append(data, local.begin_timestamp)
             else:
-                segment = flat.roll(flat.append_offset)
+                segment = self._next_segment(last)
+                # Recorded with the local file's time range before a byte is uploaded: after a
+                # crash past the upload, the start finds the size in the tier
+                # (``check_uploaded``) and knows the local file by its begin time, so the
+                # size needs no write of its own here (the caller's next persist has it).
+                segment.min_timestamp = local.min_timestamp
+                segment.max_timestamp = local.max_timestamp
+                flat.flush_segment_meta(segment)
+                self.metadata.persist()
                 segment.append(data, local.begin_timestamp)
             segment.min_timestamp = local.min_timestamp
             segment.max_timestamp = local.max_timestamp
             if not flat.commit():
                 log.warning("tier index: upload of %s failed; retried later", local.path)
                 return False
-        self.metadata.persist()
         with self._lock:
             self.uploaded.append(UploadedIndexFile(segment, self))
             self._drop_local(local)
@@ -268,6 +272,21 @@ class IndexStoreService:
         log.info("tier index: %s uploaded as %s (%d items)", local.path.name, segment.path,
                  local.item_count)
         return True
+
+    def _next_segment(self, last: FileSegment | None) -> FileSegment:
+        """The INDEX segment the next sealed file goes to (under the flat file's lock), not
+        yet persisted: the caller records its time range and persists before uploading."""
+        if last is not None and last.append_position == 0:
+            size = last.get_size()
+            if not size:
+                return last  # rolled (and recorded) before a stop, never written
+            # Uploaded before a crash and its size unknown at the start (the tier was not
+            # reachable then): kept as it is, the next file goes after it.
+            last.init_position(size)
+            self.flat.flush_segment_meta(last)
+            with self._lock:
+                self.uploaded.append(UploadedIndexFile(last, self))
+        return self.flat.roll(self.flat.append_offset, persist=False)
 
     def _drop_local(self, local: UnsealedIndexFile) -> None:
         with self._lock:

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -153,18 +153,23 @@ class MetadataStore:
         self.durable_offset = int(doc.get("dispatcher", {}).get("durableOffset", 0))
 
     def encode(self) -> bytes:
+        # Shallow copies of the entities' fields (``vars``: the same keys, in field order, as
+        # ``dataclasses.asdict``, which deep-copies field by field at several times the cost;
+        # a document holds every segment of every queue and is written after each upload).
+        # Their values are numbers and strings, and ``parts`` lists are replaced, never
+        # changed in place, so the copies stay consistent after the lock is released.
         with self._lock:
             doc: dict[str, Any] = {
                 "version": FORMAT_VERSION,
                 "topicSerialNumber": self._topic_serial,
-                "topicMetadataTable": {n: asdict(t) for n, t in sorted(self._topics.items())},
+                "topicMetadataTable": {n: dict(vars(t)) for n, t in sorted(self._topics.items())},
                 "queueMetadataTable": {
                     topic: {str(q): m.to_json() for q, m in sorted(table.items())}
                     for topic, table in sorted(self._queues.items())},
             }
             for file_type, table_name in _TABLES.items():
                 doc[table_name] = {
-                    path: {str(base): asdict(m) for base, m in sorted(table.items())}
+                    path: {str(base): dict(vars(m)) for base, m in sorted(table.items())}
                     for path, table in sorted(self._segments[file_type].items())}
             doc["dispatcher"] = {"durableOffset": self.durable_offset}
             self._dirty = False

@@ -40,7 +40,7 @@ from stratamq.config import StoreConfig
 from stratamq.message import DispatchInfo
 from stratamq.store.consume_queue_format import is_blank_unit
 from stratamq.store.log_reader import CommitLogReader
-from stratamq.tiered.batch import Batch, gather, index_entries, store_times
+from stratamq.tiered.batch import Batch, gather, index_keys, store_times
 from stratamq.tiered.drivers import TierIOError
 from stratamq.tiered.flat_message_file import HEADER_PEEK, FlatFileStore, FlatMessageFile
 from stratamq.tiered.index_service import IndexStoreService
@@ -110,6 +110,7 @@ class TierUploader:
         self._lock = threading.Lock()
         self._progress = threading.Condition(self._lock)
         self._waiting: dict[tuple[str, int], _Waiting] = {}
+        self._finished = 0  # upload tasks ended (under _lock): ``flush`` waits for the next
         # Per queue, the batch whose upload failed (appended, not committed): its keys go to
         # the index when the retry lands. Touched only under the queue's file_lock.
         self._failed: dict[tuple[str, int], tuple[Batch, np.ndarray]] = {}
@@ -222,7 +223,7 @@ class TierUploader:
         """Start an upload for every queue whose batch is due (every waiting queue with
         ``force``); returns how many were started."""
         now = int(time.time() * 1000)
-        started = 0
+        due: list[tuple[tuple[str, int], int]] = []
         with self._lock:
             for key, waiting in self._waiting.items():
                 if force:
@@ -230,9 +231,45 @@ class TierUploader:
                 if waiting.scheduled or not self._due(waiting, now):
                     continue
                 waiting.scheduled = True
-                self._executor.submit(self._upload_task, key)
-                started += 1
-        return started
+                due.append((key, waiting.next))
+        try:
+            self._start_new_queues(due)
+        except Exception:
+            with self._progress:
+                for key, _next in due:
+                    if (left := self._waiting.get(key)) is not None:
+                        left.scheduled = False
+            raise
+        for key, _next in due:
+            self._executor.submit(self._upload_task, key)
+        return len(due)
+
+    def _start_new_queues(self, due: list[tuple[tuple[str, int], int]]) -> None:
+        """Start the tier files of the due queues the tier does not have yet, together: they
+        must be recorded in the metadata before their first upload, and one write of it (two
+        fsyncs) serves the round, where each queue's upload would write it for itself. Only
+        the plain case (the first waiting offset still held locally); the upload itself
+        starts the others, as before."""
+        started = False
+        try:
+            for (topic, queue_id), next_offset in due:
+                flat = self.files.get(topic, queue_id)
+                if flat is not None and (flat.is_init() or flat.commit_log.segments):
+                    continue
+                held = self.local.offsets(topic, queue_id)
+                if held is None or not held[0] <= next_offset < held[1]:
+                    continue
+                flat = self.files.get_or_create(topic, queue_id)
+                with flat.file_lock:
+                    if flat.closed or flat.is_init() or flat.commit_log.segments:
+                        continue
+                    if not flat.recovered:
+                        flat.recover()  # nothing to reconcile: the queue has no tier file
+                    flat.init_offset(next_offset, persist=False)
+                    started = True
+        finally:
+            if started:
+                self.metadata.persist()
 
     def _housekeeping(self) -> None:
         if self.index is not None:
@@ -295,6 +332,7 @@ class TierUploader:
                 waiting = self._waiting.get(key)
                 if waiting is not None:
                     waiting.scheduled = False
+                self._finished += 1
                 self._progress.notify_all()
         if repeat:
             self._wake.set()
@@ -454,8 +492,9 @@ class TierUploader:
         always points at data in the tier)."""
         if self.index is None or not self.config.message_index_enable:
             return
-        entries = index_entries(batch, flat_offsets, store_times(batch))
-        self.index.put_batch(flat.topic, flat.topic_id, flat.queue_id, entries)
+        keys, rows = index_keys(batch)
+        self.index.put_keys(flat.topic, flat.topic_id, flat.queue_id, keys, rows, flat_offsets,
+                            batch.sizes, store_times(batch))
         meta = flat.queue_meta
         if meta is not None:
             meta.indexedOffset = batch.first + len(batch)
@@ -490,6 +529,8 @@ class TierUploader:
         with self._lock:
             targets = {k: w.seen_next for k, w in self._waiting.items()}
         while True:
+            with self._lock:
+                finished = self._finished
             self.run_round(force=True)
             with self._progress:
                 left = [k for k, target in targets.items()
@@ -500,7 +541,8 @@ class TierUploader:
                     log.warning("tier flush: %d queues not uploaded in %.0f s", len(left),
                                 timeout)
                     return False
-                self._progress.wait(0.2)
+                if self._finished == finished:  # else a batch ended since: start the next
+                    self._progress.wait(0.2)
         ok = True
         if index and self.index is not None:
             self.index.seal_current()

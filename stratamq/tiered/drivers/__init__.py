@@ -80,6 +80,7 @@ class FileSegmentFactory:
         elif provider == "s3":
             self.fs_root = self.root.split("://", 1)[-1].rstrip("/")
         self._listed_topics: dict[str, frozenset[str]] = {}
+        self._listed_segments: dict[str, set[str]] = {}  # "<file path>/<TYPE>" -> names
         self._listing_lock = threading.Lock()
 
     def queue_absent(self, file_path: str) -> bool:
@@ -105,10 +106,43 @@ class FileSegmentFactory:
                 self._listed_topics[topic_path] = present
         return queue not in present
 
-    def forget_topic(self, file_path: str) -> None:
-        """The queue's topic was deleted: list it again before trusting ``queue_absent``."""
+    def segment_absent(self, file_type: FileSegmentType, file_path: str,
+                       base_offset: int) -> bool:
+        """True when the tier is known to hold no file at ``base_offset`` of the file
+        ``file_path`` (broker/topic/queueId) and type, so a new segment there needs no size
+        lookup. On an object store one listing of the file type's directory per process
+        answers for every later segment (a lookup per segment would cost a listing each, on
+        the upload path): this process is the directory's one writer, and a segment it makes
+        is noted as present. Other drivers answer False (their lookup is a local call)."""
+        if self.provider != "s3":
+            return False
+        directory = f"{file_path}/{file_type.name}"
+        name = segment_path(self.cluster, file_path, file_type, base_offset).rpartition("/")[2]
         with self._listing_lock:
-            self._listed_topics.pop(file_path.rpartition("/")[0], None)
+            present = self._listed_segments.get(directory)
+            if present is None:
+                from stratamq.tiered.drivers.object_store import list_directory
+
+                full = self.full_path(f"{cluster_dir(self.cluster)}/{directory}")
+                try:
+                    files, dirs = list_directory(self.fs, full)
+                except Exception:  # the per-file lookup will report it
+                    return False
+                present = {*dirs, *(n for n, _size in files)}
+                self._listed_segments[directory] = present
+            absent = name not in present
+            present.add(name)  # made now (or already there): a later call answers False
+        return absent
+
+    def forget_topic(self, file_path: str) -> None:
+        """The queue's topic was deleted: list it again before trusting ``queue_absent`` or
+        ``segment_absent``."""
+        topic_path = file_path.rpartition("/")[0]
+        with self._listing_lock:
+            self._listed_topics.pop(topic_path, None)
+            for directory in [d for d in self._listed_segments
+                              if d.startswith(topic_path + "/")]:
+                del self._listed_segments[directory]
 
     def full_path(self, relative: str) -> str:
         """Where a path relative to the tier root is, in the driver's terms."""
