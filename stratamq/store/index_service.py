@@ -216,12 +216,16 @@ class IndexService:
                     texts.append(prefix + keys)
             per_record.append(len(texts) - before)
         hashes = key_hashes(texts)
+        records: list[tuple[int, int, list[int]]] = []
         at = 0
         for (_, _, _, phys, ts), n in zip(pending, per_record, strict=True):
-            if not n:
-                continue
-            record_hashes = hashes[at : at + n]
-            at += n
+            if n:
+                records.append((phys, ts, hashes[at : at + n]))
+                at += n
+        if records and records[0][0] > self._indexed_to and self._put_round(records):
+            return
+        for phys, ts, record_hashes in records:
+            n = len(record_hashes)
             try:
                 self._index(phys, ts, record_hashes)
             except OSError as exc:
@@ -231,6 +235,23 @@ class IndexService:
                 if self.error is None:
                     log.error("indexing stopped working at offset %d: %s", phys, exc)
                 self.error = exc
+
+    def _put_round(self, records: list[tuple[int, int, list[int]]]) -> bool:
+        """The round's new records into the newest file in one call (``put_records``: the
+        bytes of one ``put_keys`` per record, a fraction of the calls). False when they do
+        not all fit, or a write failed: the caller then goes record by record (rolling over,
+        skipping what was written here, counting what fails)."""
+        try:
+            f = self._writable_file()
+            if not f.put_records(records):
+                return False
+        except OSError:
+            if self._files and self._files[-1].entries:
+                self._indexed_to = max(self._indexed_to, self._files[-1].end_phy_offset)
+            return False
+        self._indexed_to = records[-1][0]
+        self.error = None
+        return True
 
     def _index(self, phys: int, ts: int, hashes: list[int]) -> None:
         if phys <= self._indexed_to:
