@@ -105,10 +105,17 @@ def split_result(result: PutMessageResult, sizes: Sequence[int]) -> list[list[En
     stored = (result.status if result.status in _WAITER_STATUSES else PutMessageStatus.PUT_OK)
     stored_error = result.error if stored is not PutMessageStatus.PUT_OK else ""
     out: list[list[EntryResult]] = []
+    new = tuple.__new__  # a NamedTuple's own constructor is a Python call, once per message
+    count = len(written)
     i = 0
     for size in sizes:
-        out.append([EntryResult(stored, written[j], stored_error) if j < len(written)
-                    else EntryResult(failure, None, result.error) for j in range(i, i + size)])
+        if i + size <= count:  # the usual case: all of this put's messages were written
+            out.append([new(EntryResult, (stored, w, stored_error))
+                        for w in written[i : i + size]])
+        else:
+            out.append([EntryResult(stored, written[j], stored_error) if j < count
+                        else EntryResult(failure, None, result.error)
+                        for j in range(i, i + size)])
         i += size
     return out
 
