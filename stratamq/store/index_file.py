@@ -31,7 +31,6 @@ from pathlib import Path
 from stratamq.javahash import POW31 as _POW31
 from stratamq.javahash import hash_u32 as _hash_u32
 from stratamq.javahash import java_string_hash
-from stratamq.javahash import to_signed as _to_signed
 from stratamq.limits import INT_MAX, OS_PAGE_SIZE
 from stratamq.store.mapped_file import RefCountedMap
 
@@ -92,20 +91,20 @@ def topic_key_hash(topic: str, key: str) -> int:
         if len(_PREFIX_HASHES) < 100_000:
             _PREFIX_HASHES[topic] = prefix
     h, n = _hash_u32(key)
-    h = _to_signed((prefix * pow(31, n, 1 << 32) + h) & 0xFFFFFFFF)
-    h = abs(h)
+    h = (prefix * (_POW31[n] if n < len(_POW31) else pow(31, n, 1 << 32)) + h) & 0xFFFFFFFF
+    h = abs(h - (1 << 32) if h & 0x80000000 else h)
     return 0 if h > INT_MAX else h
 
 
 # Below this many keys the numpy set-up costs more than it saves.
-_BATCH_MIN = 24
+HASH_BATCH_MIN = 24
 
 
 def key_hashes(keys: Sequence[str]) -> list[int]:
     """:func:`key_hash` of each key. Large ASCII batches are hashed with numpy in one pass
     over all their characters: each character times 31 to the power of its distance from
     its key's end, summed per key (uint64 sums cannot overflow: keys are < 2**16 units)."""
-    if len(keys) < _BATCH_MIN:
+    if len(keys) < HASH_BATCH_MIN:
         return [key_hash(k) for k in keys]
     joined = "".join(keys)
     lengths = list(map(len, keys))
@@ -499,8 +498,9 @@ class IndexFile(RefCountedMap):
 
 
 __all__ = [
-    "ENTRY", "ENTRY_SIZE", "HEADER", "HEADER_SIZE", "INVALID_INDEX", "IndexFile",
-    "IndexFileError", "IndexHeader", "SLOT", "SLOT_SIZE", "build_key", "file_name_for",
-    "file_size", "is_index_file_name", "java_string_hash", "key_hash", "key_hashes",
+    "ENTRY", "ENTRY_SIZE", "HASH_BATCH_MIN", "HEADER", "HEADER_SIZE", "INVALID_INDEX",
+    "IndexFile", "IndexFileError", "IndexHeader", "SLOT", "SLOT_SIZE", "build_key",
+    "file_name_for", "file_size", "is_index_file_name", "java_string_hash", "key_hash",
+    "key_hashes",
     "topic_key_hash",
 ]  # fmt: skip

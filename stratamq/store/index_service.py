@@ -27,6 +27,7 @@ from pathlib import Path
 
 from stratamq.record import DispatchInfo, Prop, SysFlag
 from stratamq.store.index_file import (
+    HASH_BATCH_MIN,
     KEY_SEPARATOR,
     IndexFile,
     IndexFileError,
@@ -203,19 +204,21 @@ class IndexService:
         self._pending = []
         # RocketMQ's key order per record: UNIQ_KEY, then each KEYS word, as topic#key.
         per_record: list[int] = []
-        texts: list[str] = []
+        words: list[tuple[str, str]] = []  # (topic, key)
         for topic, uniq, keys, _, _ in pending:
-            before = len(texts)
-            prefix = topic + KEY_SEPARATOR
+            before = len(words)
             if uniq:
-                texts.append(prefix + uniq)
+                words.append((topic, uniq))
             if keys:
                 if " " in keys:
-                    texts.extend(prefix + k for k in keys.split(" ") if k)
+                    words.extend((topic, k) for k in keys.split(" ") if k)
                 else:
-                    texts.append(prefix + keys)
-            per_record.append(len(texts) - before)
-        hashes = key_hashes(texts)
+                    words.append((topic, keys))
+            per_record.append(len(words) - before)
+        if len(words) >= HASH_BATCH_MIN:  # numpy, over every character of the round at once
+            hashes = key_hashes([topic + KEY_SEPARATOR + k for topic, k in words])
+        else:  # the topic's part of the hash is cached: only the key's characters are hashed
+            hashes = [topic_key_hash(topic, k) for topic, k in words]
         records: list[tuple[int, int, list[int]]] = []
         at = 0
         for (_, _, _, phys, ts), n in zip(pending, per_record, strict=True):
