@@ -102,6 +102,29 @@ def test_batch_and_prefix_hashing_equal_hashing_each_key():
     assert topic_key_hash("polygenelubrican", "s") == key_hash("polygenelubrican#s")
 
 
+def test_a_round_put_at_once_writes_the_bytes_of_one_put_per_record(tmp_path):
+    """The dispatcher writes a round's records with one ``put_records`` call: the file must
+    be byte for byte what one ``put_keys`` per record makes (slot collisions, a record with
+    several keys, store times a few seconds apart), and a round that does not fit is refused
+    whole, leaving the file untouched for the record-by-record path to roll over."""
+    records = [(1000 + 100 * i, 1_700_000_000_000 + 1500 * i,
+                [key_hash(f"T#{uniq_id(i)}")] + ([key_hash(f"T#k{i}"), 15] if i % 3 else []))
+               for i in range(40)]
+    one = IndexFile(tmp_path / "20260101000000000", 7, 200, create=True)
+    for phys, ts, hashes in records:
+        assert one.put_keys(hashes, phys, ts) == len(hashes)
+    batch = IndexFile(tmp_path / "20260101000000001", 7, 200, create=True)
+    assert batch.put_records(records[:10]) and batch.put_records(records[10:])
+    assert bytes(batch._map) == bytes(one._map)
+    assert list(batch.select(15, 0, 10**13)) == list(one.select(15, 0, 10**13))
+    small = IndexFile(tmp_path / "20260101000000002", 7, 20, create=True)
+    before = bytes(small._map)
+    assert not small.put_records(records)  # 94 keys do not fit in 19 entries
+    assert bytes(small._map) == before and small.entries == 0
+    for f in (one, batch, small):
+        f.close()
+
+
 def test_record_with_several_keys_is_counted_only_when_all_are_written(tmp_path):
     f = IndexFile(tmp_path / "20260101000000000", 7, 10, create=True)
     assert f.put_keys([15, 22, 3], 1000, 5_000) == 3  # 15 and 22 share slot 1

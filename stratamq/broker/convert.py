@@ -16,6 +16,7 @@ import re
 import time
 import zlib
 from functools import lru_cache
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -90,8 +91,12 @@ def to_store_message(m: pb.Message, peer: Host, max_body: int, *,
         raise BrokerError(Code.MESSAGE_BODY_TOO_LARGE,
                           f"message body cannot exceed the max {max_body}")
     tag = sp.tag
-    keys = list(sp.keys) if len(sp.keys) else []
-    props = _user_properties(m, tag, keys)
+    sp_keys = sp.keys
+    keys = list(sp_keys) if len(sp_keys) else []
+    user_properties = m.user_properties
+    # Most messages carry no user property, tag or key: nothing to check then.
+    props = (_user_properties(user_properties, tag, keys)
+             if tag or keys or len(user_properties) else {})
     if tag:  # an empty tag is no tag, as the proxy has it
         props[Prop.TAGS] = tag
     if keys:
@@ -131,16 +136,17 @@ def to_store_message(m: pb.Message, peer: Host, max_body: int, *,
     return msg, deliver_at, len(m.body) if encoding == pb.GZIP else len(body)
 
 
-def _user_properties(m: pb.Message, tag: str, keys: list[str]) -> dict[str, str]:
-    """User properties, tag and keys checked as buildMessageProperty does, in its order."""
-    if len(m.user_properties) > USER_PROPERTY_MAX_NUM:
+def _user_properties(user_properties: Any, tag: str, keys: list[str]) -> dict[str, str]:
+    """User properties (a message's protobuf map), tag and keys checked as
+    buildMessageProperty does, in its order."""
+    if len(user_properties) > USER_PROPERTY_MAX_NUM:
         raise BrokerError(Code.MESSAGE_PROPERTIES_TOO_LARGE,
                           f"too many user properties, max is {USER_PROPERTY_MAX_NUM}")
     size = 0
     props: dict[str, str] = {}
     # ``items()`` of a protobuf map goes through the generic Mapping mixin (slow per call);
     # most messages carry no user property at all.
-    for key, value in (m.user_properties.items() if len(m.user_properties) else ()):
+    for key, value in (user_properties.items() if len(user_properties) else ()):
         if key in SYSTEM_PROPERTIES:
             raise BrokerError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
                               f"property is used by system: {key}")

@@ -40,12 +40,14 @@ from stratamq.broker.validate import check_topic, put_status
 from stratamq.broker.writer import EntryResult
 from stratamq.message import Host, Message, Prop
 from stratamq.record import tags_hash_code
+from stratamq.store.results import PutMessageStatus
 
 __all__ = ["SendPlan", "SendService"]
 
 Code = pb.Code
 # Built once: the enum wrapper's values() and Name() build lists per call.
 _OK = ok_status()  # copied into each entry (protobuf copies on assignment)
+_OK_CODE = int(Code.OK)  # ``Code.X`` is a Python-level lookup per use
 _TYPE_NAMES = {value: pb.MessageType.Name(value) for value in pb.MessageType.values()}
 
 
@@ -157,23 +159,28 @@ class SendService:
         response = svc.SendMessageResponse()
         add = response.entries.add  # built in place: a measurable share of a 16-message send
         sizes: list[int] = []
-        codes: set[int] = set()
+        codes: set[int] = set()  # of the entries not stored (all stored: empty)
         first: pb.Status | None = None
+        put_ok = PutMessageStatus.PUT_OK
         for message_id, size, r in zip(plan.message_ids, plan.sizes, results, strict=True):
-            if r.ok and r.appended is not None:
-                add(status=_OK, message_id=message_id, offset=r.appended.queue_offset)
+            appended = r.appended
+            if r.status is put_ok and appended is not None:
+                add(status=_OK, message_id=message_id, offset=appended.queue_offset)
                 sizes.append(size)
-                codes.add(Code.OK)
-                status = _OK
+                if first is None:
+                    first = _OK
             else:
                 code, text = put_status(r.status)
                 status = ok_status(code, f"{text} ({r.error})" if r.error else text)
                 add(status=status)
                 codes.add(code)
-            first = first or status
+                if first is None:
+                    first = status
         if sizes:
             self.metrics().on_send(plan.topic.name, sizes, time.perf_counter() - plan.started,
                                    plan.topic.message_type)
-        response.status.CopyFrom(first if len(codes) == 1 and first is not None else ok_status(
+            if codes:
+                codes.add(_OK_CODE)
+        response.status.CopyFrom(first if len(codes) <= 1 and first is not None else ok_status(
             Code.MULTIPLE_RESULTS, "MULTIPLE_RESULTS"))
         return response

@@ -8,6 +8,11 @@ message. Each put is then answered with its own entries' results once its record
 and, when the store waits after an append (``SYNC_FLUSH``'s group commit, replication), once
 that wait is over.
 
+The first put of a turn is the exception: when nothing waits after an append (``ASYNC_FLUSH``,
+no put waiter) it is appended at once and its future is done before the caller awaits it, so
+the request's coroutine finishes without suspending; the turn's later puts are combined as
+above. Under ``SYNC_FLUSH`` every put waits for the end of its turn (the wait is combined too).
+
 Who does what: the append itself (a copy into the mapped CommitLog, segments pre-allocated by
 the store) runs on the loop, in one callback per turn: handing every batch to another thread
 and back cost more than the append, because each hop waits for the GIL. Waiting (a flush, a
@@ -100,10 +105,17 @@ def split_result(result: PutMessageResult, sizes: Sequence[int]) -> list[list[En
     stored = (result.status if result.status in _WAITER_STATUSES else PutMessageStatus.PUT_OK)
     stored_error = result.error if stored is not PutMessageStatus.PUT_OK else ""
     out: list[list[EntryResult]] = []
+    new = tuple.__new__  # a NamedTuple's own constructor is a Python call, once per message
+    count = len(written)
     i = 0
     for size in sizes:
-        out.append([EntryResult(stored, written[j], stored_error) if j < len(written)
-                    else EntryResult(failure, None, result.error) for j in range(i, i + size)])
+        if i + size <= count:  # the usual case: all of this put's messages were written
+            out.append([new(EntryResult, (stored, w, stored_error))
+                        for w in written[i : i + size]])
+        else:
+            out.append([EntryResult(stored, written[j], stored_error) if j < count
+                        else EntryResult(failure, None, result.error)
+                        for j in range(i, i + size)])
         i += size
     return out
 
@@ -128,6 +140,8 @@ class GroupWriter:
         self._finished = False
         # Puts made on an event loop during its current turn (see put_async); loop only.
         self._from_loop: dict[asyncio.AbstractEventLoop, list[_Put]] = {}
+        # Loops whose current turn already appended its first put at once (see put_async).
+        self._turn_open: set[asyncio.AbstractEventLoop] = set()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         # How much combining happened (logged at close; read by tests).
         self.appends = 0
@@ -153,13 +167,26 @@ class GroupWriter:
 
         pending = self._from_loop.get(loop)
         if pending is None:
+            if (loop not in self._turn_open and not self._closed
+                    and not self._store.waits_on_put):
+                # The first put of a turn is appended at once and answered before the caller
+                # awaits: its coroutine never suspends, which saved more CPU per request (an
+                # extra pass of the loop and of gRPC's task machinery) than combining it with
+                # the turn's later puts would. Those later puts still wait for the end of the
+                # turn and go as one append (``_turn_open`` marks the turn until then).
+                self._turn_open.add(loop)
+                loop.call_soon(self._turn_open.discard, loop)
+                self._append_turn(loop, [_Put(messages, done, loop)])
+                return future
             pending = self._from_loop[loop] = []
             loop.call_soon(self._append_turn, loop)  # after every task ready this turn
         pending.append(_Put(messages, done, loop))
         return future
 
-    def _append_turn(self, loop: asyncio.AbstractEventLoop) -> None:
-        puts = self._from_loop.pop(loop, [])
+    def _append_turn(self, loop: asyncio.AbstractEventLoop,
+                     puts: list[_Put] | None = None) -> None:
+        if puts is None:
+            puts = self._from_loop.pop(loop, [])
         if self._closed:
             _deliver([(p, _refused(len(p.messages))) for p in puts])
             return

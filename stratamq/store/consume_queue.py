@@ -1,7 +1,9 @@
 """File ConsumeQueues: per topic/queue, 20-byte units pointing into the CommitLog.
 
-Contracts: the dispatcher thread is the only writer (``put_unit``, ``truncate_dirty``); readers
-on any thread call ``get_units``, ``min_offset``, ``max_offset``. The flush thread calls
+Contracts: the dispatcher thread is the only writer (``put_unit``, ``stage_unit`` +
+``write_staged``, ``truncate_dirty``); readers on any thread call ``get_units``, ``min_offset``,
+``max_offset``. The store stages a dispatch round's units per queue and writes them when the
+round is committed (``commit_dispatch``), one copy per queue. The flush thread calls
 ``flush``. Recovery calls ``recover`` before any other thread starts.
 """
 
@@ -27,6 +29,8 @@ from stratamq.store.mapped_file_queue import MappedFileQueue
 log = logging.getLogger(__name__)
 
 CQ_ALLOCATE_AHEAD = 64 * 1024  # bytes reserved past a ConsumeQueue's write position
+# A long dispatch round (a replay, a dispatcher catching up) writes its staged units this often.
+STAGED_UNITS_MAX = 4096
 
 
 class ConsumeQueue:
@@ -46,6 +50,12 @@ class ConsumeQueue:
         self.max_physic_offset = -1
         self.min_logic_offset = 0  # byte position of the first live unit
         self._write_lock = threading.Lock()
+        # Units of the current dispatch round waiting to be written in one copy (see
+        # ``stage_unit``): (commitlog_offset, size, tags_code) each, the first one going at
+        # byte ``_staged_at`` of ``_staged_file``. Dispatcher thread only.
+        self._staged: list[tuple[int, int, int]] = []
+        self._staged_at = 0
+        self._staged_file: MappedFile | None = None
 
     # -- positions ------------------------------------------------------------------------------
 
@@ -226,6 +236,59 @@ class ConsumeQueue:
                         UNIT.pack(commitlog_offset, size, tags_code))
             self.max_physic_offset = commitlog_offset + size
 
+    def stage_unit(self, queue_offset: int, commitlog_offset: int, size: int,
+                   tags_code: int) -> bool:
+        """``put_unit`` deferred to ``write_staged`` when the unit is the next one of the
+        newest file and fits in it (the usual case): a round's units of this queue are then
+        copied into the map at once. False when it is not that case: the caller writes what
+        is staged, then calls ``put_unit`` (which handles every other case)."""
+        staged = self._staged
+        if staged:
+            last_offset, last_size, _ = staged[-1]
+            if commitlog_offset + size <= last_offset + last_size:
+                return True  # already have it: a replay (as put_unit)
+            mf = self._staged_file
+            rel = self._staged_at + len(staged) * UNIT_SIZE
+            assert mf is not None
+            if (queue_offset * UNIT_SIZE - mf.file_from_offset != rel
+                    or rel + UNIT_SIZE > mf.file_size):
+                return False
+        else:
+            if commitlog_offset + size <= self.max_physic_offset:
+                return True  # already have it: a replay (as put_unit)
+            mf = self.files.last()
+            if mf is None:
+                return False
+            rel = queue_offset * UNIT_SIZE - mf.file_from_offset
+            if rel != mf.wrote_position or rel + UNIT_SIZE > mf.file_size:
+                return False
+            self._staged_file = mf
+            self._staged_at = rel
+        staged.append((commitlog_offset, size, tags_code))
+        return True
+
+    def write_staged(self) -> None:
+        """Write the staged units (one copy into the map), as ``put_unit`` would have one by
+        one: the same bytes at the same place."""
+        staged = self._staged
+        if not staged:
+            return
+        self._staged = []
+        mf, at = self._staged_file, self._staged_at
+        self._staged_file = None
+        pack = UNIT.pack
+        with self._write_lock:
+            if mf is self.files.last() and mf is not None and mf.wrote_position == at:
+                mf.write_at(at, b"".join([pack(o, n, t) for o, n, t in staged]))
+                last_offset, last_size, _ = staged[-1]
+                self.max_physic_offset = last_offset + last_size
+                return
+        # The queue changed under the staged units (it never does while dispatch runs; kept
+        # safe): one at a time, with every check put_unit makes.
+        first = (mf.file_from_offset + at) // UNIT_SIZE if mf is not None else 0
+        for i, (offset, size, tags_code) in enumerate(staged):
+            self.put_unit(first + i, offset, size, tags_code)
+
     def _file_for(self, byte_pos: int) -> MappedFile:
         mf = self.files.last_mapped_file(start_offset=byte_pos)
         if mf is None:  # only a read-only queue has none to give
@@ -286,6 +349,9 @@ class FileConsumeQueueStore:
         self.read_only = read_only
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._lock = threading.Lock()
+        # Queues holding staged units of the current dispatch round, and how many units.
+        self._staged: dict[ConsumeQueue, None] = {}
+        self._staged_units = 0
 
     def load(self) -> None:
         root = self.layout.consumequeue_dir
@@ -344,9 +410,17 @@ class FileConsumeQueueStore:
     def dispatch(self, info: DispatchInfo) -> None:
         if not SysFlag.is_dispatchable(info.sys_flag):
             return  # prepared / rolled back transactional records are not consumable
-        self.find_or_create(info.topic, info.queue_id).put_unit(
-            info.queue_offset, info.physical_offset, info.size, info.tags_code
-        )
+        cq = self.find_or_create(info.topic, info.queue_id)
+        if cq.stage_unit(info.queue_offset, info.physical_offset, info.size, info.tags_code):
+            # Written at the end of the round (commit_dispatch), one copy per queue: most of
+            # a unit's cost was the call chain of a 20-byte write, once per record.
+            self._staged[cq] = None
+            self._staged_units += 1
+            if self._staged_units >= STAGED_UNITS_MAX:
+                self.commit_dispatch()
+            return
+        cq.write_staged()  # what this queue has staged goes first: units stay in order
+        cq.put_unit(info.queue_offset, info.physical_offset, info.size, info.tags_code)
 
     # -- whole-store operations -----------------------------------------------------------------
 
@@ -370,7 +444,14 @@ class FileConsumeQueueStore:
     # -- the rest of the ConsumeQueueStore interface (consume_queue_store.py) -------------------
 
     def commit_dispatch(self) -> None:
-        """Units are visible as soon as they are in the map: nothing to commit."""
+        """Write the units staged this round (the dispatcher, end of each round): readers
+        see a round's units once it is committed, as with the RocksDB ConsumeQueue store."""
+        if not self._staged:
+            return
+        queues, self._staged = self._staged, {}
+        self._staged_units = 0
+        for cq in queues:
+            cq.write_staged()
 
     def topics(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
@@ -382,6 +463,7 @@ class FileConsumeQueueStore:
         with self._lock:
             cq = self._queues.pop((topic, queue_id), None)
         if cq is not None:
+            self._staged.pop(cq, None)  # normally none: deletions commit the round first
             cq.destroy()
 
     def destroy_topic(self, topic: str) -> None:
@@ -396,5 +478,7 @@ class FileConsumeQueueStore:
             cq.flush(least_pages)
 
     def close(self) -> None:
+        if not self.read_only:
+            self.commit_dispatch()  # normally nothing: every dispatch round commits
         for cq in self._queues.values():
             cq.close()

@@ -31,7 +31,6 @@ from pathlib import Path
 from stratamq.javahash import POW31 as _POW31
 from stratamq.javahash import hash_u32 as _hash_u32
 from stratamq.javahash import java_string_hash
-from stratamq.javahash import to_signed as _to_signed
 from stratamq.limits import INT_MAX, OS_PAGE_SIZE
 from stratamq.store.mapped_file import RefCountedMap
 
@@ -92,20 +91,20 @@ def topic_key_hash(topic: str, key: str) -> int:
         if len(_PREFIX_HASHES) < 100_000:
             _PREFIX_HASHES[topic] = prefix
     h, n = _hash_u32(key)
-    h = _to_signed((prefix * pow(31, n, 1 << 32) + h) & 0xFFFFFFFF)
-    h = abs(h)
+    h = (prefix * (_POW31[n] if n < len(_POW31) else pow(31, n, 1 << 32)) + h) & 0xFFFFFFFF
+    h = abs(h - (1 << 32) if h & 0x80000000 else h)
     return 0 if h > INT_MAX else h
 
 
 # Below this many keys the numpy set-up costs more than it saves.
-_BATCH_MIN = 24
+HASH_BATCH_MIN = 24
 
 
 def key_hashes(keys: Sequence[str]) -> list[int]:
     """:func:`key_hash` of each key. Large ASCII batches are hashed with numpy in one pass
     over all their characters: each character times 31 to the power of its distance from
     its key's end, summed per key (uint64 sums cannot overflow: keys are < 2**16 units)."""
-    if len(keys) < _BATCH_MIN:
+    if len(keys) < HASH_BATCH_MIN:
         return [key_hash(k) for k in keys]
     joined = "".join(keys)
     lengths = list(map(len, keys))
@@ -315,11 +314,43 @@ class IndexFile(RefCountedMap):
         only after all of them are written (RocketMQ's order, once per record rather than per
         key): a reader or a crash never sees a header claiming an unwritten entry. A slot may
         briefly point at an entry not counted yet; readers step over it (see ``_chain``)."""
+        if self.header.index_count >= self.index_num or not hashes:
+            return 0
+        added = self._add(hashes, phy_offset, store_timestamp)
+        self._write_header()
+        return added
+
+    def put_records(self, records: Sequence[tuple[int, int, Sequence[int]]]) -> bool:
+        """``put_keys`` for each ``(phy_offset, store_timestamp, hashes)`` in turn, the header
+        written once at the end: the same bytes as one ``put_keys`` per record, for a
+        dispatch round at a time. False (nothing written) unless every key fits in this file.
+
+        The header still never counts an unwritten entry: it is written after all of them
+        (and when a write raises, once it counts the records written before, as the calls
+        per record would have left it)."""
+        total = sum(len(hashes) for _, _, hashes in records)
+        if self.header.index_count + total > self.index_num:
+            return False
+        written = 0
+        try:
+            for phys, ts, hashes in records:
+                if hashes:
+                    self._add(hashes, phys, ts)
+                    written += 1
+        except BaseException:
+            if written:
+                self._write_header()
+            raise
+        if written:
+            self._write_header()
+        return True
+
+    def _add(self, hashes: Sequence[int], phy_offset: int, store_timestamp: int) -> int:
+        """Write the entries and slots of one record and count them in ``header`` (in memory:
+        the caller writes the header once its records are written)."""
         h = self.header
         count = h.index_count
         limit = self.index_num
-        if count >= limit or not hashes:
-            return 0
         m = self._map
         slots = self.hash_slot_num
         slot_pages = self._slot_pages
@@ -333,36 +364,45 @@ class IndexFile(RefCountedMap):
         diff = min(max(diff, 0), INT_MAX)
         slot_count = h.hash_slot_count
         added = 0
-        for hash_ in hashes:
-            if count >= limit:
-                break
-            slot_at = HEADER_SIZE + (hash_ % slots) * SLOT_SIZE
-            chunk = slot_at // SLOT_RESERVE_CHUNK
-            if chunk not in slot_pages:
-                self._reserve(chunk * SLOT_RESERVE_CHUNK,
-                              min(entries_at, (chunk + 1) * SLOT_RESERVE_CHUNK))
-                slot_pages.add(chunk)
-            entry_at = entries_at + count * ENTRY_SIZE
-            if entry_at + ENTRY_SIZE > self._entries_allocated_until:
-                target = min(self.size, entry_at + ENTRY_SIZE + ENTRY_ALLOCATE_AHEAD)
-                self._reserve(self._entries_allocated_until, target)
-                self._entries_allocated_until = target
-            (head,) = _SLOT_UNPACK(m, slot_at)
-            if head <= INVALID_INDEX or head >= count:
-                head = INVALID_INDEX
-                slot_count += 1
-            _ENTRY_PACK(m, entry_at, hash_, phy_offset, diff, head)
-            _SLOT_PACK(m, slot_at, count)
-            count += 1
-            added += 1
-        h.hash_slot_count = slot_count
-        h.index_count = count
-        h.end_phy_offset = phy_offset
-        h.end_timestamp = store_timestamp
-        HEADER.pack_into(m, 0, h.begin_timestamp, store_timestamp, h.begin_phy_offset,
-                         phy_offset, slot_count, count)
-        self.dirty = True
+        try:
+            for hash_ in hashes:
+                if count >= limit:
+                    break
+                slot_at = HEADER_SIZE + (hash_ % slots) * SLOT_SIZE
+                chunk = slot_at // SLOT_RESERVE_CHUNK
+                if chunk not in slot_pages:
+                    self._reserve(chunk * SLOT_RESERVE_CHUNK,
+                                  min(entries_at, (chunk + 1) * SLOT_RESERVE_CHUNK))
+                    slot_pages.add(chunk)
+                entry_at = entries_at + count * ENTRY_SIZE
+                if entry_at + ENTRY_SIZE > self._entries_allocated_until:
+                    target = min(self.size, entry_at + ENTRY_SIZE + ENTRY_ALLOCATE_AHEAD)
+                    self._reserve(self._entries_allocated_until, target)
+                    self._entries_allocated_until = target
+                (head,) = _SLOT_UNPACK(m, slot_at)
+                if head <= INVALID_INDEX or head >= count:
+                    head = INVALID_INDEX
+                    slot_count += 1
+                _ENTRY_PACK(m, entry_at, hash_, phy_offset, diff, head)
+                _SLOT_PACK(m, slot_at, count)
+                count += 1
+                added += 1
+        finally:
+            # Counted only if the whole record was written, or if the file filled up (the
+            # caller writes the rest in the next file): a reserve that failed mid-record
+            # leaves its written entries uncounted, as before.
+            if added == len(hashes) or count >= limit:
+                h.hash_slot_count = slot_count
+                h.index_count = count
+                h.end_phy_offset = phy_offset
+                h.end_timestamp = store_timestamp
+                self.dirty = True
         return added
+
+    def _write_header(self) -> None:
+        h = self.header
+        HEADER.pack_into(self._map, 0, h.begin_timestamp, h.end_timestamp, h.begin_phy_offset,
+                         h.end_phy_offset, h.hash_slot_count, h.index_count)
 
     def flush(self) -> None:
         if self.read_only or not self.dirty or self._closed:
@@ -458,8 +498,9 @@ class IndexFile(RefCountedMap):
 
 
 __all__ = [
-    "ENTRY", "ENTRY_SIZE", "HEADER", "HEADER_SIZE", "INVALID_INDEX", "IndexFile",
-    "IndexFileError", "IndexHeader", "SLOT", "SLOT_SIZE", "build_key", "file_name_for",
-    "file_size", "is_index_file_name", "java_string_hash", "key_hash", "key_hashes",
+    "ENTRY", "ENTRY_SIZE", "HASH_BATCH_MIN", "HEADER", "HEADER_SIZE", "INVALID_INDEX",
+    "IndexFile", "IndexFileError", "IndexHeader", "SLOT", "SLOT_SIZE", "build_key",
+    "file_name_for", "file_size", "is_index_file_name", "java_string_hash", "key_hash",
+    "key_hashes",
     "topic_key_hash",
 ]  # fmt: skip

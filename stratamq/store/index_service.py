@@ -27,6 +27,7 @@ from pathlib import Path
 
 from stratamq.record import DispatchInfo, Prop, SysFlag
 from stratamq.store.index_file import (
+    HASH_BATCH_MIN,
     KEY_SEPARATOR,
     IndexFile,
     IndexFileError,
@@ -203,25 +204,31 @@ class IndexService:
         self._pending = []
         # RocketMQ's key order per record: UNIQ_KEY, then each KEYS word, as topic#key.
         per_record: list[int] = []
-        texts: list[str] = []
+        words: list[tuple[str, str]] = []  # (topic, key)
         for topic, uniq, keys, _, _ in pending:
-            before = len(texts)
-            prefix = topic + KEY_SEPARATOR
+            before = len(words)
             if uniq:
-                texts.append(prefix + uniq)
+                words.append((topic, uniq))
             if keys:
                 if " " in keys:
-                    texts.extend(prefix + k for k in keys.split(" ") if k)
+                    words.extend((topic, k) for k in keys.split(" ") if k)
                 else:
-                    texts.append(prefix + keys)
-            per_record.append(len(texts) - before)
-        hashes = key_hashes(texts)
+                    words.append((topic, keys))
+            per_record.append(len(words) - before)
+        if len(words) >= HASH_BATCH_MIN:  # numpy, over every character of the round at once
+            hashes = key_hashes([topic + KEY_SEPARATOR + k for topic, k in words])
+        else:  # the topic's part of the hash is cached: only the key's characters are hashed
+            hashes = [topic_key_hash(topic, k) for topic, k in words]
+        records: list[tuple[int, int, list[int]]] = []
         at = 0
         for (_, _, _, phys, ts), n in zip(pending, per_record, strict=True):
-            if not n:
-                continue
-            record_hashes = hashes[at : at + n]
-            at += n
+            if n:
+                records.append((phys, ts, hashes[at : at + n]))
+                at += n
+        if records and records[0][0] > self._indexed_to and self._put_round(records):
+            return
+        for phys, ts, record_hashes in records:
+            n = len(record_hashes)
             try:
                 self._index(phys, ts, record_hashes)
             except OSError as exc:
@@ -231,6 +238,23 @@ class IndexService:
                 if self.error is None:
                     log.error("indexing stopped working at offset %d: %s", phys, exc)
                 self.error = exc
+
+    def _put_round(self, records: list[tuple[int, int, list[int]]]) -> bool:
+        """The round's new records into the newest file in one call (``put_records``: the
+        bytes of one ``put_keys`` per record, a fraction of the calls). False when they do
+        not all fit, or a write failed: the caller then goes record by record (rolling over,
+        skipping what was written here, counting what fails)."""
+        try:
+            f = self._writable_file()
+            if not f.put_records(records):
+                return False
+        except OSError:
+            if self._files and self._files[-1].entries:
+                self._indexed_to = max(self._indexed_to, self._files[-1].end_phy_offset)
+            return False
+        self._indexed_to = records[-1][0]
+        self.error = None
+        return True
 
     def _index(self, phys: int, ts: int, hashes: list[int]) -> None:
         if phys <= self._indexed_to:
