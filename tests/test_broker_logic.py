@@ -284,3 +284,49 @@ def test_an_ack_of_many_entries_is_answered_per_entry(receiving):
     assert [e.status.code for e in reply.entries] == [pb.Code.OK] * 10 + [
         pb.Code.INVALID_RECEIPT_HANDLE]
     assert service.engine.state.entries("G", "R") == {}  # nothing left in flight
+
+
+def test_pop_state_knows_the_earliest_visible_time_through_puts_acks_and_a_reopen(tmp_path):
+    from stratamq.broker.pop_state import InFlight
+
+    path = tmp_path / "popState"
+    state = PopState(path)
+    assert state.earliest("G", "T") is None
+    state.apply("G", "T", put={(0, q): InFlight(1000 + q, 1, 1) for q in range(200)})
+    assert state.earliest("G", "T") == 1000
+    state.apply("G", "T", delete=[(0, 0), (0, 1)])  # acked: the next one is the earliest
+    assert state.earliest("G", "T") == 1002
+    state.apply("G", "T", put={(0, 2): InFlight(5000, 1, 2)})  # its invisible time changed
+    assert state.earliest("G", "T") == 1003
+    for _ in range(300):  # many re-puts of one entry: stale heap items must not pile up
+        state.apply("G", "T", put={(0, 150): InFlight(10, 2, 3)})
+        state.apply("G", "T", put={(0, 150): InFlight(9000, 2, 4)})
+    assert state.earliest("G", "T") == 1003
+    assert len(state._heaps[("G", "T")]) <= 2 * len(state.inflight[("G", "T")]) + 64
+    assert state.busy_queues("G", "T") == {0}
+    state.close()
+    state = PopState(path)
+    assert state.earliest("G", "T") == 1003
+    state.apply("G", "T", delete=list(state.entries("G", "T")))
+    assert state.earliest("G", "T") is None
+    assert state.busy_queues("G", "T") == set()
+    state.close()
+
+
+def test_a_nacked_message_is_redelivered_while_many_others_stay_in_flight(receiving):
+    store, service, loop = receiving
+    store.put_messages([Message("R", b"m%d" % i, queue_id=i % 2) for i in range(100)])
+    store.wait_dispatched()
+    call = Call({"x-mq-client-id": "c1"})
+    got = []
+    for _ in range(4):
+        responses = loop.run_until_complete(service.receive(_receive_request(32, 0), call,
+                                                            _inline))
+        got += [r.message for r in responses if r.HasField("message")]
+    assert len(got) == 100
+    nacked = got[57]
+    service.engine.change_invisible("G", "R", nacked.system_properties.receipt_handle, 0)
+    responses = loop.run_until_complete(service.receive(_receive_request(32, 0), call, _inline))
+    again = [r.message for r in responses if r.HasField("message")]
+    assert [m.body for m in again] == [nacked.body]
+    assert again[0].system_properties.delivery_attempt == 2

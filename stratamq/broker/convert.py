@@ -344,6 +344,19 @@ _HANDLE = re.compile("_".join([_NUMBER] * 4) + "_([0-9a-f]{16})", re.ASCII)
 _MAX_I32, _MAX_I64 = (1 << 31) - 1, (1 << 63) - 1
 
 
+# Per (key, group, topic), an HMAC already fed "group\0topic\0": a handle's MAC is a copy of
+# it plus the fields (half the cost of keying a new HMAC for every handle made or checked).
+# Only pairs a request named and the lookup accepted get here; cleared if it ever grows large.
+_MAC_BASES: dict[tuple[bytes, str, str], hmac.HMAC] = {}
+
+
 def _mac(key: bytes, group: str, topic: str, fields: str) -> str:
-    data = f"{group}\0{topic}\0{fields}".encode()
-    return hmac.new(key, data, "sha256").hexdigest()[:16]
+    base = _MAC_BASES.get((key, group, topic))
+    if base is None:
+        if len(_MAC_BASES) >= 4096:
+            _MAC_BASES.clear()
+        base = _MAC_BASES[(key, group, topic)] = hmac.new(key, f"{group}\0{topic}\0".encode(),
+                                                          "sha256")
+    mac = base.copy()
+    mac.update(fields.encode())
+    return mac.hexdigest()[:16]
