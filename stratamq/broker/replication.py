@@ -167,8 +167,8 @@ class StateSync:
         Only an explicit deletion removes data: a topic merely missing from the master's
         configuration (a master restarted over an empty config directory) keeps its queues
         here, as RocketMQ's slave only replaces its config table. A deletion is applied once
-        this CommitLog holds the master's cutoff, so the slave's cutoff is at or past it (the
-        old generation is never dispatched into the new one's queues)."""
+        this CommitLog holds the master's cutoff, and at that cutoff: what the slave received
+        of the topic's next generation before this sync stays, as it stays on the master."""
         store = self.b.store
         applied: list[str] = []
         for topic, cutoff in master_cutoffs.items():
@@ -178,7 +178,7 @@ class StateSync:
                 continue  # not replicated that far yet: a later sync applies it
             log.info("topic %s was deleted on the master (below CommitLog offset %d): deleting "
                      "its queues here", topic, cutoff)
-            store.delete_topic(topic, timeout=_DELETE_WAIT_S)
+            store.delete_topic(topic, timeout=_DELETE_WAIT_S, at=cutoff)
             applied.append(topic)
         return applied
 

@@ -132,6 +132,20 @@ class ReputService(ServiceThread):
         self._signal()
         return done
 
+    def delete_topic_behind(self, cutoff: int, topic: str) -> threading.Event:
+        """Destroy ``topic``'s ConsumeQueues as of ``cutoff``, which dispatch may already have
+        passed: a slave applies its master's deletion only at the next state sync, and by then
+        it may have dispatched records of the topic's next generation (at or past ``cutoff``)
+        into the old generation's queues. Dispatch is rewound to ``cutoff``, the queues are
+        destroyed there, and what follows is dispatched again into the new ones; the other
+        topics' records in between come again too, which every dispatcher takes as the replay
+        it already handles after recovery. The event is set when the queues are gone."""
+        with self.paused():
+            done = self.delete_topic_at(cutoff, topic)
+            if self.reput_from > cutoff:
+                self.rewind(cutoff)
+        return done
+
     def _run_deletions(self, reached: int) -> None:
         with self._deletions_lock:
             due = [d for d in self._deletions if d[0] <= reached]

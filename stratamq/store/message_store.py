@@ -144,6 +144,8 @@ class MessageStore:
         report.dropped_units = dropped[0]  # the primary's: a double-written copy drops the same
         self.recovery = report
         files.flushed_where = files.committed_where = report.end_offset
+        if not files.files and not self.read_only and cfg.broker_role is not BrokerRole.SLAVE:
+            self._start_after_sources(files)
 
         self.commitlog = CommitLog(files, cfg.store_host, cfg.max_message_size)
         self.log_reader = CommitLogReader(files)
@@ -184,6 +186,7 @@ class MessageStore:
             if hasattr(cq_store, "commitlog_min_offset"):  # RocksDB: expiry seen at read time
                 cq_store.commitlog_min_offset = lambda: self.commitlog.min_offset
         self.commitlog.queue_offsets = self.consume_queues.queue_offset_table()
+        self._continue_queues_of_sources()
         if self.read_only:
             return
         self.layout.abort.touch()
@@ -191,6 +194,42 @@ class MessageStore:
         # so a store that fills its disk can still checkpoint and close cleanly.
         self.checkpoint.write(self.layout.checkpoint)
         self._start_services(cfg, files)
+
+    def _start_after_sources(self, files: MappedFileQueue) -> None:
+        """An empty CommitLog next to a plugged read source that holds records (a tier whose
+        history outlived the local files, or an offloaded history this store adopted) starts
+        at the first segment boundary past them, so the CommitLog offsets of new messages, and
+        the offset message ids built on them, never name a record of that history. A source
+        tells where its records end with an optional ``physical_end()``. (A slave's log
+        follows its master's offsets instead.)"""
+        end = 0
+        for source, _first in self._plugged_sources:
+            physical_end = getattr(source, "physical_end", None)
+            if physical_end is not None:
+                end = max(end, int(physical_end()))
+        if end <= 0:
+            return
+        size = files.mapped_file_size
+        start = -(-end // size) * size
+        files.last_mapped_file(start_offset=start)
+        files.flushed_where = files.committed_where = start
+        log.info("empty CommitLog starts at offset %d, past the history its read sources hold "
+                 "(up to %d)", start, end)
+
+    def _continue_queues_of_sources(self) -> None:
+        """A queue that a plugged read source holds further than the local ConsumeQueues (a
+        broker that adopted an offloaded tier's history, or lost its local files) continues
+        after it: its next message gets the next offset, not one the history already uses.
+        The local queue then starts there, with blank units before, as after expiry."""
+        offsets = self.commitlog.queue_offsets
+        for source in self.read_chain.sources:
+            if source is self.local_source:
+                continue
+            for topic, queue_ids in source.topics().items():
+                for queue_id in queue_ids:
+                    held = source.offsets(topic, queue_id)
+                    if held is not None and held.high > offsets.get((topic, queue_id), 0):
+                        offsets[(topic, queue_id)] = held.high
 
     def _close_cq_stores(self) -> None:
         for cq_store in self.cq_stores:
@@ -419,13 +458,28 @@ class MessageStore:
             return None
         return PutMessageStatus.FLUSH_DISK_TIMEOUT
 
-    def delete_topic(self, topic: str, timeout: float = 30.0) -> None:
+    def delete_topic(self, topic: str, timeout: float = 30.0, *, at: int | None = None) -> None:
         """Delete ``topic``'s messages as RocketMQ's ``deleteTopics`` does: its ConsumeQueues
         go, and its records, which stay in the CommitLog until retention, are never served for
         it again (a topic created later under the name starts empty, at queue offset 0, even
-        after a crash and a replay). Returns once the ConsumeQueues are gone."""
+        after a crash and a replay). Returns once the ConsumeQueues are gone.
+
+        ``at`` is for a slave applying its master's deletion: the master's cutoff (where the
+        topic's next generation starts in the shared CommitLog), which this log must already
+        hold. The slave's own end would be later, and the next generation's records between
+        the two would be deleted with the old ones."""
         if not self._opened or self.read_only:
             raise RuntimeError("store is not open for writing")
+        if at is not None:
+            if not 0 <= at <= self.commitlog.max_offset:
+                raise ValueError(f"cannot delete topic {topic!r} at CommitLog offset {at}: this "
+                                 f"log ends at {self.commitlog.max_offset}")
+            self.deleted_topics.add(topic, at)
+            self.deleted_topics.save()  # durable before the queues go
+            if not self.reput.delete_topic_behind(at, topic).wait(timeout):
+                raise TimeoutError(f"dispatch did not reach the deletion of topic {topic!r} "
+                                   f"in {timeout} s (dispatch error: {self.reput.error})")
+            return
 
         def note(cutoff: int) -> None:
             self.deleted_topics.add(topic, cutoff)

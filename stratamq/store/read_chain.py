@@ -95,6 +95,10 @@ class ReadSource(Protocol):
         """Topics (and their queue ids) the source holds."""
         ...
 
+    # Optional, looked up with getattr: ``physical_end() -> int``, where the source's records
+    # end in the CommitLog they came from; an empty local CommitLog starts past it
+    # (``MessageStore._start_after_sources``).
+
 
 class ReadChain:
     """The ordered sources, and the answers that need all of them.

@@ -349,6 +349,21 @@ class TierFetcher:
         self._phys_ranges[key] = (low, high, *found)
         return found
 
+    def physical_end(self) -> int:
+        """Where the records the tier holds end in the CommitLog they came from (0 for an
+        empty tier); the store starts an empty local CommitLog past it. One ranged read per
+        queue, asked only when the local CommitLog is empty (a store that lost its files, or
+        that adopted an offloaded history)."""
+        end = 0
+        for flat in self.files.files():
+            if not flat.is_init() or flat.commit_offset <= flat.min_offset():
+                continue
+            last = flat.record_at(flat.commit_offset - 1)
+            if last is not None and len(last) >= codec.PHYSICAL_OFFSET_POS + 8:
+                physical = struct.unpack_from(">q", last, codec.PHYSICAL_OFFSET_POS)[0]
+                end = max(end, physical + len(last))
+        return end
+
     def topics(self) -> dict[str, list[int]]:
         if self.policy is TieredStorageLevel.DISABLE:
             return {}
