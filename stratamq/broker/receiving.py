@@ -209,10 +209,12 @@ class ReceiveService:
         for entry, error in zip(request.entries, errors, strict=True):
             add(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
                 status=_OK if error is None else ok_status(error.code, error.message))
-        ok = sum(1 for error in errors if error is None)
+        ok = errors.count(None)
         if ok:
             self.metrics().on_ack(group.name, topic.name, ok)
-        codes = {Code.OK if error is None else error.code for error in errors}
+        codes = {error.code for error in errors if error is not None}
+        if ok:
+            codes.add(_OK.code)  # not Code.OK per entry: the enum wrapper's lookup is Python
         response.status.CopyFrom(response.entries[0].status if len(codes) == 1 else
                                  ok_status(Code.MULTIPLE_RESULTS, "mixed results"))
         return response
