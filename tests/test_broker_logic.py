@@ -284,3 +284,127 @@ def test_an_ack_of_many_entries_is_answered_per_entry(receiving):
     assert [e.status.code for e in reply.entries] == [pb.Code.OK] * 10 + [
         pb.Code.INVALID_RECEIPT_HANDLE]
     assert service.engine.state.entries("G", "R") == {}  # nothing left in flight
+
+
+def test_pop_state_knows_the_earliest_visible_time_through_puts_acks_and_a_reopen(tmp_path):
+    from stratamq.broker.pop_state import InFlight
+
+    path = tmp_path / "popState"
+    state = PopState(path)
+    assert state.earliest("G", "T") is None
+    state.apply("G", "T", put={(0, q): InFlight(1000 + q, 1, 1) for q in range(200)})
+    assert state.earliest("G", "T") == 1000
+    state.apply("G", "T", delete=[(0, 0), (0, 1)])  # acked: the next one is the earliest
+    assert state.earliest("G", "T") == 1002
+    state.apply("G", "T", put={(0, 2): InFlight(5000, 1, 2)})  # its invisible time changed
+    assert state.earliest("G", "T") == 1003
+    for _ in range(300):  # many re-puts of one entry: stale heap items must not pile up
+        state.apply("G", "T", put={(0, 150): InFlight(10, 2, 3)})
+        state.apply("G", "T", put={(0, 150): InFlight(9000, 2, 4)})
+    assert state.earliest("G", "T") == 1003
+    assert len(state._heaps[("G", "T")]) <= 2 * len(state.inflight[("G", "T")]) + 64
+    assert state.busy_queues("G", "T") == {0}
+    state.close()
+    state = PopState(path)
+    assert state.earliest("G", "T") == 1003
+    state.apply("G", "T", delete=list(state.entries("G", "T")))
+    assert state.earliest("G", "T") is None
+    assert state.busy_queues("G", "T") == set()
+    state.close()
+
+
+def test_a_nacked_message_is_redelivered_while_many_others_stay_in_flight(receiving):
+    store, service, loop = receiving
+    store.put_messages([Message("R", b"m%d" % i, queue_id=i % 2) for i in range(100)])
+    store.wait_dispatched()
+    call = Call({"x-mq-client-id": "c1"})
+    got = []
+    for _ in range(4):
+        responses = loop.run_until_complete(service.receive(_receive_request(32, 0), call,
+                                                            _inline))
+        got += [r.message for r in responses if r.HasField("message")]
+    assert len(got) == 100
+    nacked = got[57]
+    service.engine.change_invisible("G", "R", nacked.system_properties.receipt_handle, 0)
+    responses = loop.run_until_complete(service.receive(_receive_request(32, 0), call, _inline))
+    again = [r.message for r in responses if r.HasField("message")]
+    assert [m.body for m in again] == [nacked.body]
+    assert again[0].system_properties.delivery_attempt == 2
+
+
+# -- lanes ---------------------------------------------------------------------------------------
+
+
+def test_lane_calls_of_one_key_run_one_at_a_time_in_order_each_with_its_own_answer():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stratamq.broker.lanes import Lanes
+
+    lanes = Lanes(max_batch=3)
+    executor = ThreadPoolExecutor(max_workers=8)
+    order: list[int] = []
+    running = [0]
+    overlap = []
+    guard = threading.Lock()
+
+    def work(i: int) -> int:
+        with guard:
+            running[0] += 1
+            overlap.append(running[0])
+        threading.Event().wait(0.002)  # hold the call long enough for others to pile up
+        order.append(i)
+        with guard:
+            running[0] -= 1
+        if i == 5:
+            raise BrokerError(pb.Code.BAD_REQUEST, "five")
+        return i * 10
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+
+        def run(fn, *args):
+            return loop.run_in_executor(executor, fn, *args)
+
+        return await asyncio.gather(*(lanes.call("G/T", run, work, i) for i in range(20)),
+                                    return_exceptions=True)
+
+    try:
+        answers = asyncio.run(scenario())
+    finally:
+        executor.shutdown()
+    assert order == list(range(20))
+    assert max(overlap) == 1  # never two calls of the key at once, with 8 threads free
+    assert [a for i, a in enumerate(answers) if i != 5] == [i * 10 for i in range(20) if i != 5]
+    assert isinstance(answers[5], BrokerError) and answers[5].message == "five"
+    assert lanes._queues == {}  # nothing left behind for the key
+
+
+def test_a_blocked_lane_holds_up_only_its_own_key_and_a_cancelled_caller_only_itself():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stratamq.broker.lanes import Lanes
+
+    lanes = Lanes()
+    executor = ThreadPoolExecutor(max_workers=4)
+    release = threading.Event()
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+
+        def run(fn, *args):
+            return loop.run_in_executor(executor, fn, *args)
+
+        blocked = asyncio.ensure_future(lanes.call("A", run, release.wait, 30))
+        cancelled = asyncio.ensure_future(lanes.call("A", run, lambda: "dropped"))
+        after = asyncio.ensure_future(lanes.call("A", run, lambda: "after"))
+        other = await asyncio.wait_for(lanes.call("B", run, lambda: "other"), 30)
+        assert not blocked.done()  # key B went ahead of key A's blocked call
+        cancelled.cancel()
+        release.set()
+        return other, await blocked, await after, cancelled.cancelled()
+
+    try:
+        assert asyncio.run(scenario()) == ("other", True, "after", True)
+    finally:
+        release.set()
+        executor.shutdown()

@@ -30,6 +30,7 @@ from stratamq.broker.validate import (
     has_control_character,
 )
 from stratamq.message import Host, Message, Prop, StoredMessage
+from stratamq.record.layout import SysFlag
 
 Code = pb.Code
 
@@ -241,11 +242,9 @@ _PB_MESSAGE_TYPES = {name: pb.MessageType.Value(name)
                      for name in ("NORMAL", "FIFO", "DELAY", "TRANSACTION")}
 
 
-def _set_ts(field: Timestamp, ms: int) -> None:
-    """``field.CopyFrom(_ts(ms))`` without building the temporary message (per message sent
-    to a consumer, twice)."""
-    field.seconds = ms // 1000
-    field.nanos = (ms % 1000) * 1_000_000
+@lru_cache(maxsize=1024)
+def _host_text(host: Host) -> str:
+    return str(host)  # a broker sees few store hosts: one string each, not one per message
 
 
 def to_pb_message(msg: StoredMessage, *, message_type: str, topic: str | None = None,
@@ -257,31 +256,38 @@ def to_pb_message(msg: StoredMessage, *, message_type: str, topic: str | None = 
     Filled into ``out`` (an empty message, e.g. a response's field) when given, else into a
     new message. Runs for every message a consumer receives: fields are set in place rather
     than built as messages of their own and copied in."""
-    body = msg.decompressed_body()
+    body = msg.body
+    if msg.sys_flag & SysFlag.COMPRESSED or type(body) is not bytes:
+        body = msg.decompressed_body()
     if out is None:
         out = pb.Message()
     out.topic.name = topic or msg.topic
     out.body = body
     props = msg.properties
-    for key, value in props.items():
-        if key not in SYSTEM_PROPERTIES:
-            out.user_properties[key] = value
+    user = [item for item in props.items() if item[0] not in SYSTEM_PROPERTIES]
+    if user:
+        out.user_properties.update(user)
     sp = out.system_properties
-    if Prop.TAGS in props:
-        sp.tag = props[Prop.TAGS]
-    keys = msg.keys
+    tag = props.get(Prop.TAGS)
+    if tag is not None:
+        sp.tag = tag
+    keys = props.get(Prop.KEYS)
     if keys:
-        sp.keys.extend(keys)
-    sp.message_id = message_id_of(msg)
+        sp.keys.extend(keys.split())
+    sp.message_id = props.get(Prop.UNIQ_KEY) or msg.msg_id
     digest = sp.body_digest
     digest.type = pb.MD5
     digest.checksum = body_checksum(body)
     sp.body_encoding = pb.IDENTITY
     sp.message_type = _PB_MESSAGE_TYPES.get(message_type, pb.NORMAL)
-    _set_ts(sp.born_timestamp, msg.born_timestamp)
+    ms = msg.born_timestamp
+    ts = sp.born_timestamp
+    ts.seconds, ts.nanos = ms // 1000, (ms % 1000) * 1_000_000
     sp.born_host = msg.born_host.ip
-    _set_ts(sp.store_timestamp, msg.store_timestamp)
-    sp.store_host = str(msg.store_host)
+    ms = msg.store_timestamp
+    ts = sp.store_timestamp
+    ts.seconds, ts.nanos = ms // 1000, (ms % 1000) * 1_000_000
+    sp.store_host = _host_text(msg.store_host)
     sp.queue_id = msg.queue_id
     sp.queue_offset = msg.queue_offset
     if Prop.MESSAGE_GROUP in props:
@@ -294,7 +300,8 @@ def to_pb_message(msg: StoredMessage, *, message_type: str, topic: str | None = 
     if attempt is not None:
         sp.delivery_attempt = attempt
     if invisible_ms is not None:
-        sp.invisible_duration.FromMilliseconds(invisible_ms)
+        duration = sp.invisible_duration  # Duration.FromMilliseconds is Python, per message
+        duration.seconds, duration.nanos = invisible_ms // 1000, (invisible_ms % 1000) * 1_000_000
     if DLQ_ORIGIN_TOPIC in props:
         sp.dead_letter_queue.topic = props[DLQ_ORIGIN_TOPIC]
         sp.dead_letter_queue.message_id = props.get(DLQ_ORIGIN_MESSAGE_ID, "")
@@ -333,10 +340,11 @@ class Receipt:
         if match is None:
             raise BrokerError(Code.INVALID_RECEIPT_HANDLE,
                               f"malformed receipt handle {text[:80]!r}")
-        qid, off, gen, vis = (int(match.group(i)) for i in range(1, 5))
-        fields = text[:match.start(5) - 1]
+        qid_text, off_text, gen_text, vis_text, mac = match.groups()
+        qid, off, gen, vis = int(qid_text), int(off_text), int(gen_text), int(vis_text)
+        fields = text[:-17]  # all but "_<16 hex digits of MAC>"
         if (qid > _MAX_I32 or max(off, gen, vis) > _MAX_I64
-                or not hmac.compare_digest(match.group(5), _mac(key, group, topic, fields))):
+                or not hmac.compare_digest(mac, _mac(key, group, topic, fields))):
             raise BrokerError(Code.INVALID_RECEIPT_HANDLE,
                               f"receipt handle {text[:80]!r} was not issued by this broker for "
                               f"group {group!r} and topic {topic!r}")
@@ -350,6 +358,19 @@ _HANDLE = re.compile("_".join([_NUMBER] * 4) + "_([0-9a-f]{16})", re.ASCII)
 _MAX_I32, _MAX_I64 = (1 << 31) - 1, (1 << 63) - 1
 
 
+# Per (key, group, topic), an HMAC already fed "group\0topic\0": a handle's MAC is a copy of
+# it plus the fields (half the cost of keying a new HMAC for every handle made or checked).
+# Only pairs a request named and the lookup accepted get here; cleared if it ever grows large.
+_MAC_BASES: dict[tuple[bytes, str, str], hmac.HMAC] = {}
+
+
 def _mac(key: bytes, group: str, topic: str, fields: str) -> str:
-    data = f"{group}\0{topic}\0{fields}".encode()
-    return hmac.new(key, data, "sha256").hexdigest()[:16]
+    base = _MAC_BASES.get((key, group, topic))
+    if base is None:
+        if len(_MAC_BASES) >= 4096:
+            _MAC_BASES.clear()
+        base = _MAC_BASES[(key, group, topic)] = hmac.new(key, f"{group}\0{topic}\0".encode(),
+                                                          "sha256")
+    mac = base.copy()
+    mac.update(fields.encode())
+    return mac.hexdigest()[:16]

@@ -125,7 +125,6 @@ class PopEngine:
         orderly = self.orderly(topic, group)
         with self._lock(g, t):
             now = now_ms()
-            entries = self.state.entries(g, t)
             out: list[Popped] = []
             put: dict[tuple[int, int], InFlight] = {}
             delete: list[tuple[int, int]] = []
@@ -134,7 +133,12 @@ class PopEngine:
             gen = now
 
             # 1. Redeliver what has become visible again (oldest queue position first), read
-            # in runs of consecutive offsets: one store read per run, not per message.
+            # in runs of consecutive offsets: one store read per run, not per message. The
+            # in-flight entries are scanned only when one of them is due: with thousands in
+            # flight, sorting them all for every pop was most of a pop's cost.
+            earliest = self.state.earliest(g, t)
+            due_now = earliest is not None and earliest <= now
+            entries = self.state.entries(g, t) if due_now else {}
             blocked: set[int] = set()
             due: list[tuple[int, int, InFlight]] = []
             for (qid, off) in sorted(entries):
@@ -162,7 +166,12 @@ class PopEngine:
                 out.append(Popped(msg, Receipt(qid, off, ne.generation, visible_at),
                                   ne.attempt, invisible_ms))
             # Queues still holding a message in flight: closed to new FIFO deliveries.
-            busy = {q for (q, _o) in (set(entries) - set(delete)) | set(put)}
+            if not orderly:
+                busy: set[int] = set()
+            elif due_now:
+                busy = {q for (q, _o) in (set(entries) - set(delete)) | set(put)}
+            else:
+                busy = self.state.busy_queues(g, t)
 
             # 2. New messages, queue by queue from the cursor.
             qcount = topic.read_queue_nums

@@ -34,6 +34,7 @@ another thread inserts a key raises "dictionary changed size during iteration".
 from __future__ import annotations
 
 import base64
+import heapq
 import os
 import struct
 import threading
@@ -64,6 +65,12 @@ def _prefix(kind: bytes, group: str, topic: str) -> bytes:
     return kind + b"\0" + group.encode() + b"\0" + topic.encode() + b"\0"
 
 
+def _heap_of(table: dict[tuple[int, int], InFlight]) -> list[tuple[int, int, int]]:
+    heap = [(e.visible_at, qid, off) for (qid, off), e in table.items()]
+    heapq.heapify(heap)
+    return heap
+
+
 def _split(key: bytes) -> tuple[bytes, str, str, bytes]:
     kind, group, topic, rest = key.split(b"\0", 3)
     return kind, group.decode(), topic.decode(), rest
@@ -83,6 +90,12 @@ class PopState:
         self.inflight: dict[tuple[str, str], dict[tuple[int, int], InFlight]] = {}
         self.offsets: dict[tuple[str, str, int], int] = {}
         self._mutex = threading.Lock()
+        # Per pair, a min-heap of (visible_at, queue_id, offset) over its in-flight entries,
+        # so a pop learns "is anything due?" without scanning thousands of entries in flight.
+        # Lazy: a heap item is stale once its entry was deleted or re-put with another
+        # visible_at (skipped when it reaches the top; the heap is rebuilt from the table
+        # when stale items outnumber live ones). Built on first use; every put pushes.
+        self._heaps: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
         self.receipt_key: bytes = b""
         for key, value in self.db.items():
             kind, group, topic, rest = _split(bytes(key))  # type: ignore[arg-type]
@@ -124,6 +137,32 @@ class PopState:
         with self._mutex:
             return self.inflight.get((group, topic), {}).get((queue_id, offset))
 
+    def earliest(self, group: str, topic: str) -> int | None:
+        """The smallest ``visible_at`` of the pair's in-flight entries (None: none in flight):
+        a pop scans the entries for redeliveries only once this is due."""
+        pair = (group, topic)
+        with self._mutex:
+            table = self.inflight.get(pair)
+            if not table:
+                return None
+            heap = self._heaps.get(pair)
+            if heap is None:
+                heap = self._heaps[pair] = _heap_of(table)
+            while heap:
+                visible_at, qid, off = heap[0]
+                e = table.get((qid, off))
+                if e is not None and e.visible_at == visible_at:
+                    return visible_at
+                heapq.heappop(heap)  # stale: acked, or re-put with another time
+            # Unreachable while every put pushes; rebuilt rather than trusted if it happens.
+            heap[:] = _heap_of(table)
+            return heap[0][0] if heap else None
+
+    def busy_queues(self, group: str, topic: str) -> set[int]:
+        """The queues with a message of the pair in flight."""
+        with self._mutex:
+            return {qid for (qid, _off) in self.inflight.get((group, topic), ())}
+
     def offset(self, group: str, topic: str, queue_id: int) -> int | None:
         """The offset a pull consumer committed with UpdateOffset, if any."""
         return self.offsets.get((group, topic, queue_id))
@@ -154,21 +193,34 @@ class PopState:
         """Persist a set of changes atomically, then mirror them in memory."""
         batch = WriteBatch(raw_mode=True)
         delete = list(delete)
-        for qid, off in (cursors or {}).items():
-            batch.put(_prefix(b"C", group, topic) + _QID.pack(qid), _OFFSET.pack(off))
-        for (qid, off), e in (put or {}).items():
-            batch.put(_prefix(b"I", group, topic) + _QID_OFF.pack(qid, off),
-                      _ENTRY.pack(e.visible_at, e.attempt, e.generation))
+        if cursors:
+            prefix = _prefix(b"C", group, topic)
+            for qid, off in cursors.items():
+                batch.put(prefix + _QID.pack(qid), _OFFSET.pack(off))
+        prefix = _prefix(b"I", group, topic)
+        if put:
+            for (qid, off), e in put.items():
+                batch.put(prefix + _QID_OFF.pack(qid, off),
+                          _ENTRY.pack(e.visible_at, e.attempt, e.generation))
         for qid, off in delete:
-            batch.delete(_prefix(b"I", group, topic) + _QID_OFF.pack(qid, off))
+            batch.delete(prefix + _QID_OFF.pack(qid, off))
         self.db.write(batch, self.write_opts)
+        pair = (group, topic)
         with self._mutex:
             for qid, off in (cursors or {}).items():
                 self.cursors[(group, topic, qid)] = off
-            table = self.inflight.setdefault((group, topic), {})
-            table.update(put or {})
+            table = self.inflight.setdefault(pair, {})
+            if put:
+                table.update(put)
             for key in delete:
                 table.pop(key, None)
+            heap = self._heaps.get(pair)
+            if put and heap is not None:
+                if len(heap) + len(put) > 2 * len(table) + 64:
+                    self._heaps[pair] = _heap_of(table)  # mostly stale: start afresh
+                else:
+                    for (qid, off), e in put.items():
+                        heapq.heappush(heap, (e.visible_at, qid, off))
 
     def set_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         batch = WriteBatch(raw_mode=True)
@@ -227,6 +279,7 @@ class PopState:
         with self._mutex:
             self.receipt_key = key
             self.cursors, self.offsets, self.inflight = cursors, offsets, inflight
+            self._heaps = {}
         return True
 
     def drop_topic(self, topic: str) -> None:
@@ -243,3 +296,4 @@ class PopState:
                     del table[k]
             for pair in [p for p in self.inflight if p[1] == topic]:
                 del self.inflight[pair]
+                self._heaps.pop(pair, None)

@@ -13,8 +13,10 @@ An ``AckMessage`` with N entries is one pop-state write (``PopEngine.ack_many``)
 gets its own status.
 
 The blocking parts (pops, acks, building messages: store reads, RocksDB writes, MD5) are plain
-methods an executor runs: ``receive`` takes the ``run`` that does so, and tests drive
-everything without a socket. Thread-safety: the sync methods from any thread; ``receive`` on
+methods an executor runs: ``receive`` (and ``ack_queued``) take the ``run`` that does so and
+queue them in the lane of their group and topic (``lanes.py``: one executor job at a time per
+pair, as the engine's lock would serialise them anyway); tests drive everything without a
+socket. Thread-safety: the sync methods from any thread; ``receive`` on
 the loop that owns the ``LongPolls``.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -33,6 +36,7 @@ from stratamq.broker.clients import ok_status
 from stratamq.broker.convert import to_pb_message
 from stratamq.broker.engine import PopEngine, Popped, now_ms
 from stratamq.broker.errors import BrokerError
+from stratamq.broker.lanes import Lanes
 from stratamq.broker.lookup import Lookup
 from stratamq.broker.metadata import GroupConfig, TopicConfig
 from stratamq.broker.polling import LongPolls
@@ -45,6 +49,7 @@ __all__ = ["ReceivePlan", "ReceiveService", "Run", "message_type_of"]
 
 Code = pb.Code
 T = TypeVar("T")
+_OK = ok_status()  # copied into each message that holds it, never changed
 Run = Callable[..., Awaitable[Any]]  # run(fn, *args): fn(*args) in the executor
 
 
@@ -83,6 +88,9 @@ class ReceiveService:
         self.polls = polls
         self.metrics = metrics
         self.config = lookup.config
+        # Pops and acks of one group and topic reach the executor one job at a time (see
+        # lanes.py): they serialise on the engine's lock anyway.
+        self.lanes = Lanes()
 
     # -- receive --------------------------------------------------------------------------------
 
@@ -134,7 +142,9 @@ class ReceiveService:
             out.append(response)
         self.metrics().on_receive(group, topic, len(popped), nbytes)
         ts = svc.ReceiveMessageResponse()
-        ts.delivery_timestamp.GetCurrentTime()
+        now = time.time_ns()  # Timestamp.GetCurrentTime goes through datetime: slow
+        stamp = ts.delivery_timestamp
+        stamp.seconds, stamp.nanos = divmod(now, 1_000_000_000)
         out.append(ts)
         return out
 
@@ -157,7 +167,8 @@ class ReceiveService:
         blocking steps."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        plan, seen, count, answer = await run(self.start, request, call)
+        lane = (request.group.name, request.message_queue.topic.name)
+        plan, seen, count, answer = await self.lanes.call(lane, run, self.start, request, call)
         polls, topic = self.polls, plan.topic.name
         deadline = started + plan.poll_ms / 1000
         waiter = None
@@ -173,7 +184,7 @@ class ReceiveService:
                     remaining = min(remaining, max(0.0, (due - now_ms()) / 1000) + 0.001)
                 await polls.wait(waiter, seen, remaining)
                 seen = polls.seq(topic)
-                count, answer = await run(self.pop_and_answer, plan)
+                count, answer = await self.lanes.call(lane, run, self.pop_and_answer, plan)
                 waiter.woken = False
             if waiter is not None and count >= plan.batch:
                 polls.pass_on(waiter)  # a full batch: there may be more for the others
@@ -193,17 +204,26 @@ class ReceiveService:
             raise BrokerError(Code.BAD_REQUEST, "AckMessageRequest has no entries")
         errors = self.engine.ack_many(group.name, topic.name,
                                       [e.receipt_handle for e in request.entries])
-        results = [svc.AckMessageResultEntry(
-            message_id=entry.message_id, receipt_handle=entry.receipt_handle,
-            status=ok_status() if error is None else ok_status(error.code, error.message))
-            for entry, error in zip(request.entries, errors, strict=True)]
-        ok = sum(1 for error in errors if error is None)
+        response = svc.AckMessageResponse()
+        add = response.entries.add  # built in place: one OK status shared, not one per entry
+        for entry, error in zip(request.entries, errors, strict=True):
+            add(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
+                status=_OK if error is None else ok_status(error.code, error.message))
+        ok = errors.count(None)
         if ok:
             self.metrics().on_ack(group.name, topic.name, ok)
-        codes = {r.status.code for r in results}
-        status = results[0].status if len(codes) == 1 else ok_status(Code.MULTIPLE_RESULTS,
-                                                                      "mixed results")
-        return svc.AckMessageResponse(status=status, entries=results)
+        codes = {error.code for error in errors if error is not None}
+        if ok:
+            codes.add(_OK.code)  # not Code.OK per entry: the enum wrapper's lookup is Python
+        response.status.CopyFrom(response.entries[0].status if len(codes) == 1 else
+                                 ok_status(Code.MULTIPLE_RESULTS, "mixed results"))
+        return response
+
+    async def ack_queued(self, request: svc.AckMessageRequest, call: Call, run: Run
+                         ) -> svc.AckMessageResponse:
+        """``ack`` in the lane of its group and topic (on the loop; ``run`` as for receive)."""
+        return await self.lanes.call((request.group.name, request.topic.name), run, self.ack,
+                                     request, call)
 
     def change_invisible(self, request: svc.ChangeInvisibleDurationRequest, call: Call
                          ) -> svc.ChangeInvisibleDurationResponse:

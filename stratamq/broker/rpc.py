@@ -238,8 +238,9 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             yield response
 
     async def AckMessage(self, request, context):
-        return await self._blocking("AckMessage", svc.AckMessageResponse,
-                                    self.s.receiving.ack, request, context)
+        call = call_of(context)
+        return await self._answer("AckMessage", svc.AckMessageResponse,
+                                  lambda: self.s.receiving.ack_queued(request, call, self.run))
 
     async def ChangeInvisibleDuration(self, request, context):
         return await self._blocking("ChangeInvisibleDuration",
