@@ -75,6 +75,8 @@ def test_gather_refuses_what_is_not_a_plain_run(store):
     assert gather(store.log_reader, 0, blank, 1 << 30) is None
     wrong_size = [(units[0][0], units[0][1] + 1, units[0][2])]
     assert gather(store.log_reader, 0, wrong_size, 1 << 30) is None
+    for tiny in (3, 20):  # shorter than any record: not read past the buffer or into the next
+        assert gather(store.log_reader, 0, [*units[:3], (units[3][0], tiny, 0)], 1 << 30) is None
     past_end = [(store.log_reader.end() + 100, 200, 0)]
     assert gather(store.log_reader, 0, past_end, 1 << 30) is None
 

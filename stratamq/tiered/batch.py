@@ -72,7 +72,9 @@ def gather(reader: CommitLogReader, first: int, units: list[tuple[int, int, int]
     table = np.array(units, dtype=np.int64).reshape(-1, 3)
     phys, sizes, codes = table[:, 0], table[:, 1], table[:, 2]
     blank = (phys == 0) & (sizes == 0x7FFFFFFF) & (codes == 0)  # consume_queue_format's
-    if (sizes <= 0).any() or (phys < 0).any() or blank.any():
+    # A size below the smallest record cannot be one (and would make the header reads below
+    # run past the buffer or into the next record).
+    if (sizes < codec.MIN_RECORD_SIZE).any() or (phys < 0).any() or blank.any():
         return None
     ends = np.cumsum(sizes)
     take = max(1, int(np.searchsorted(ends, max_bytes, side="right")))

@@ -102,6 +102,24 @@ class FileSegmentMetadata:
     parts: list[int] | None = None
 
 
+def _segment(obj: dict[str, Any]) -> FileSegmentMetadata:
+    """One segment's entry, its fields checked here (a damaged document must stop the load
+    with its name, not fail later in a read as a bare TypeError)."""
+    meta = FileSegmentMetadata(**obj)
+    for name in ("type", "baseOffset", "status", "size", "createTimestamp", "beginTimestamp",
+                 "endTimestamp", "sealTimestamp"):
+        if type(getattr(meta, name)) is not int:
+            raise ValueError(f"segment {meta.path!r} at {meta.baseOffset!r}: {name} is not an "
+                             "integer")
+    parts = meta.parts
+    if parts is not None and not (
+            isinstance(parts, list) and all(type(p) is int and p >= 0 for p in parts)
+            and parts == sorted(set(parts))):
+        raise ValueError(f"segment {meta.path!r} at {meta.baseOffset}: parts must be ascending "
+                         f"byte positions, not {parts!r}")
+    return meta
+
+
 class MetadataStore:
     """The tables, in memory, persisted on demand. ``root`` is the store directory."""
 
@@ -148,7 +166,7 @@ class MetadataStore:
                         for topic, table in doc["queueMetadataTable"].items()}
         for file_type, table_name in _TABLES.items():
             self._segments[file_type] = {
-                path: {int(base): FileSegmentMetadata(**obj) for base, obj in table.items()}
+                path: {int(base): _segment(obj) for base, obj in table.items()}
                 for path, table in doc.get(table_name, {}).items()}
         self.durable_offset = int(doc.get("dispatcher", {}).get("durableOffset", 0))
 
