@@ -187,15 +187,17 @@ def _us(seconds: float, rows: int) -> float:
 
 
 def scaling_ceiling(split: dict, cores: int) -> float:
-    """The most 2 partitions can gain over 1 with ``cores`` cores, from a run's CPU per row.
+    """The most 2 partitions can gain over 1 with ``cores`` cores, from a run's CPU per row
+    (``us_per_row``), on a machine that is otherwise idle.
 
     One partition is a pipeline: its Python worker decodes the next batch while a JVM task
-    thread turns the last one into rows, so it runs at the pace of the slower side,
-    max(jvm_task, python) per row, and already keeps (sum / max) cores busy. Two partitions
-    run twice that, unless the cores run out first: then ``cores`` / sum per row.
+    thread turns the last one into rows, so at best it runs at the pace of the slower side,
+    max(jvm_task, python) per row, and then keeps (all CPU / that max) cores busy. Two
+    partitions run twice that, unless the cores run out first: then ``cores`` / all CPU per
+    row. (Under other load, a run's share of the cores, not this, sets the wall-clock ratio.)
     """
     slow = max(split["jvm_task"], split["python"])
-    total = split["jvm_task"] + split["jvm_other"] + split["python"]
+    total = sum(split.values())
     return round(min(2.0, cores * slow / total), 2)
 
 
