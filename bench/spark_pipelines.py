@@ -22,7 +22,11 @@ prints JSON lines:
 
 Every line gives ``cpu_s`` (CPU seconds of the work: for Spark the JVM and every Python worker
 it started) besides wall seconds: the machine is shared, and CPU seconds stay steady under
-other load where wall seconds do not. ``cores_busy`` = CPU over wall seconds.
+other load where wall seconds do not. ``cores_busy`` = CPU over wall seconds. ``us_per_row``
+splits a Spark run's CPU per row into the JVM's task threads, its other threads (shuffle, GC,
+JIT), the Python workers and the driver (this process). Under other load a two-core run gets a
+larger share of the machine than a one-core run, so ``scaling`` then overstates what an idle
+machine gives: compare ``cores_busy`` of the one-core run with the core count.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from spark_read import _tree_cpu  # noqa: E402
+from spark_read import _cpu_split, _us  # noqa: E402
 
 from stratamq.config import StoreConfig  # noqa: E402
 from stratamq.message import Message  # noqa: E402
@@ -204,18 +208,24 @@ def spark_job(cores: int, job: str, src: Path, work: Path, repeat: int, rows: in
         _prepare(spark, job, warm, work)()
         for _ in range(repeat):
             run = _prepare(spark, job, src, work)
-            cpu = _tree_cpu(jvm) + time.process_time()
+            before, driver = _cpu_split(jvm), time.process_time()
             started = time.perf_counter()
             summary = run()
-            runs.append((time.perf_counter() - started,
-                         _tree_cpu(jvm) + time.process_time() - cpu, summary))
+            seconds, driver = time.perf_counter() - started, time.process_time() - driver
+            task, jvm_all, tree = (b - a for a, b in zip(before, _cpu_split(jvm)))
+            runs.append((seconds, tree + driver, summary,
+                         {"jvm_task": _us(task, rows), "jvm_other": _us(jvm_all - task, rows),
+                          "python": _us(tree - jvm_all, rows), "driver": _us(driver, rows)}))
     finally:
         spark.stop()
     best = min(runs, key=lambda r: r[0])
     return {"bench": "spark", "job": job, "cores": cores, "rows": best[2]["records"],
             "splits": best[2]["splits"], "runs": [round(r[0], 3) for r in runs],
             "stages": {k: v["seconds"] for k, v in best[2]["stages"].items()},
-            **_rates(rows, nbytes, best[0], best[1])}
+            **_rates(rows, nbytes, best[0], best[1]),
+            # CPU per row of the best run: the JVM's task threads, its other threads, the
+            # Python workers, this (driver) process.
+            "us_per_row": best[3]}
 
 
 def main() -> None:

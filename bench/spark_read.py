@@ -21,6 +21,9 @@ worker it started, from ``/proc``), and ``rows_per_cpu_s``; those are steady und
 scales (``scaling`` near 2). ``cores_busy`` (CPU seconds over wall seconds) shows why ``scaling``
 stays well under 2 on a two-core machine: one partition already keeps more than one core busy,
 because its Python worker decodes the next batch while the JVM turns the last one into rows.
+``us_per_row`` splits a Spark run's CPU per row into the JVM's task threads, its other threads
+and the Python workers; ``scaling_ceiling`` in the summary is the most 2 partitions can gain
+over 1 on this machine's cores given that split (see ``scaling_ceiling``).
 """
 
 from __future__ import annotations
@@ -94,6 +97,30 @@ def _tree_cpu(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def _own_cpu(stat_path: str) -> tuple[str, float]:
+    """(name, CPU seconds) of one process or thread, without its children."""
+    with open(stat_path) as f:
+        text = f.read()
+    fields = text[text.rindex(")") + 2 :].split()
+    name = text[text.index("(") + 1 : text.rindex(")")]
+    return name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_split(jvm: int) -> tuple[float, float, float]:
+    """CPU seconds so far of the JVM's Spark task threads (named "Executor task launch
+    worker...", cut to 15 characters by Linux), of the whole JVM, and of the JVM with its
+    descendants (the Python workers): differences of two calls split a run's CPU."""
+    task = 0.0
+    for tid in os.listdir(f"/proc/{jvm}/task"):
+        try:
+            name, cpu = _own_cpu(f"/proc/{jvm}/task/{tid}/stat")
+        except OSError:  # the thread ended
+            continue
+        if name.startswith("Executor task"):
+            task += cpu
+    return task, _own_cpu(f"/proc/{jvm}/stat")[1], _tree_cpu(jvm)
+
+
 def _rates(rows: int, seconds: float, cpu: float) -> dict:
     return {"seconds": round(seconds, 3), "rows_per_s": round(rows / seconds),
             "cpu_s": round(cpu, 3), "rows_per_cpu_s": round(rows / cpu) if cpu else None,
@@ -138,14 +165,40 @@ def spark_read(spark, root: Path, partitions: int, repeat: int, rows: int) -> di
     runs = []
     for _ in range(repeat):
         df = spark.read.format("stratamq").option("minPartitions", str(partitions)).load(str(root))
-        cpu = _tree_cpu(jvm)
+        before = _cpu_split(jvm)
         started = time.perf_counter()
         df.write.format("noop").mode("overwrite").save()
-        runs.append((time.perf_counter() - started, _tree_cpu(jvm) - cpu))
+        seconds = time.perf_counter() - started
+        task, jvm_all, tree = (b - a for a, b in zip(before, _cpu_split(jvm)))
+        runs.append((seconds, tree, task, jvm_all - task, tree - jvm_all))
     best = min(runs)
+    seconds, cpu, task, jvm_other, python = best
     return {"bench": "spark", "partitions": partitions,
             "tasks": df.rdd.getNumPartitions(), "rows": rows,
-            "runs": [round(r, 3) for r, _ in runs], **_rates(rows, *best)}
+            "runs": [round(r[0], 3) for r in runs], **_rates(rows, seconds, cpu),
+            # Where a row's CPU goes (best run): the JVM's task threads (Arrow to rows, the
+            # Project's copy), the JVM's other threads (GC, JIT, Spark's own), Python workers.
+            "us_per_row": {"jvm_task": _us(task, rows), "jvm_other": _us(jvm_other, rows),
+                           "python": _us(python, rows)}}
+
+
+def _us(seconds: float, rows: int) -> float:
+    return round(seconds / rows * 1e6, 3)
+
+
+def scaling_ceiling(split: dict, cores: int) -> float:
+    """The most 2 partitions can gain over 1 with ``cores`` cores, from a run's CPU per row
+    (``us_per_row``), on a machine that is otherwise idle.
+
+    One partition is a pipeline: its Python worker decodes the next batch while a JVM task
+    thread turns the last one into rows, so at best it runs at the pace of the slower side,
+    max(jvm_task, python) per row, and then keeps (all CPU / that max) cores busy. Two
+    partitions run twice that, unless the cores run out first: then ``cores`` / all CPU per
+    row. (Under other load, a run's share of the cores, not this, sets the wall-clock ratio.)
+    """
+    slow = max(split["jvm_task"], split["python"])
+    total = sum(split.values())
+    return round(min(2.0, cores * slow / total), 2)
 
 
 def main() -> None:
@@ -200,7 +253,9 @@ def main() -> None:
               "scaling": round(two / results[1]["rows_per_s"], 2),
               "vs_python": round(two / scan["rows_per_s"], 2),
               "vs_target": round(two / TARGET_ROWS_PER_S, 3),
+              "rows_per_cpu_s_1": results[1]["rows_per_cpu_s"],
               "rows_per_cpu_s_2": results[2]["rows_per_cpu_s"],
+              "scaling_ceiling": scaling_ceiling(results[2]["us_per_row"], os.cpu_count() or 1),
               "python_scan_rows_per_cpu_s": scan["rows_per_cpu_s"]})
     finally:
         if args.keep and not args.store:

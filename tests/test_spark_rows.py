@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 import zlib
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import zstandard
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from stratamq import record as codec
 from stratamq.record import Host, Message, SysFlag
-from stratamq.spark.rows import _properties, records_to_batch
+from stratamq.spark.rows import _msg_ids, _properties, records_to_batch
 
 STORE = Host("10.1.2.3", 10911)
 
@@ -189,6 +190,23 @@ def test_ipv6_store_host_message_ids():
     rows = records_to_batch(buf, positions, 0).to_pylist()
     assert [r["msg_id"] for r in rows] == [codec.offset_msg_id(v6, p) for p in positions]
     assert [r["store_host"] for r in rows] == ["[::1]:10911"] * 2
+
+
+_HOSTS = [Host("127.0.0.1", 10911), Host("10.1.2.3", 0), Host("255.255.255.255", 65535),
+          Host("0.0.0.0", 80)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_HOSTS), st.integers(0, (1 << 63) - 1)),
+                min_size=1, max_size=40))
+def test_bulk_message_ids_equal_the_codecs(rows):
+    """One store host or several in a batch: every id as ``codec.offset_msg_id`` makes it."""
+    ips = np.array([int.from_bytes(bytes(map(int, h.ip.split("."))), "big") for h, _ in rows],
+                   dtype=np.uint32)
+    ports = np.array([h.port for h, _ in rows], dtype=np.int32)
+    offsets = np.array([off for _, off in rows], dtype=np.int64)
+    assert _msg_ids(ips, ports, offsets).to_pylist() == [
+        codec.offset_msg_id(h, off) for h, off in rows]
 
 
 def test_a_record_whose_stored_offset_is_not_its_position_is_reported():

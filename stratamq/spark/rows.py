@@ -66,7 +66,9 @@ ARROW_SCHEMA = pa.schema([
     ("store_host", pa.string()), ("reconsume_times", pa.int32()), ("sys_flag", pa.int32()),
 ])  # fmt: skip
 
-_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+# A byte's two hex digits, high digit first in memory (little-endian uint16: low byte first).
+_HEX_PAIRS = np.array([ord(f"{b:02X}"[0]) | ord(f"{b:02X}"[1]) << 8 for b in range(256)],
+                      dtype="<u2")
 _NOT_MESSAGES = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
 
 
@@ -185,7 +187,8 @@ def _host(key: int) -> Host:
 
 def _msg_ids(store_ips: np.ndarray, store_ports: np.ndarray, offsets: np.ndarray) -> pa.Array:
     """Offset message ids for IPv4 store hosts: the host part via ``codec.offset_msg_id`` once
-    per distinct host, the offset part hex-encoded in bulk."""
+    per distinct host, the offset part hex-encoded in bulk (two digits per byte from a table:
+    one gather, where a shift and a mask per digit cost three times as much)."""
     n = len(offsets)
     uniq, inverse = _distinct_hosts(store_ips, store_ports)
     prefixes = []
@@ -194,13 +197,12 @@ def _msg_ids(store_ips: np.ndarray, store_ports: np.ndarray, offsets: np.ndarray
         prefixes.append(np.frombuffer(prefix.encode(), dtype=np.uint8))
     width = len(prefixes[0]) + 16
     chars = np.empty((n, width), dtype=np.uint8)
-    chars[:, : width - 16] = np.stack(prefixes)[inverse]
+    chars[:, : width - 16] = prefixes[0] if len(prefixes) == 1 else np.stack(prefixes)[inverse]
     raw = offsets.astype(">u8").view(np.uint8).reshape(n, 8)
-    chars[:, width - 16 :: 2] = _HEX[raw >> 4]
-    chars[:, width - 15 :: 2] = _HEX[raw & 0xF]
+    chars[:, width - 16 :] = _HEX_PAIRS[raw].view(np.uint8).reshape(n, 16)
     value_offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(value_offsets),
-                                                  pa.py_buffer(chars.tobytes())])
+                                                  pa.py_buffer(chars)])
 
 
 def _inflate(body: pa.Buffer, sys_flag: int, position: int) -> bytes:
