@@ -102,3 +102,42 @@ def test_damage_after_a_run_stops_the_walk_where_the_sequential_walk_stops(segme
         walk = codec.walk_records(bytes(torn), 0, SEGMENT, SEGMENT)
         assert list(np.asarray(walk.positions)) == starts[:60]
         assert (walk.stop, walk.reason) == (at, reason)
+
+
+def _checked_chain(buf: bytes, pos: int, limit: int, base: int) -> tuple[list[int], int]:
+    """The size chain from ``pos`` one record at a time, each record's size, magic code and
+    stored physical offset checked, up to the first that fails or does not lie whole before
+    ``limit``: the reference for ``stamped_runs``."""
+    out = []
+    while pos + 8 <= limit:
+        size, magic = struct.unpack_from(">iI", buf, pos)
+        if magic not in (codec.MESSAGE_MAGIC_CODE_V1, codec.MESSAGE_MAGIC_CODE_V2) \
+                or size < codec.MIN_RECORD_SIZE or pos + size > limit \
+                or struct.unpack_from(">q", buf, pos + codec.PHYSICAL_OFFSET_POS)[0] != base + pos:
+            break
+        out.append(pos)
+        pos += size
+    return out, pos
+
+
+def test_stamped_runs_stop_on_the_checked_chain_never_past_a_bad_record(segment):
+    """Whatever the start, limit and damage (a size, a magic code or a stored offset changed),
+    ``stamped_runs`` ends on the record-by-record checked chain and never past where it stops;
+    undamaged, it follows a whole run of one size."""
+    rng = random.Random(17)
+    starts = _checked_chain(segment, 0, SEGMENT, 0)[0]
+    first_run_end = next(b for a, b in zip(starts, starts[1:])
+                         if b - a != starts[1] - starts[0])
+    assert codec.stamped_runs(segment, 0, SEGMENT, 0) >= first_run_end
+    for case in range(300):
+        buf = bytearray(segment)
+        victim = rng.choice(starts)
+        field = rng.choice((0, 4, codec.PHYSICAL_OFFSET_POS + 4))  # size, magic, stored offset
+        if case % 4:  # one in four undamaged
+            buf[victim + field + rng.randrange(4)] ^= 1 << rng.randrange(8)
+        pos = rng.choice(starts)
+        limit = rng.choice([SEGMENT, min(SEGMENT, pos + rng.randrange(8, SEGMENT))])
+        chain, stop = _checked_chain(bytes(buf), pos, limit, 0)
+        got = codec.stamped_runs(buf, pos, limit, 0)
+        assert got in chain or got == stop, (case, pos, limit, victim, field)
+        assert got <= stop

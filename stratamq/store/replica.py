@@ -118,11 +118,15 @@ BULK_CHECK_BYTES = 256 * 1024  # from this size on, a chunk is checked in bulk
 def _bulk_scan(data: memoryview, offset: int, limit: int
                ) -> tuple[int, bool, codec.RecordCorrupt | None]:
     """``scan_records``' answer (where whole records end, whether a blank follows, what is
-    wrong) for a large chunk, in bulk; falls back to the record-by-record scan to word a
-    problem."""
+    wrong) for a large chunk, in bulk: runs of records of one size through strided views
+    (``stamped_runs``), anything else by the walk and a gather of the stored offsets; falls
+    back to the record-by-record scan to word a problem."""
     import numpy as np
 
-    walk = codec.walk_records(data, 0, limit, limit)
+    start = codec.stamped_runs(data, 0, limit, offset)  # most of a log: runs of one size
+    if start == limit:
+        return limit, False, None
+    walk = codec.walk_records(data, start, limit, limit)  # the rest, if anything
     positions = np.asarray(walk.positions, dtype=np.int64)
     if len(positions):
         stored = codec.gather_longs(data, positions + PHYSICAL_OFFSET_POS)
