@@ -19,6 +19,7 @@ from stratamq.record.bulk import (
     Walk,
     gather_longs,
     locate_fields,
+    records_pass,
     resync,
     stamped_runs,
     walk_records,
@@ -78,6 +79,6 @@ __all__ = [
     "decompress_body", "encode", "encode_blank", "encode_properties", "encode_record",
     "gather_longs", "locate_fields", "offset_msg_id", "parse_offset_msg_id",
     "read_size_and_magic", "record_body_length", "record_positions", "record_property",
-    "record_store_timestamp", "record_tags", "resync", "scan_records", "skip_covered", "stamp",
-    "stamped_runs", "tags_hash_code", "walk_records",
+    "record_store_timestamp", "record_tags", "records_pass", "resync", "scan_records",
+    "skip_covered", "stamp", "stamped_runs", "tags_hash_code", "walk_records",
 ]  # fmt: skip
