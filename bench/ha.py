@@ -9,8 +9,8 @@ Prints one JSON object per line: ``env``; ``put`` per mode (``none``, ``ASYNC_MA
 ``SYNC_MASTER``) with messages/s, MB/s, p50/p99 ms of one batch put, and for ASYNC_MASTER the
 ``lag`` sampled every 20 ms (bytes and ms); ``catch_up`` (slave MB/s to the bytes being in
 its CommitLog, bare copy MB/s, their ratio, target >= 0.5; apart: MB/s to the slave's dispatch
-finishing, and the CPU seconds both processes spent); ``target`` (each mode over no
-replication, target sync >= 0.5; the median catch-up ratios).
+finishing, the CPU seconds both processes spent, and each bare copy's); ``target`` (each mode
+over no replication, target sync >= 0.5; the median catch-up ratios).
 Everything is measured in the same run; see stratamq/benchmarks/ha_bench.py.
 """
 

@@ -72,3 +72,25 @@ def test_a_reader_bounded_by_an_end_does_not_read_past_it(tmp_path):
         assert [r.physical_offset for r in reader.records(0)] == \
             [m.physical_offset for m in result.messages[:4]]
         assert len(reader.read_range(0, 10**9)) == cut
+
+
+def test_a_viewed_range_is_the_read_range_and_lets_the_segment_go(tmp_path):
+    """``view_range`` (the master's zero-copy send) holds exactly ``read_range``'s bytes, from
+    any start, clipped to its segment and to the reader's end; once the ``with`` is left, the
+    segment can be unmapped."""
+    with _store(tmp_path).open() as store:
+        result = store.put_messages([Message("R", b"%05d" % i * 60, 0) for i in range(120)])
+        assert result.ok and len(store.commitlog.files.files) >= 3
+        cut = result.messages[100].physical_offset
+        for reader in (store.log_reader, CommitLogReader(store.commitlog.files, end=lambda: cut)):
+            for start in (0, 5, SEGMENT - 3, SEGMENT, 2 * SEGMENT + 77, cut, reader.end()):
+                for end in (start + 1, start + 1000, start + 3 * SEGMENT):
+                    with reader.view_range(start, end) as view:
+                        assert bytes(view) == reader.read_range(start, end), (start, end)
+        first = store.commitlog.files.files[0]
+        with store.log_reader.view_range(10, 2000) as view:
+            assert len(view) == 1990
+            piece = view[100:200]
+            del piece
+    # Closing a map that a view still exported would fail (and leave it mapped).
+    assert first._map is not None and first._map.closed

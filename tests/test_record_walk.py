@@ -102,3 +102,74 @@ def test_damage_after_a_run_stops_the_walk_where_the_sequential_walk_stops(segme
         walk = codec.walk_records(bytes(torn), 0, SEGMENT, SEGMENT)
         assert list(np.asarray(walk.positions)) == starts[:60]
         assert (walk.stop, walk.reason) == (at, reason)
+
+
+def _checked_chain(buf: bytes, pos: int, limit: int, base: int) -> tuple[list[int], int]:
+    """The size chain from ``pos`` one record at a time, each record checked as recovery checks
+    it (``check_record``, no CRC), up to the first that fails or does not lie whole before
+    ``limit``: the reference for ``stamped_runs``."""
+    out = []
+    while pos + 8 <= limit:
+        magic = codec.read_size_and_magic(buf, pos)[1]
+        if magic not in (codec.MESSAGE_MAGIC_CODE_V1, codec.MESSAGE_MAGIC_CODE_V2):
+            break
+        try:
+            size = codec.check_record(buf, pos, limit, base + pos, False)
+        except codec.RecordCorrupt:
+            break
+        out.append(pos)
+        pos += size
+    return out, pos
+
+
+def test_stamped_runs_stop_on_the_checked_chain_never_past_a_bad_record(segment):
+    """Whatever the start, limit and damage (a record's size, magic code, stored offset or
+    lengths changed), ``stamped_runs`` ends on the record-by-record checked chain and never
+    past where it stops; undamaged, it follows a whole run of one size."""
+    rng = random.Random(17)
+    starts = _checked_chain(segment, 0, SEGMENT, 0)[0]
+    first_run_end = next(b for a, b in zip(starts, starts[1:])
+                         if b - a != starts[1] - starts[0])
+    assert codec.stamped_runs(segment, 0, SEGMENT, 0) >= first_run_end
+    for case in range(600):
+        buf = bytearray(segment)
+        victim = rng.choice(starts)
+        size = codec.read_size_and_magic(segment, victim)[0]
+        # Its size, magic code, stored offset, body length, or a byte of its topic and
+        # properties (their lengths among them).
+        field = rng.choice((0, 4, codec.PHYSICAL_OFFSET_POS + 4, codec.HEADER_SIZE_V4 - 4,
+                            codec.HEADER_SIZE_V4 + rng.randrange(size - codec.HEADER_SIZE_V4
+                                                                 - 3)))
+        if case % 4:  # one in four undamaged
+            buf[victim + field + rng.randrange(4)] ^= 1 << rng.randrange(8)
+        pos = rng.choice(starts)
+        limit = rng.choice([SEGMENT, min(SEGMENT, pos + rng.randrange(8, SEGMENT))])
+        chain, stop = _checked_chain(bytes(buf), pos, limit, 0)
+        got = codec.stamped_runs(buf, pos, limit, 0)
+        assert got in chain or got == stop, (case, pos, limit, victim, field)
+        assert got <= stop
+
+
+def test_records_pass_is_the_record_by_record_check(segment):
+    """``records_pass`` on a walk's positions answers, record by record, what ``check_record``
+    (no CRC) answers, whatever byte of a record's header, topic or properties was damaged."""
+    rng = random.Random(23)
+    starts = _checked_chain(segment, 0, SEGMENT, 0)[0]
+    for _ in range(200):
+        buf = bytearray(segment)
+        for victim in rng.sample(starts, 5):
+            size = codec.read_size_and_magic(segment, victim)[0]
+            at = rng.choice((rng.randrange(8), codec.PHYSICAL_OFFSET_POS + rng.randrange(8),
+                             codec.HEADER_SIZE_V4 - 1 - rng.randrange(4),
+                             codec.HEADER_SIZE_V4 + rng.randrange(size - codec.HEADER_SIZE_V4)))
+            buf[victim + at] ^= 1 << rng.randrange(8)
+        positions = rng.sample(starts, 50)
+        want = []
+        for pos in positions:
+            try:
+                codec.check_record(buf, pos, SEGMENT, pos, False)
+                want.append(codec.read_size_and_magic(buf, pos)[1]
+                            in (codec.MESSAGE_MAGIC_CODE_V1, codec.MESSAGE_MAGIC_CODE_V2))
+            except codec.RecordCorrupt:
+                want.append(False)
+        assert list(codec.records_pass(bytes(buf), positions, 0)) == want

@@ -5,6 +5,7 @@ its rest) and its cut back to an earlier offset (ConsumeQueues and dispatch foll
 from __future__ import annotations
 
 import random
+import struct
 
 import pytest
 
@@ -317,6 +318,15 @@ def test_large_chunks_are_checked_in_bulk_as_strictly(tmp_path):
     torn[middle + 4] ^= 0xFF  # a magic code
     with pytest.raises(ReplicaDataError, match=f"offset {middle}"):
         whole_records(memoryview(torn), 0, segment)
+    # A size that swallows the next record: the chain still lands on a record, but the
+    # lengths inside no longer add up (as the record-by-record check finds).
+    merged = bytearray(chunk)
+    i = len(starts) // 3
+    struct.pack_into(">i", merged, starts[i], starts[i + 2] - starts[i])
+    assert len(merged[: starts[i + 3]]) < BULK_CHECK_BYTES <= len(merged)
+    for damaged in (merged, merged[: starts[i + 3]]):  # in bulk, and record by record
+        with pytest.raises(ReplicaDataError, match=f"offset {starts[i]}.*lengths"):
+            whole_records(memoryview(damaged), 0, segment)
 
 
 def test_dispatch_held_back_while_catching_up_goes_on_when_released(tmp_path):

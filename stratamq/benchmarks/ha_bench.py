@@ -17,7 +17,8 @@ share a GIL.
   the slave (the faster of the two is the baseline: the machine is shared). Reported apart:
   when the slave's dispatch (ConsumeQueues: what makes the bytes readable there) finished,
   which the slave process tells on its stdout (``time.monotonic`` is one clock for every
-  process on Linux).
+  process on Linux), and the CPU seconds each side spent (slave and master; each bare copy's
+  sink and sender), which a shared machine's load does not skew as it skews MB/s.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from stratamq.config import BrokerRole, StoreConfig
 from stratamq.ha import HAService
@@ -184,7 +186,7 @@ def run_catch_up(*, total_mb: int, segment: int, batch_size: int, workdir: Path,
     try:
         _fill(store, total_mb * MB)
         end = store.commitlog.max_offset
-        bare = [_bare_copy(store, root / "sink")]
+        copies = [_bare_copy(store, root / "sink")]
         ha.start()
         server = ha.server
         assert server is not None
@@ -200,7 +202,8 @@ def run_catch_up(*, total_mb: int, segment: int, batch_size: int, workdir: Path,
         master_cpu = time.process_time() - cpu_before[1]
         assert slave.stdout is not None
         dispatched = json.loads(slave.stdout.readline())["dispatched"] - started
-        bare.append(_bare_copy(store, root / "sink2"))
+        copies.append(_bare_copy(store, root / "sink2"))
+        bare = [copy.seconds for copy in copies]
         baseline = min(bare)
         mbps = end / elapsed / MB
         return {"bench": "catch_up", "bytes": end, "transfer_batch": batch_size,
@@ -212,6 +215,9 @@ def run_catch_up(*, total_mb: int, segment: int, batch_size: int, workdir: Path,
                 "slave_cpu_seconds": round(slave_cpu, 2),
                 "master_cpu_seconds": round(master_cpu, 2),
                 "bare_copy_seconds": [round(b, 2) for b in bare],
+                # The bare copies' CPU (the sink process and the sending process), to set
+                # against the slave's and the master's above:
+                "bare_copy_cpu_seconds": [round(copy.cpu_seconds, 2) for copy in copies],
                 "bare_copy_mb_per_s": round(end / baseline / MB, 1),
                 "ratio": round(mbps / (end / baseline / MB), 3),
                 "dispatched_ratio": round(end / dispatched / (end / baseline), 3),
@@ -230,9 +236,14 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _bare_copy(store: MessageStore, sink_dir: Path) -> float:
-    """Seconds to send the CommitLog's segment files over loopback to a process that writes
-    them to a file and answers when it has them all."""
+class _Copy(NamedTuple):
+    seconds: float
+    cpu_seconds: float  # the sink's and the sender's, from the connection to the answer
+
+
+def _bare_copy(store: MessageStore, sink_dir: Path) -> _Copy:
+    """Send the CommitLog's segment files over loopback to a process that writes them to a
+    file and answers when it has them all: the seconds that took, and the CPU it cost."""
     files = [mf.path for mf in store.commitlog.files.files]
     total = store.commitlog.max_offset - store.commitlog.min_offset
     sink_dir.mkdir(parents=True, exist_ok=True)
@@ -243,6 +254,7 @@ def _bare_copy(store: MessageStore, sink_dir: Path) -> float:
         try:
             conn, _ = listener.accept()
             with conn:
+                cpu_before = _cpu_seconds(sink.pid), time.process_time()
                 started = time.perf_counter()
                 left = total
                 for path in files:
@@ -254,9 +266,12 @@ def _bare_copy(store: MessageStore, sink_dir: Path) -> float:
                         left -= n
                 conn.recv(8)
                 elapsed = time.perf_counter() - started
+                # Before the wait: until then the sink's /proc entry stays, even once it exits.
+                cpu = (_cpu_seconds(sink.pid) - cpu_before[0]
+                       + time.process_time() - cpu_before[1])
         finally:
             sink.wait(120)
-    return elapsed
+    return _Copy(elapsed, cpu)
 
 
 # -- the helper processes ----------------------------------------------------------------------

@@ -82,7 +82,7 @@ class FlowMonitor:
         return self._last_second
 
 
-def _send_all(sock: socket.socket, parts: Sequence[bytes]) -> None:
+def _send_all(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> None:
     """Write ``parts`` whole, without joining them (a frame is header + CommitLog bytes)."""
     views = [memoryview(p) for p in parts if p]
     while views:
@@ -249,21 +249,20 @@ class SlaveLink:
         while not self._closed.is_set():
             seen = server.data_seq  # before looking: an append after this wakes the wait
             # Frames of at most haTransferBatchSize, as RocketMQ sends them; while the slave is
-            # behind, several go out in one system call.
-            parts: list[bytes] = []
-            queued = 0
-            while queued < SEND_COALESCE:
-                size = min(batch, self.flow.can_transfer())
-                data = reader.read_range(proto.sent_to, proto.sent_to + size) if size else b""
-                if not data:
-                    break
-                parts += (proto.data_frame(len(data)), data)
-                self.flow.add(len(data) + 12)
-                queued += len(data)
-            if parts:
-                _send_all(sock, parts)
-                self.last_write = time.monotonic()
-                continue
+            # behind, several go out in one system call, straight from the segment's map (no
+            # copy of them is made first).
+            allowed = min(SEND_COALESCE, self.flow.can_transfer())
+            with reader.view_range(proto.sent_to, proto.sent_to + allowed) as data:
+                parts: list[bytes | memoryview] = []
+                for at in range(0, len(data), batch):
+                    body = data[at : at + batch]
+                    parts += (proto.data_frame(len(body)), body)
+                    self.flow.add(len(body) + 12)
+                if parts:
+                    _send_all(sock, parts)
+                    del parts, body  # views of the segment: gone before it is released
+                    self.last_write = time.monotonic()
+                    continue
             if proto.sent_to < reader.min_offset:
                 self.close(f"offset {proto.sent_to} was deleted by clean-up before the slave "
                            f"got it (the CommitLog now starts at {reader.min_offset})")

@@ -309,12 +309,13 @@ class HAClient:
             # Many frames (a slave catching up): written into the segment as they are and
             # checked there, not gathered into one buffer first (one copy less).
             done = 0
+            segment = self.replica.segment_size
             while pieces:  # a run may cross into the next segment
                 taken = self.replica.append_pieces(start + done, pieces)
-                if not taken:
-                    break
                 done += taken
                 pieces = _skip(pieces, taken)
+                if not taken or (start + done) % segment:
+                    break  # what is left is the head of a record: its rest comes later
             tail.keep(start + done, b"".join(pieces))
             self.last_error = ""
             return

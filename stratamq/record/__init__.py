@@ -15,7 +15,15 @@ from stratamq.message import (
     RecordCorrupt,
     StoredMessage,
 )
-from stratamq.record.bulk import Walk, gather_longs, locate_fields, resync, walk_records
+from stratamq.record.bulk import (
+    Walk,
+    gather_longs,
+    locate_fields,
+    records_pass,
+    resync,
+    stamped_runs,
+    walk_records,
+)
 from stratamq.record.codec import (
     STAMP_POSITIONS,
     STAMP_TIMESTAMP,
@@ -69,9 +77,8 @@ __all__ = [
     "Prop", "PropertiesTooLarge", "RecordCorrupt", "ScanResult", "StoredMessage", "SysFlag",
     "Walk", "body_crc", "check_record", "decode", "decode_dispatch_info", "decode_properties",
     "decompress_body", "encode", "encode_blank", "encode_properties", "encode_record",
-    "gather_longs",
-    "locate_fields", "offset_msg_id", "parse_offset_msg_id", "read_size_and_magic",
-    "record_body_length", "record_positions", "record_property", "record_store_timestamp",
-    "record_tags", "resync", "scan_records", "skip_covered", "stamp", "tags_hash_code",
-    "walk_records",
+    "gather_longs", "locate_fields", "offset_msg_id", "parse_offset_msg_id",
+    "read_size_and_magic", "record_body_length", "record_positions", "record_property",
+    "record_store_timestamp", "record_tags", "records_pass", "resync", "scan_records",
+    "skip_covered", "stamp", "stamped_runs", "tags_hash_code", "walk_records",
 ]  # fmt: skip

@@ -139,6 +139,87 @@ def _same_size_runs(np: Any, buf: Buffer, data: Any, pos: int, end: int, limit: 
     return pieces, pos
 
 
+def stamped_runs(buf: Buffer, pos: int, limit: int, file_from_offset: int) -> int:
+    """Follow the size chain from ``pos`` through runs of records of one size that lie whole
+    before ``limit``, each record checked as :func:`records_pass` checks it; return where the
+    chain leaves such runs (``pos`` itself when the record there does not pass).
+
+    The records before the returned position are exactly those a record-by-record check of
+    the chain passes; the caller goes on from there (:func:`walk_records`). Nothing is gathered
+    per record: the headers of a run are read through a strided view of ``buf`` (one every
+    ``size`` bytes), so a run of thousands of records costs a few vectorised operations (a
+    slave catching up checks every byte it copies this way).
+    """
+    import numpy as np
+
+    data = np.frombuffer(buf, dtype=np.uint8)
+    header = _checked_header(np)
+    v1, v2 = MESSAGE_MAGIC_CODE_V1, MESSAGE_MAGIC_CODE_V2
+    while pos + 8 <= limit:
+        size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+        if magic not in (v1, v2) or size < MIN_RECORD_SIZE or pos + size > limit:
+            break
+        count = min((limit - pos) // size, RUN_PROBE)  # records of this size lying whole
+        heads = np.ndarray((count,), dtype=header, buffer=buf, offset=pos, strides=(size,))
+        starts = np.arange(pos, pos + count * size, size, dtype=np.int64)
+        good = (heads["total_size"] == size) & _pass(np, data, heads, starts, file_from_offset)
+        bad = np.flatnonzero(~good)
+        run = int(bad[0]) if len(bad) else count
+        pos += run * size
+        if run < count and run < SHORT_RUN:
+            break  # sizes vary here (or a record is damaged): the caller's walk goes on
+    return pos
+
+
+def records_pass(buf: Buffer, positions: Sequence[int], file_from_offset: int) -> Any:
+    """Whether each record at ``positions`` (each lying whole in ``buf``, as a walk finds them)
+    passes the checks :func:`scan_records` makes, without the CRC: a V1/V2 magic code, a
+    size of at least :data:`MIN_RECORD_SIZE`, its stored physical offset equal to
+    ``file_from_offset`` + its position, and body, topic and properties lengths that add up to
+    its size (a record with an IPv6 host, another header layout and rare: all but the
+    lengths). A numpy bool array."""
+    import numpy as np
+
+    data = np.frombuffer(buf, dtype=np.uint8)
+    starts = np.asarray(positions, dtype=np.int64)
+    heads = _rows(np, data, starts, _V4.header.size).view(_checked_header(np)).ravel()
+    return _pass(np, data, heads, starts, file_from_offset)
+
+
+_CHECKED_FIELDS = {"total_size": ">i4", "magic_code": ">u4", "physical_offset": ">i8",
+                   "sys_flag": ">i4", "body_length": ">i4"}
+
+
+def _checked_header(np: Any) -> Any:
+    """The header fields the checks read, as a numpy record of the IPv4 header's size."""
+    return np.dtype({"names": list(_CHECKED_FIELDS), "formats": list(_CHECKED_FIELDS.values()),
+                     "offsets": [_V4.offsets[name] for name in _CHECKED_FIELDS],
+                     "itemsize": _V4.header.size})
+
+
+def _pass(np: Any, data: Any, heads: Any, starts: Any, file_from_offset: int) -> Any:
+    """:func:`records_pass` for the records whose headers are ``heads``, at ``starts``."""
+    size = heads["total_size"].astype(np.int64)
+    ends = starts + size
+    magic = heads["magic_code"]
+    v1 = magic == MESSAGE_MAGIC_CODE_V1
+    good = (v1 | (magic == MESSAGE_MAGIC_CODE_V2)) & (size >= MIN_RECORD_SIZE) \
+        & (ends <= len(data)) & (heads["physical_offset"] == starts + file_from_offset)
+    v6 = (heads["sys_flag"] & int(_HOST_FLAGS)) != 0
+    body_length = heads["body_length"].astype(np.int64)
+    topic_at = starts + _V4.header.size + body_length
+    fits = good & ~v6 & (body_length >= 0) & (topic_at + 3 <= ends)
+    topic_at = np.where(fits, topic_at, starts)  # keep the picks inside the buffer
+    high = data[topic_at].astype(np.int64)
+    topic_length = np.where(v1, high, (high << 8) | data[topic_at + 1])
+    props_at = topic_at + np.where(v1, 1, 2) + topic_length
+    fits &= (topic_length > 0) & (props_at + 2 <= ends)
+    props_at = np.where(fits, props_at, starts)
+    props_length = (data[props_at].astype(np.int64) << 8) | data[props_at + 1]
+    fits &= props_at + 2 + props_length == ends
+    return good & (v6 | fits)
+
+
 def _join(np: Any, pieces: list) -> Any:
     return np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
 

@@ -5,7 +5,8 @@ interface that hands out bytes, not ``MappedFile`` internals:
 
 - ``read_bytes(offset, size)``: a copy of a byte range inside one segment (a record);
 - ``read_range(start, end)``: raw CommitLog bytes for replication, clipped to a segment and to
-  what is written;
+  what is written; ``view_range(start, end)`` the same bytes as a view of the segment, valid
+  inside a ``with`` (the master hands them to the socket without copying them first);
 - ``read_gather(offsets, sizes)``: many records of one segment back to back, one copy (the
   tier uploader's batch of one queue);
 - ``records(start, end)``: the records from ``start`` (a record boundary), each as a copy, with
@@ -18,6 +19,7 @@ always take it afterwards. Thread-safety: any thread; no state between calls.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 from collections.abc import Callable, Iterator
@@ -103,6 +105,27 @@ class CommitLogReader:
                 return b""
             return bytes(mf.buffer[rel:stop])
         finally:
+            mf.release()
+
+    @contextlib.contextmanager
+    def view_range(self, start: int, end: int) -> Iterator[memoryview]:
+        """``read_range``'s bytes as a zero-copy view of the segment, which is held until the
+        ``with`` ends: the caller must drop every view it took of them by then (a view left
+        alive keeps the segment's map from being unmapped)."""
+        mf = self._files.find_by_offset(start)
+        if mf is None or not mf.hold():
+            yield memoryview(b"")
+            return
+        view = None
+        try:
+            rel = start - mf.file_from_offset
+            base = mf.file_from_offset
+            stop = min(mf.read_position, end - base, self._end() - base)
+            view = mf.buffer[rel : max(rel, stop)]
+            yield view
+        finally:
+            if view is not None:
+                view.release()
             mf.release()
 
     def read_gather(self, offsets: list[int], sizes: list[int]) -> bytes | None:

@@ -45,7 +45,6 @@ from stratamq.record import (
     MESSAGE_MAGIC_CODE_V1,
     MESSAGE_MAGIC_CODE_V2,
     MIN_RECORD_SIZE,
-    PHYSICAL_OFFSET_POS,
 )
 from stratamq.store.commitlog import CommitLog
 from stratamq.store.consume_queue_store import ConsumeQueueStore
@@ -72,10 +71,12 @@ def whole_records(data: memoryview, offset: int, segment_size: int) -> int:
     zeros, a record reaching into the last 8 bytes of a segment, a blank that does not end it.
 
     Small chunks are checked record by record as recovery checks them (``scan_records``); a
-    large one (a slave catching up) in bulk: the size chain and magic codes by
-    ``walk_records``, every stored physical offset against its position with numpy, so the
-    copy keeps up with the network. The records were checked when the master wrote them; what
-    replication must catch is bytes that landed anywhere but where they belong.
+    large one (a slave catching up) in bulk with numpy, the same checks but the CRC (runs of
+    records of one size through strided views, anything else by the walk of the size chain),
+    so the copy keeps up with the network. Dispatch does not check records again: what is
+    published here is what the slave's ConsumeQueues and readers trust. The records were
+    checked when the master wrote them; what replication must catch is bytes that landed
+    anywhere but where they belong, or were torn or damaged on the way.
     """
     room = segment_size - offset % segment_size  # bytes left in this segment
     limit = min(len(data), room)
@@ -117,18 +118,17 @@ BULK_CHECK_BYTES = 256 * 1024  # from this size on, a chunk is checked in bulk
 
 def _bulk_scan(data: memoryview, offset: int, limit: int
                ) -> tuple[int, bool, codec.RecordCorrupt | None]:
-    """``scan_records``' answer (where whole records end, whether a blank follows, what is
-    wrong) for a large chunk, in bulk; falls back to the record-by-record scan to word a
-    problem."""
-    import numpy as np
-
-    walk = codec.walk_records(data, 0, limit, limit)
-    positions = np.asarray(walk.positions, dtype=np.int64)
-    if len(positions):
-        stored = codec.gather_longs(data, positions + PHYSICAL_OFFSET_POS)
-        if not np.array_equal(stored, positions + offset):
-            scan = codec.scan_records(data, 0, limit, offset, False)  # says which and why
-            return scan.end, scan.blank, scan.problem
+    """``scan_records``' answer without the CRC (where whole records end, whether a blank
+    follows, what is wrong) for a large chunk, in bulk: runs of records of one size through
+    strided views (``stamped_runs``), anything else by the walk and ``records_pass`` on its
+    positions; falls back to the record-by-record scan to word a problem."""
+    start = codec.stamped_runs(data, 0, limit, offset)  # most of a log: runs of one size
+    if start == limit:
+        return limit, False, None
+    walk = codec.walk_records(data, start, limit, limit)  # the rest, if anything
+    if len(walk.positions) and not codec.records_pass(data, walk.positions, offset).all():
+        scan = codec.scan_records(data, 0, limit, offset, False)  # says which and why
+        return scan.end, scan.blank, scan.problem
     if walk.reason == "blank":
         scan = codec.scan_records(data, walk.stop, limit, offset, False)  # checks the blank
         return scan.end, scan.blank, scan.problem
