@@ -19,7 +19,10 @@ client, and its CPU time is measured apart (``/proc/PID/stat``).
   objects of the same sizes to the same server; ``ratio`` = tier / bare (issue target >= 0.7).
   Each queue's first batch (its files created in the tier). Also the CPU seconds per MB of
   each side, median of the rounds: this process's (``*_cpu_s_per_mb``: the uploader, or the
-  bare client) and the server's (``*_server_cpu_s_per_mb``);
+  bare client) and the server's (``*_server_cpu_s_per_mb``); the S3 requests each side sent
+  in its last round, by operation (``*_requests``); and the median over rounds of the
+  bare/tier wall ratio of the two runs of a round (``median_round_ratio``: a round's two runs
+  are back to back, so on a shared machine it moves less than the ratio of the bests);
 * ``upload_steady``: the same for a queue's later batches: a store whose queues already have
   their tier files (one message each, flushed first) uploads the same number of messages;
 * ``cold_read``: messages/s of a sequential read of every queue from the tier, 32 messages a
@@ -47,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
@@ -112,8 +116,26 @@ class S3Process:
             self.proc.wait()
 
 
+class Requests:
+    """S3 operations the shared client sends, by name (a botocore event hook: every request
+    of the tier and of the baseline goes through it)."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def attach(self, fs) -> None:
+        fs.s3.meta.events.register("before-parameter-build.s3", self._note)
+
+    def _note(self, model, **_kw) -> None:
+        self.counts[model.name] += 1
+
+
+REQUESTS = Requests()
+
+
 class Meter:
-    """Wall seconds, this process's CPU seconds and the server's, of one timed step."""
+    """Wall seconds, this process's CPU seconds and the server's, and the S3 requests sent,
+    of one timed step."""
 
     def __init__(self, server: S3Process) -> None:
         self.server = server
@@ -121,12 +143,14 @@ class Meter:
     def __enter__(self) -> Meter:
         self.wall, self.cpu = time.perf_counter(), time.process_time()
         self.server_cpu = self.server.cpu_seconds()
+        self.requests = Counter(REQUESTS.counts)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self.wall
         self.cpu = time.process_time() - self.cpu
         self.server_cpu = self.server.cpu_seconds() - self.server_cpu
+        self.requests = REQUESTS.counts - self.requests
 
 
 def config(root: Path, endpoint: str, bucket: str, **extra) -> StoreConfig:
@@ -218,7 +242,11 @@ def upload_row(name: str, parts: list[int], tier_m: list[Meter], bare_m: list[Me
             "repeat": repeat, "tier_cpu_s_per_mb": per_mb(tier_m, "cpu"),
             "bare_cpu_s_per_mb": per_mb(bare_m, "cpu"),
             "tier_server_cpu_s_per_mb": per_mb(tier_m, "server_cpu"),
-            "bare_server_cpu_s_per_mb": per_mb(bare_m, "server_cpu")}
+            "bare_server_cpu_s_per_mb": per_mb(bare_m, "server_cpu"),
+            "tier_requests": dict(sorted(tier_m[-1].requests.items())),
+            "bare_requests": dict(sorted(bare_m[-1].requests.items())),
+            "median_round_ratio": statistics.median(b.wall / t.wall for t, b in
+                                                    zip(tier_m, bare_m, strict=True))}
 
 
 def run(work: Path, server: S3Process, sizes: dict[str, int]) -> None:
@@ -228,6 +256,7 @@ def run(work: Path, server: S3Process, sizes: dict[str, int]) -> None:
     fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True,
                            use_listings_cache=False)
     fs.mkdir("bench")
+    REQUESTS.attach(fs)
     n = sizes["messages"]
     emit({"bench": "env", "python": platform.python_version(), "machine": platform.machine(),
           "messages": n, "body_bytes": len(BODY), "queues": QUEUES, "lookups": sizes["lookups"],

@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import random
 
+import hypothesis.strategies as st
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from stratamq.config import StoreConfig
 from stratamq.message import Message, Prop
 from stratamq.record import codec
 from stratamq.store.message_store import MessageStore
-from stratamq.tiered.batch import Batch, gather, index_keys, store_times
+from stratamq.tiered.batch import (
+    Batch,
+    _keys_in_bulk,
+    _keys_record_by_record,
+    gather,
+    index_keys,
+    store_times,
+)
 from stratamq.tiered.index_file import UnsealedIndexFile
 
 TOPIC = "Orders"
@@ -139,3 +148,51 @@ def test_put_many_writes_the_bytes_of_one_put_per_key(tmp_path, slots):
     assert one.query(hashes[0], 0, 2**62, 10) == many.query(hashes[0], 0, 2**62, 10)
     one.close()
     many.close()
+
+
+# -- the bulk key path against the record path, on properties of every shape ---------------------
+
+_NAMES = ["KEYS", "UNIQ_KEY", "TAGS", "XKEYS", "KEYSX", "UNIQ_KEYS"]
+# Few values, so that a KEYS word often equals the record's UNIQ_KEY; some with spaces,
+# non-ASCII or a stray SOH.
+_WORDS = st.one_of(st.sampled_from(["", "a", "b", "ab", "a b", "b a b", " a", "a\t", "é",
+                                    "k\u3000", "x\x01y"]),
+                   st.text(alphabet=st.sampled_from("ab7-_ \t\x01é\u3000"), max_size=6))
+
+
+@st.composite
+def property_blocks(draw) -> tuple[list[bytes], bool]:
+    """Records' raw properties (name SOH value STX ..., RocketMQ's layout, sometimes without
+    the last STX or as raw bytes), and whether each is plain (the bulk path must take it)."""
+    records, plain = [], True
+    for _ in range(draw(st.integers(1, 12))):
+        if draw(st.integers(0, 9)) == 0:
+            raw = draw(st.binary(max_size=20))
+            plain = False
+        else:
+            pairs = draw(st.lists(st.tuples(st.sampled_from(_NAMES), _WORDS), max_size=4))
+            raw = b"".join(n.encode() + b"\x01" + v.encode() + b"\x02" for n, v in pairs)
+            named = [n for n, _v in pairs]
+            if named.count("KEYS") > 1 or named.count("UNIQ_KEY") > 1 or any(
+                    not v.isascii() or any(c in v for c in " \t\u3000")
+                    for n, v in pairs if n in ("KEYS", "UNIQ_KEY")):
+                plain = False
+            if raw and draw(st.booleans()) and draw(st.integers(0, 4)) == 0:
+                raw = raw[:-1]  # no separator after the last property
+                plain = False
+        records.append(raw)
+    return records, plain
+
+
+@settings(max_examples=400, deadline=None)
+@given(property_blocks())
+def test_keys_in_bulk_are_the_record_paths(case):
+    records, plain = case
+    batch = Batch.of(0, records, [0] * len(records))
+    start, end = batch.starts, batch.starts + batch.sizes
+    expected = _keys_record_by_record(batch, np.zeros(len(records), dtype=bool), start, end)
+    bulk = _keys_in_bulk(np.frombuffer(batch.data, dtype=np.uint8), start, end)
+    if plain:
+        assert bulk is not None
+    if bulk is not None:
+        assert bulk[0] == expected[0] and bulk[1].tolist() == expected[1].tolist()

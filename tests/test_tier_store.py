@@ -351,10 +351,10 @@ def test_restart_after_a_crash_past_an_index_upload_uploads_it_once(tmp_path):
     kept: dict[str, bytes] = {}
     commit = tier.index.flat.commit
 
-    def commit_and_remember() -> bool:  # what a crash right after this upload leaves on disk
+    def commit_and_remember(**options) -> bool:  # what a crash right after this upload leaves
         kept["metadata"] = meta_file.read_bytes()
         kept.update({p.name: p.read_bytes() for p in index_dir.iterdir() if p.is_file()})
-        return commit()
+        return commit(**options)
 
     tier.index.flat.commit = commit_and_remember  # type: ignore[method-assign]
     assert tier.flush(60)

@@ -87,6 +87,8 @@ class TieredStore:
         self.read_only = read_only
         self.background = background
         self.factory = FileSegmentFactory(config, cluster, fs=fs)
+        if not read_only:
+            self.factory.list_broker(broker)  # before this process writes anything there
         self.metadata = MetadataStore(config.root, read_only=read_only)
         self.files = FlatFileStore(self.factory, self.metadata, broker, read_only=read_only)
         self.files.load()

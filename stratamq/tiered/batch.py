@@ -137,6 +137,17 @@ def index_keys(batch: Batch) -> tuple[list[str], np.ndarray]:
     topic_len = np.where(v1, data[safe], (data[safe].astype(np.int64) << 8) | data[safe + 1])
     props_start = p + np.where(v1, 1, 2) + topic_len + 2
     props_end = pos + batch.sizes
+    if not v6.any():
+        bulk = _keys_in_bulk(data, props_start, props_end)
+        if bulk is not None:
+            return bulk
+    return _keys_record_by_record(batch, v6, props_start, props_end)
+
+
+def _keys_record_by_record(batch: Batch, v6: np.ndarray, props_start: np.ndarray,
+                           props_end: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """``index_keys`` one record at a time (what the bulk path must give)."""
+    pos = batch.starts
     raw = batch.data
     keys: list[str] = []
     rows: list[int] = []
@@ -166,6 +177,66 @@ def index_keys(batch: Batch) -> tuple[list[str], np.ndarray]:
             keys.append(uniq)
             rows.append(row)
     return keys, np.array(rows, dtype=np.int64)
+
+
+_KEYS_NAME = np.frombuffer(_KEYS_TAG, dtype=np.uint8)
+_UNIQ_NAME = np.frombuffer(_UNIQ_TAG, dtype=np.uint8)
+# Bytes the bulk path leaves to the record path: not ASCII (decoding with replacement, and
+# str.split's Unicode spaces) or ASCII whitespace (a KEYS value of several words).
+_NOT_PLAIN = np.zeros(256, dtype=bool)
+_NOT_PLAIN[0x80:] = True
+_NOT_PLAIN[[0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0x1F, 0x20]] = True
+
+
+def _keys_in_bulk(data: np.ndarray, props_start: np.ndarray, props_end: np.ndarray
+                  ) -> tuple[list[str], np.ndarray] | None:
+    """``index_keys`` for the usual batch, without a step per record: every record's
+    properties end with a separator (as RocketMQ writes them), and each has at most one KEYS
+    value, of one plain ASCII word, and one plain ASCII UNIQ_KEY. The properties of all
+    records are copied back to back and their property names compared with numpy; None when
+    the batch is not like that (the record path then takes it)."""
+    lens = props_end - props_start
+    if (lens < 0).any():
+        return None
+    held = lens > 0
+    if (data[props_end[held] - 1] != 0x02).any():
+        return None  # a record whose last property has no separator after it
+    total = int(lens.sum())
+    firsts = np.cumsum(lens) - lens  # where each record's properties start in ``joined``
+    joined = data[np.repeat(props_start - firsts, lens) + np.arange(total)]
+    separators = np.flatnonzero(joined == 0x02)
+    # A property starts where a record's properties do, or after a separator (every record's
+    # last property ends with one, so records' starts are among these).
+    starts = np.concatenate(([0], separators[:-1] + 1)) if total else separators
+    found = []
+    for code, name in enumerate((_KEYS_NAME, _UNIQ_NAME)):  # code 0: KEYS, 1: UNIQ_KEY
+        at = starts[starts + len(name) <= total]
+        hit = (joined[at[:, None] + np.arange(len(name))] == name).all(axis=1)
+        found.append((at[hit] + len(name), np.full(int(hit.sum()), code, dtype=np.int64)))
+    begin = np.concatenate([values for values, _codes in found])  # where each value starts
+    kind = np.concatenate([codes for _values, codes in found])
+    rows = np.searchsorted(firsts, begin, side="right") - 1  # a property's record
+    pairs = rows * 2 + kind
+    order = np.argsort(pairs, kind="stable")  # a record's KEYS word, then its UNIQ_KEY
+    pairs = pairs[order]
+    if (pairs[1:] == pairs[:-1]).any():
+        return None  # a property twice in a record
+    begin, kind, rows = begin[order], kind[order], rows[order]
+    end = separators[np.searchsorted(separators, begin)]  # each value ends at a separator
+    marks = np.concatenate(([0], np.cumsum(_NOT_PLAIN[joined])))
+    if (marks[end] != marks[begin]).any():
+        return None
+    latin = joined.tobytes().decode("latin-1")  # byte for character; the values are ASCII
+    values = [latin[a:b] for a, b in zip(begin.tolist(), end.tolist(), strict=True)]
+    uniq = {r: v for r, v, k in zip(rows.tolist(), values, kind.tolist(), strict=True) if k}
+    keys: list[str] = []
+    out: list[int] = []
+    for row, value, is_uniq in zip(rows.tolist(), values, kind.tolist(), strict=True):
+        # A KEYS word equal to the record's UNIQ_KEY is indexed once, as the UNIQ_KEY.
+        if value and (is_uniq or uniq.get(row) != value):
+            keys.append(value)
+            out.append(row)
+    return keys, np.array(out, dtype=np.int64)
 
 
 def _value(props: bytes, tag: bytes) -> str:

@@ -90,7 +90,8 @@ class FlatAppendFile:
                         "the tier's size", last.path, recorded, real)
             return recorded, real
 
-    def flush_segment_meta(self, segment: FileSegment, *, sealed: bool = False) -> None:
+    def flush_segment_meta(self, segment: FileSegment, *, sealed: bool = False,
+                           defer: bool = False) -> None:
         meta = self.metadata.get_segment(self.file_path, self.file_type, segment.base_offset)
         if meta is None:
             meta = FileSegmentMetadata(self.file_path, int(self.file_type), segment.base_offset)
@@ -101,7 +102,7 @@ class FlatAppendFile:
         if sealed:
             meta.status = STATUS_SEALED
             meta.sealTimestamp = int(time.time() * 1000)
-        self.metadata.update_segment(meta)
+        self.metadata.update_segment(meta, defer=defer)
 
     # -- offsets -------------------------------------------------------------------------------
 
@@ -190,8 +191,10 @@ class FlatAppendFile:
             self.flush_segment_meta(segment)
             return self.roll(segment.append_offset).append(data, timestamp)
 
-    def commit(self) -> bool:
-        """Upload what the last segment buffered; True when all of it is in the tier."""
+    def commit(self, *, defer_meta: bool = False) -> bool:
+        """Upload what the last segment buffered; True when all of it is in the tier.
+        ``defer_meta``: its new size needs no metadata write of its own (``update_segment``'s
+        ``defer``)."""
         segments = self.segments
         if not segments:
             return True
@@ -200,7 +203,7 @@ class FlatAppendFile:
             return True
         if not last.commit():
             return False
-        self.flush_segment_meta(last)
+        self.flush_segment_meta(last, defer=defer_meta)
         return True
 
     def truncate_last(self, position: int) -> None:

@@ -248,7 +248,10 @@ class FlatMessageFile:
             low = codec.record_store_timestamp(data, at)
             high = codec.record_store_timestamp(data, int(batch.starts[stop - 1]))
             low, high = min(low, high), max(low, high)
-            if cl.segments[-1].append(data[at:end], low, high) is not AppendResult.SUCCESS or \
+            # The whole batch in one file (the usual case): its buffer as it is, not a copy.
+            records = batch.data if at == 0 and end == len(batch.data) and \
+                isinstance(batch.data, bytes) else data[at:end]
+            if cl.segments[-1].append(records, low, high) is not AppendResult.SUCCESS or \
                     cq.segments[-1].append(units.tobytes(), low, high) \
                     is not AppendResult.SUCCESS:
                 raise TierIOError(f"tier queue {self.file_path}: append refused")

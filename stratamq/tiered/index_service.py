@@ -26,6 +26,8 @@ import logging
 import shutil
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +125,7 @@ class IndexStoreService:
         self._slot_cache: OrderedDict[int, bytes] = OrderedDict()  # segment base -> table
         self._slot_cache_bytes = slot_cache_bytes
         self.reads = 0
+        self._cleanup: ThreadPoolExecutor | None = None  # deletes uploaded local files
         self._load()
 
     def _load(self) -> None:
@@ -230,9 +233,12 @@ class IndexStoreService:
                 current = self.unsealed[-1]
                 self._new_file(current.max_timestamp)
 
-    def upload_sealed(self) -> bool:
+    def upload_sealed(self, record: Callable[[], None] | None = None) -> bool:
         """Compact and upload the oldest sealed file (every local file but the last); True when
-        one went."""
+        one went. ``record`` writes the metadata before the upload (default: the metadata
+        store's ``persist``; the uploader passes its own, so that one write carries its
+        progress too); the uploaded size needs no write of its own (a start takes it from the
+        tier), so it goes with the next one."""
         with self._lock:
             if len(self.unsealed) < 2:
                 return False
@@ -258,17 +264,16 @@ class IndexStoreService:
                 segment.min_timestamp = local.min_timestamp
                 segment.max_timestamp = local.max_timestamp
                 flat.flush_segment_meta(segment)
-                self.metadata.persist()
+                (record or self.metadata.persist)()
                 segment.append(data, local.begin_timestamp)
             segment.min_timestamp = local.min_timestamp
             segment.max_timestamp = local.max_timestamp
-            if not flat.commit():
+            if not flat.commit(defer_meta=True):
                 log.warning("tier index: upload of %s failed; retried later", local.path)
                 return False
         with self._lock:
             self.uploaded.append(UploadedIndexFile(segment, self))
-            self._drop_local(local)
-        compacting.unlink(missing_ok=True)
+            self._drop_local(local, compacting, later=True)
         log.info("tier index: %s uploaded as %s (%d items)", local.path.name, segment.path,
                  local.item_count)
         return True
@@ -288,11 +293,29 @@ class IndexStoreService:
                 self.uploaded.append(UploadedIndexFile(last, self))
         return self.flat.roll(self.flat.append_offset, persist=False)
 
-    def _drop_local(self, local: UnsealedIndexFile) -> None:
+    def _drop_local(self, local: UnsealedIndexFile, *scratch: Path, later: bool = False) -> None:
+        """Forget a local file (empty, or uploaded) and delete it and ``scratch`` files.
+        ``later``: on the clean-up thread, off the upload's path (an unlink can take tens of
+        milliseconds on a busy disk); a start deletes a copy a stop left behind, recognised
+        by its time range."""
         with self._lock:
             self.unsealed.remove(local)
-        local.close()
-        local.path.unlink(missing_ok=True)
+            if later and self._cleanup is None:
+                self._cleanup = ThreadPoolExecutor(1, thread_name_prefix="tier-index-cleanup")
+            cleanup = self._cleanup if later else None
+        if cleanup is not None:
+            cleanup.submit(self._delete_local, local, *scratch)
+        else:
+            self._delete_local(local, *scratch)
+
+    def _delete_local(self, local: UnsealedIndexFile, *scratch: Path) -> None:
+        try:
+            with self._lock:  # a query checks ``map.closed`` under it
+                local.close()
+            for path in (local.path, *scratch):
+                path.unlink(missing_ok=True)
+        except OSError as exc:  # left for the next start to delete
+            log.warning("tier index: local file %s not deleted: %s", local.path, exc)
 
     def destroy_expired(self, expire_timestamp: int) -> int:
         gone = self.flat.destroy_expired(expire_timestamp)
@@ -367,6 +390,8 @@ class IndexStoreService:
                     "uploaded": len(self.uploaded)}
 
     def close(self) -> None:
+        if self._cleanup is not None:
+            self._cleanup.shutdown(wait=True)
         with self._lock:
             for local in self.unsealed:
                 local.close()

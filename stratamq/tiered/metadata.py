@@ -136,7 +136,10 @@ class MetadataStore:
         self._segments: dict[FileSegmentType, dict[str, dict[int, FileSegmentMetadata]]] = {
             t: {} for t in FileSegmentType}
         self.durable_offset = 0  # the uploader's: CommitLog offset everything below is tiered
-        self._dirty = False
+        self._dirty = False  # changed: the next ``persist(only_if_dirty=True)`` writes it
+        # Changed, but only in what a start reads back from the tier anyway (an uploaded
+        # file's size): written by the next write, or ``persist(deferred_too=True)``.
+        self._deferred = False
         self._load()
 
     # -- load / persist --------------------------------------------------------------------------
@@ -190,14 +193,15 @@ class MetadataStore:
                     path: {str(base): dict(vars(m)) for base, m in sorted(table.items())}
                     for path, table in sorted(self._segments[file_type].items())}
             doc["dispatcher"] = {"durableOffset": self.durable_offset}
-            self._dirty = False
+            self._dirty = self._deferred = False
         return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
-    def persist(self, *, only_if_dirty: bool = False) -> None:
-        """Write the document. Calls that wait while another thread writes are served by the
-        next write that starts after they were made (one write for many: each costs fsyncs),
-        and return once it is on disk."""
-        if self.read_only or (only_if_dirty and not self._dirty):
+    def persist(self, *, only_if_dirty: bool = False, deferred_too: bool = False) -> None:
+        """Write the document (``only_if_dirty``: only when something changed that is not
+        deferred, or with ``deferred_too`` anything). Calls that wait while another thread
+        writes are served by the next write that starts after they were made (one write for
+        many: each costs fsyncs), and return once it is on disk."""
+        if self.read_only or (only_if_dirty and not self.changed(deferred_too=deferred_too)):
             return
         with self._lock:
             ticket = self._tickets
@@ -210,6 +214,10 @@ class MetadataStore:
                 data = self.encode()
             atomic_write(self.path, data, backup=True)
             self._written_from = starts_at
+
+    def changed(self, *, deferred_too: bool = False) -> bool:
+        """Whether ``persist(only_if_dirty=True, deferred_too=...)`` would write."""
+        return self._dirty or (deferred_too and self._deferred)
 
     def mark_dirty(self) -> None:
         self._dirty = True
@@ -286,11 +294,17 @@ class MetadataStore:
         with self._lock:
             return self._segments[file_type].get(path, {}).get(base_offset)
 
-    def update_segment(self, meta: FileSegmentMetadata) -> None:
+    def update_segment(self, meta: FileSegmentMetadata, *, defer: bool = False) -> None:
+        """Record a segment's entry. ``defer``: the change is only a size a start takes from
+        the tier anyway (the last segment of its file, after an upload), so it needs no write
+        of its own: it goes with the next one (the document may lag the tier, never lead)."""
         with self._lock:
             self._segments[FileSegmentType(meta.type)].setdefault(meta.path, {})[
                 meta.baseOffset] = meta
-            self._dirty = True
+            if defer:
+                self._deferred = True
+            else:
+                self._dirty = True
 
     def segments(self, path: str, file_type: FileSegmentType) -> list[FileSegmentMetadata]:
         with self._lock:

@@ -273,7 +273,7 @@ class TierUploader:
 
     def _housekeeping(self) -> None:
         if self.index is not None:
-            while self.index.upload_sealed():
+            while self.index.upload_sealed(self.persist):
                 pass
         cfg = self.config
         interval_s = cfg.tiered_store_delete_file_interval / 1000
@@ -281,18 +281,22 @@ class TierUploader:
                 time.monotonic() - self._last_expiry >= interval_s:
             self._last_expiry = time.monotonic()
             self.delete_expired()
-        self.persist()
+        self.persist(deferred_too=True)
 
-    def persist(self) -> None:
+    def persist(self, *, deferred_too: bool = False) -> None:
         """Make the tier's progress durable: the index first, then the metadata (with the
-        durable offset), so the metadata never claims what is not on disk."""
-        if self.index is not None:
-            self.index.flush()
+        durable offset), so the metadata never claims what is not on disk. Only when
+        something changed (``deferred_too``: also a deferred change, an uploaded index
+        file's size)."""
         durable = self.durable_offset()
         if durable != self.metadata.durable_offset:
             self.metadata.durable_offset = durable
             self.metadata.mark_dirty()
-        self.metadata.persist(only_if_dirty=True)
+        if not self.metadata.changed(deferred_too=deferred_too):
+            return  # nothing to claim: the index needs no flush for it either
+        if self.index is not None:
+            self.index.flush()
+        self.metadata.persist(deferred_too=deferred_too)
 
     def delete_expired(self, now_ms: int | None = None) -> int:
         """Tier retention (``tieredStoreFileReservedTime``, or a topic's own reserve time),
@@ -547,7 +551,9 @@ class TierUploader:
         if index and self.index is not None:
             self.index.seal_current()
             while len(self.index.unsealed) > 1:
-                if not self.index.upload_sealed():
+                # The write before the index upload is this flush's progress write too: one
+                # write (two fsyncs) for the round, where there were two.
+                if not self.index.upload_sealed(self.persist):
                     ok = False
                     break
         self.persist()
@@ -560,6 +566,6 @@ class TierUploader:
             self._thread.join(timeout=30)
         self._executor.shutdown(wait=True)
         try:
-            self.persist()
+            self.persist(deferred_too=True)
         except OSError as exc:
             log.error("tier metadata not saved at close: %s", exc)

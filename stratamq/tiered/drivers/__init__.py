@@ -7,6 +7,7 @@ which driver they use (RocketMQ's ``FileSegmentFactory``).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -24,6 +25,8 @@ from stratamq.tiered.naming import FileSegmentType, cluster_dir, segment_path
 
 __all__ = ["AppendResult", "FileSegment", "FileSegmentFactory", "SegmentLimits", "TierCorrupt",
            "TierIOError", "open_filesystem"]
+
+log = logging.getLogger(__name__)
 
 
 def open_filesystem(url: str, endpoint: str = "") -> tuple[Any, str]:
@@ -81,19 +84,52 @@ class FileSegmentFactory:
             self.fs_root = self.root.split("://", 1)[-1].rstrip("/")
         self._listed_topics: dict[str, frozenset[str]] = {}
         self._listed_segments: dict[str, set[str]] = {}  # "<file path>/<TYPE>" -> names
+        # Per broker, the topic directories its tier directory held when this process listed
+        # it (``list_broker``): a topic not among them has only what this process wrote.
+        self._broker_topics: dict[str, set[str]] = {}
         self._listing_lock = threading.Lock()
+
+    def list_broker(self, broker: str) -> None:
+        """List the broker's tier directory once, at the start of a process that uploads to
+        it: a topic directory missing then holds only what this process writes later, so its
+        new queues' files need no listing each (``queue_absent``, ``segment_absent``). One
+        request at the start instead of one or two on each new topic's first upload. Only on
+        an object store (other drivers look files up locally); when the tier cannot be
+        reached, nothing is assumed and each new topic is listed as before."""
+        if self.provider != "s3":
+            return
+        from stratamq.tiered.drivers.object_store import list_directory
+
+        try:
+            files, dirs = list_directory(self.fs, self.full_path(
+                f"{cluster_dir(self.cluster)}/{broker}"))
+        except Exception as exc:  # the per-topic listings will report it
+            log.info("tier: the broker directory could not be listed at start: %s", exc)
+            return
+        with self._listing_lock:
+            self._broker_topics[broker] = {*dirs, *(name for name, _size in files)}
+
+    def _topic_known_absent(self, file_path: str) -> bool:
+        """True when the topic of ``file_path`` (broker/topic/...) was not in its broker's
+        directory when ``list_broker`` listed it (under ``_listing_lock``)."""
+        broker, _, rest = file_path.partition("/")
+        present = self._broker_topics.get(broker)
+        return present is not None and rest.partition("/")[0] not in present
 
     def queue_absent(self, file_path: str) -> bool:
         """True when the tier is known to hold no file of the queue ``file_path``
         (broker/topic/queueId), so its first files need no lookup each. On an object store
         one listing of the topic's directory (per topic, per process) answers for all its
-        queues, where a lookup per file would cost a listing each; other drivers answer
+        queues, where a lookup per file would cost a listing each, and none for a topic the
+        broker's directory did not hold at the start (``list_broker``); other drivers answer
         False (their per-file lookup is a cheap local call)."""
         if self.provider != "s3":
             return False
         topic_path, _, queue = file_path.rpartition("/")
         with self._listing_lock:
             present = self._listed_topics.get(topic_path)
+            if present is None and self._topic_known_absent(file_path):
+                present = self._listed_topics[topic_path] = frozenset()
             if present is None:
                 from stratamq.tiered.drivers.object_store import list_directory
 
@@ -112,7 +148,8 @@ class FileSegmentFactory:
         ``file_path`` (broker/topic/queueId) and type, so a new segment there needs no size
         lookup. On an object store one listing of the file type's directory per process
         answers for every later segment (a lookup per segment would cost a listing each, on
-        the upload path): this process is the directory's one writer, and a segment it makes
+        the upload path), none for a topic the broker's directory did not hold at the start
+        (``list_broker``): this process is the directory's one writer, and a segment it makes
         is noted as present. Other drivers answer False (their lookup is a local call)."""
         if self.provider != "s3":
             return False
@@ -120,6 +157,8 @@ class FileSegmentFactory:
         name = segment_path(self.cluster, file_path, file_type, base_offset).rpartition("/")[2]
         with self._listing_lock:
             present = self._listed_segments.get(directory)
+            if present is None and self._topic_known_absent(file_path):
+                present = self._listed_segments[directory] = set()
             if present is None:
                 from stratamq.tiered.drivers.object_store import list_directory
 
@@ -138,7 +177,10 @@ class FileSegmentFactory:
         """The queue's topic was deleted: list it again before trusting ``queue_absent`` or
         ``segment_absent``."""
         topic_path = file_path.rpartition("/")[0]
+        broker, _, rest = topic_path.partition("/")
         with self._listing_lock:
+            if broker in self._broker_topics:  # its directory may be left in part: list it
+                self._broker_topics[broker].add(rest)
             self._listed_topics.pop(topic_path, None)
             for directory in [d for d in self._listed_segments
                               if d.startswith(topic_path + "/")]:
