@@ -302,6 +302,10 @@ class CompactionLog:
                 result._held.append(seg.cq)
                 units_raw, view_of = seg.cq.buffer[index * UNIT_SIZE : stop * UNIT_SIZE], \
                     seg.record_view
+            # A tier file's units come only as far as max_bytes reaches: with a tag filter the
+            # loop below can use them all up without reaching max_bytes, and the units not
+            # fetched must be read next, not passed over for the next file.
+            short = len(units_raw) < (stop - index) * UNIT_SIZE
             for position, size, tags_code, _t, queue_offset, *_rest in UNIT.iter_unpack(
                     units_raw):
                 if len(records) >= request.max_count or (
@@ -319,7 +323,7 @@ class CompactionLog:
                 records.append(SelectedRecord(view, codec.record_positions(view, 0)[1],
                                               queue_offset))
                 total += size
-            if scanned >= scan:
+            if scanned >= scan or short:
                 return self._done(result, scanned)
         # Every unit after the offset was read: what is left below the next offset are holes.
         result.next_begin_offset = high
