@@ -190,6 +190,27 @@ def test_a_second_round_replaces_the_tier_copy(tmp_path):
     fresh.close()
 
 
+def test_a_broker_on_an_adopted_tier_keeps_its_new_versions_through_a_round(tmp_path):
+    """A new store on a tier holds no local file of the queue: its first local files must not
+    take the names of the tier's files, or the round's restore replaces them (and the new
+    versions in them) with the tier's."""
+    settings = tier_settings("posix", str(tmp_path / "tier"))
+    parts = open_tiered(tmp_path / "store", settings)
+    model: dict[str, bytes] = {}
+    write_versions(parts.store, model, 0, 600, 40)
+    parts.compact()
+    parts.close()
+    fresh = open_tiered(tmp_path / "fresh", settings)
+    try:
+        assert fresh.comp.queues()[0].tier_only()  # served from the tier, nothing local
+        write_versions(fresh.store, model, 600, 400, 40)
+        [report] = fresh.compact()  # restores the tier's files, then compacts
+        assert report.skipped is None
+        assert as_table(read_from(fresh.store)) == model
+    finally:
+        fresh.close()
+
+
 def test_a_tag_filtered_read_of_tier_files_skips_no_matching_message(tmp_path):
     """A read from the tier fetches at most ``max_bytes`` of a file at a time; with a tag filter
     the units it did not fetch must be read next, not passed over."""

@@ -183,7 +183,15 @@ class CompactionLog:
         """Seal ``current`` and start the next segment (under ``_lock``)."""
         if current is not None:
             current.seal()
-        start = current.start + self.log_size if current is not None else 0
+        if current is not None:
+            start = current.start + self.log_size
+        elif self._tiered:
+            # Past the files the tier serves (a broker that adopted the tier's set, or a cut
+            # that left no local file): a local file under one of their names would be
+            # replaced by the tier's when a round restores them, with what it holds.
+            start = max(t.start for t in self._tiered) + self.log_size
+        else:
+            start = 0
         for directory in (self.paths.log_dir, self.paths.cq_dir):
             directory.mkdir(parents=True, exist_ok=True)
         seg = Segment.create(self.paths.log_file(start), self.paths.cq_file(start),
