@@ -24,6 +24,7 @@ from stratamq.compaction.swap import KILL_ENV
 from stratamq.compaction.tier_format import MANIFEST_NAME, TierManifest
 from stratamq.compaction.tiering import link
 from stratamq.store.message_store import MessageStore
+from stratamq.store.results import GetMessageStatus
 
 PROC = Path(__file__).resolve().parent / "compaction_tier_proc.py"
 NOW = 1_700_000_000_000
@@ -209,6 +210,32 @@ def test_a_broker_on_an_adopted_tier_keeps_its_new_versions_through_a_round(tmp_
         assert as_table(read_from(fresh.store)) == model
     finally:
         fresh.close()
+
+
+def test_a_failed_tier_read_answers_nothing_found_yet_instead_of_raising(tmp_path):
+    """As for any tiered topic: while the tier cannot serve a released file, a read finds
+    nothing at its offset (the reader asks again), rather than failing the receive or pull."""
+    settings = tier_settings("posix", str(tmp_path / "tier"))
+    parts = open_tiered(tmp_path / "store", settings)
+    model: dict[str, bytes] = {}
+    write_versions(parts.store, model, 0, 600, 40)
+    parts.compact()
+    assert parts.release() > 0
+    parts.close()
+    logs = {p: p.read_bytes() for p in (tmp_path / "tier").rglob("*")
+            if p.is_file() and "COMPACTION" in p.parts and "COMMIT_LOG" in p.parts}
+    parts = open_tiered(tmp_path / "store", settings)
+    try:
+        for path in logs:
+            path.write_bytes(b"")  # the tier lost the records (or cannot be reached)
+        with parts.store.get_messages("test", TOPIC, 0, 0, 8) as result:
+            assert result.status is GetMessageStatus.OFFSET_FOUND_NULL
+            assert result.next_begin_offset == 0 and not result.records
+        for path, data in logs.items():
+            path.write_bytes(data)
+        assert as_table(read_from(parts.store)) == model
+    finally:
+        parts.close()
 
 
 def test_a_tag_filtered_read_of_tier_files_skips_no_matching_message(tmp_path):

@@ -302,7 +302,15 @@ class CompactionLog:
             stop = min(seg.units, index + scan - scanned)
             units_raw: bytes | memoryview
             if not isinstance(seg, Segment):
-                units_raw, view_of = self._tier_units(seg, index, stop, request.max_bytes)
+                try:
+                    units_raw, view_of = self._tier_units(seg, index, stop, request.max_bytes)
+                except OSError as exc:
+                    # As a tier read of any topic answers (tiered/fetcher.py): what was read
+                    # so far, else nothing at this offset for now, so the reader asks again;
+                    # not an error that fails the whole receive or pull.
+                    log.warning("compaction queue %s:%d: tier read of %s failed: %s",
+                                self.topic, self.queue_id, seg.name, exc)
+                    return self._done(result, scanned)
             else:
                 if not seg.hold():
                     return self._done(result, scanned)  # swapped out: the next read sees new
