@@ -238,6 +238,36 @@ def test_a_failed_tier_read_answers_nothing_found_yet_instead_of_raising(tmp_pat
         parts.close()
 
 
+def test_a_read_while_local_files_are_released_finds_them_local_or_in_the_tier(tmp_path,
+                                                                             monkeypatch):
+    """Releasing local files and serving them from the tier is one step for a reader: a read
+    between the two would find the offsets in neither and skip past them."""
+    from stratamq.compaction.segment import Segment
+
+    parts = open_tiered(tmp_path / "store", tier_settings("posix", str(tmp_path / "tier")))
+    try:
+        model: dict[str, bytes] = {}
+        write_versions(parts.store, model, 0, 600, 50)
+        parts.compact()
+        [clog] = parts.comp.queues()
+        first = clog.min_offset()
+        seen: list[tuple[list[int], int]] = []
+        retire = Segment.destroy
+
+        def read_then_retire(seg, *args, **kwargs):  # runs as the released files go
+            with parts.store.get_messages("test", TOPIC, 0, first, 1) as result:
+                seen.append(([r.queue_offset for r in result.records], result.next_begin_offset))
+            return retire(seg, *args, **kwargs)
+
+        monkeypatch.setattr(Segment, "destroy", read_then_retire)
+        assert parts.release() > 0
+        monkeypatch.undo()
+        assert seen and all(s == ([first], first + 1) for s in seen), seen
+        assert as_table(read_from(parts.store)) == model
+    finally:
+        parts.close()
+
+
 def test_a_tag_filtered_read_of_tier_files_skips_no_matching_message(tmp_path):
     """A read from the tier fetches at most ``max_bytes`` of a file at a time; with a tag filter
     the units it did not fetch must be read next, not passed over."""

@@ -223,9 +223,12 @@ class CompactionLog:
             return []
         return [s for s in segs if s.sealed]
 
-    def swap_in(self, replaced: Sequence[Segment], manifest: SwapManifest) -> None:
+    def swap_in(self, replaced: Sequence[Segment], manifest: SwapManifest,
+                tiered: Sequence[TierSegment] | None = None) -> None:
         """Apply a committed round (its manifest is on disk): move the new files in, swap the
-        in-memory list, and retire the old segments (readers keep their maps)."""
+        in-memory list, and retire the old segments (readers keep their maps). ``tiered``: the
+        files the tier serves from now on (local files released or restored), replaced in the
+        same step, so no read sees the queue with those files in neither place."""
         names = {s.name for s in replaced}
         with self._lock:
             swap.roll_forward(self.paths, manifest)
@@ -243,6 +246,8 @@ class CompactionLog:
                 raise
             kept = [s for s in self._segments if s.name not in names]
             self._segments = tuple(sorted([*fresh, *kept], key=lambda s: s.start))
+            if tiered is not None:
+                self._tiered = tuple(tiered)
             self.state = manifest.state
         for seg in replaced:
             # Their files were renamed <name>.deleted (and removed): point the maps there, so
@@ -262,9 +267,11 @@ class CompactionLog:
 
     def _view(self) -> tuple[Segment | TierSegment, ...]:
         """Every file of the queue in offset order: the tier's released ones, then the local
-        ones (a snapshot; both tuples are replaced, never changed in place)."""
-        tiered = self._tiered
-        return (*tiered, *self._segments) if tiered else self._segments
+        ones (a snapshot; both tuples are replaced, never changed in place, together under
+        the lock when files move between the two)."""
+        with self._lock:
+            tiered, segments = self._tiered, self._segments
+        return (*tiered, *segments) if tiered else segments
 
     def min_offset(self) -> int:
         for seg in self._view():
