@@ -305,11 +305,12 @@ class CompactionLog:
         for seg in segs[self._locate(segs, request.offset):]:
             if not seg.units:
                 continue
-            index = seg.index_of(request.offset) if seg.first_offset < request.offset else 0
-            stop = min(seg.units, index + scan - scanned)
             units_raw: bytes | memoryview
             if not isinstance(seg, Segment):
-                try:
+                try:  # the units too are read from the tier (once per file)
+                    index = (seg.index_of(request.offset) if seg.first_offset < request.offset
+                             else 0)
+                    stop = min(seg.units, index + scan - scanned)
                     units_raw, view_of = self._tier_units(seg, index, stop, request.max_bytes)
                 except OSError as exc:
                     # As a tier read of any topic answers (tiered/fetcher.py): what was read
@@ -319,6 +320,8 @@ class CompactionLog:
                                 self.topic, self.queue_id, seg.name, exc)
                     return self._done(result, scanned)
             else:
+                index = seg.index_of(request.offset) if seg.first_offset < request.offset else 0
+                stop = min(seg.units, index + scan - scanned)
                 if not seg.hold():
                     return self._done(result, scanned)  # swapped out: the next read sees new
                 result._held.append(seg.log)
