@@ -24,6 +24,7 @@ from stratamq.compaction.swap import KILL_ENV
 from stratamq.compaction.tier_format import MANIFEST_NAME, TierManifest
 from stratamq.compaction.tiering import link
 from stratamq.store.message_store import MessageStore
+from stratamq.store.results import GetMessageStatus
 
 PROC = Path(__file__).resolve().parent / "compaction_tier_proc.py"
 NOW = 1_700_000_000_000
@@ -188,6 +189,111 @@ def test_a_second_round_replaces_the_tier_copy(tmp_path):
     last = second.queues[(TOPIC, 0)].files[-1].last_offset
     assert raw_rows(fresh.store) == [r for r in rows if r[0] <= last]
     fresh.close()
+
+
+def test_a_broker_on_an_adopted_tier_keeps_its_new_versions_through_a_round(tmp_path):
+    """A new store on a tier holds no local file of the queue: its first local files must not
+    take the names of the tier's files, or the round's restore replaces them (and the new
+    versions in them) with the tier's."""
+    settings = tier_settings("posix", str(tmp_path / "tier"))
+    parts = open_tiered(tmp_path / "store", settings)
+    model: dict[str, bytes] = {}
+    write_versions(parts.store, model, 0, 600, 40)
+    parts.compact()
+    parts.close()
+    fresh = open_tiered(tmp_path / "fresh", settings)
+    try:
+        assert fresh.comp.queues()[0].tier_only()  # served from the tier, nothing local
+        write_versions(fresh.store, model, 600, 400, 40)
+        [report] = fresh.compact()  # restores the tier's files, then compacts
+        assert report.skipped is None
+        assert as_table(read_from(fresh.store)) == model
+    finally:
+        fresh.close()
+
+
+def test_a_failed_tier_read_answers_nothing_found_yet_instead_of_raising(tmp_path):
+    """As for any tiered topic: while the tier cannot serve a released file, a read finds
+    nothing at its offset (the reader asks again), rather than failing the receive or pull."""
+    settings = tier_settings("posix", str(tmp_path / "tier"))
+    parts = open_tiered(tmp_path / "store", settings)
+    model: dict[str, bytes] = {}
+    write_versions(parts.store, model, 0, 600, 40)
+    parts.compact()
+    assert parts.release() > 0
+    parts.close()
+    logs = {p: p.read_bytes() for p in (tmp_path / "tier").rglob("*")
+            if p.is_file() and "COMPACTION" in p.parts}
+    parts = open_tiered(tmp_path / "store", settings)
+    try:
+        for path in logs:
+            path.write_bytes(b"")  # the tier lost the files (or cannot be reached)
+        released = parts.comp.queues()[0].tier_only()[0].entry
+        assert released.last_offset > released.first_offset
+        # A file's first offset, and one inside it (found in its units, read from the tier).
+        for offset in (released.first_offset, released.first_offset + 1):
+            with parts.store.get_messages("test", TOPIC, 0, offset, 8) as result:
+                assert result.status is GetMessageStatus.OFFSET_FOUND_NULL
+                assert result.next_begin_offset == offset and not result.records
+        for path, data in logs.items():
+            path.write_bytes(data)
+        assert as_table(read_from(parts.store)) == model
+    finally:
+        parts.close()
+
+
+def test_a_read_while_local_files_are_released_finds_them_local_or_in_the_tier(tmp_path,
+                                                                             monkeypatch):
+    """Releasing local files and serving them from the tier is one step for a reader: a read
+    between the two would find the offsets in neither and skip past them."""
+    from stratamq.compaction.segment import Segment
+
+    parts = open_tiered(tmp_path / "store", tier_settings("posix", str(tmp_path / "tier")))
+    try:
+        model: dict[str, bytes] = {}
+        write_versions(parts.store, model, 0, 600, 50)
+        parts.compact()
+        [clog] = parts.comp.queues()
+        first = clog.min_offset()
+        seen: list[tuple[list[int], int]] = []
+        retire = Segment.destroy
+
+        def read_then_retire(seg, *args, **kwargs):  # runs as the released files go
+            with parts.store.get_messages("test", TOPIC, 0, first, 1) as result:
+                seen.append(([r.queue_offset for r in result.records], result.next_begin_offset))
+            return retire(seg, *args, **kwargs)
+
+        monkeypatch.setattr(Segment, "destroy", read_then_retire)
+        assert parts.release() > 0
+        monkeypatch.undo()
+        assert seen and all(s == ([first], first + 1) for s in seen), seen
+        assert as_table(read_from(parts.store)) == model
+    finally:
+        parts.close()
+
+
+def test_a_tag_filtered_read_of_tier_files_skips_no_matching_message(tmp_path):
+    """A read from the tier fetches at most ``max_bytes`` of a file at a time; with a tag filter
+    the units it did not fetch must be read next, not passed over."""
+    parts = open_tiered(tmp_path / "store", tier_settings("posix", str(tmp_path / "tier")))
+    try:
+        for i in range(600):
+            put(parts.store, f"k{i}", b"v%d-" % i + bytes(200), TAGS="odd" if i % 2 else "even")
+        parts.compact()
+        assert parts.release() > 0  # the sealed files are served from the tier now
+        everything = read_from(parts.store)
+        want = [m.queue_offset for m in everything if m.properties.get("TAGS") == "odd"]
+        got: list[int] = []
+        offset, end = 0, parts.store.get_max_offset_in_queue(TOPIC, 0)
+        while offset < end:
+            with parts.store.get_messages("test", TOPIC, 0, offset, 32, max_bytes=2000,
+                                          tag_filter="odd") as result:
+                got += [m.queue_offset for m in result.messages()]
+                assert result.next_begin_offset > offset
+                offset = result.next_begin_offset
+        assert got == want
+    finally:
+        parts.close()
 
 
 def _run_round(root: Path, tier: Path, kill_at: str | None) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from compaction_util import HOUR, TOPIC, put, read_from, small_config
+from compaction_util import HOUR, TOPIC, as_table, put, read_from, small_config
 from waiting import wait_until
 
 from stratamq.broker.replication import plug_compaction
@@ -206,3 +206,50 @@ def test_a_restarted_slave_keeps_the_records_it_pulled_past_its_own_log(tmp_path
     finally:
         slave.close()
         master.close()
+
+
+def test_a_fresh_slave_on_its_masters_tier_pulls_what_the_tier_does_not_hold(tmp_path):
+    """The tier holds a compaction queue's sealed files, not the one the master is writing: a
+    new slave that serves the tier's files must pull from where they end, or the newest
+    versions (in the master's file being written) are missing on the slave."""
+    from stratamq import tiered
+    from stratamq.compaction.service import CompactionStore
+    from stratamq.compaction.tiering import link
+
+    tier = {"tiered_backend_service_provider": "posix",
+            "tiered_store_file_path": str(tmp_path / "tier")}
+    master_cfg = small_config(tmp_path / "master", file_reserved_time=0, **tier)
+    master = MessageStore(master_cfg)
+    master_tier = tiered.wire(master, cluster="c", broker="b", background=False)
+    master_comp = CompactionStore(master_cfg, POLICIES).plug_into(master)
+    link(master_comp, master_tier)
+    master.open()
+    slave = None
+    try:
+        for i in range(600):
+            put(master, f"k{i % 40}", b"v%d-" % i + bytes(200))
+        assert master.wait_dispatched()
+        master_comp.run_now(seal=False)  # compacts and uploads the sealed files only
+        assert master_comp.queues()[0].segments[-1].units  # newest versions: not in the tier
+        want = as_table(read_from(master))
+
+        slave_cfg = dataclasses.replace(small_config(tmp_path / "slave", **tier),
+                                        broker_role=BrokerRole.SLAVE, enable_compaction=True)
+        slave = MessageStore(slave_cfg)
+        slave_tier = tiered.wire(slave, cluster="c", broker="b", background=False,
+                                 upload=False)
+        comp, gate = plug_compaction(slave, slave_cfg, POLICIES)
+        assert comp is not None and gate is not None
+        link(comp, slave_tier)
+        slave.open()
+        assert comp.queues()[0].tier_only()  # serves the master's tier files
+        rep = CompactionReplicator(gate, comp, lambda: StorePull(master), lambda: [(TOPIC, 0)])
+        pass_in_thread(rep, StorePull(master))
+        assert gate.is_open(TOPIC, 0)
+        assert as_table(read_from(slave)) == want  # the latest value of every key
+    finally:
+        if slave is not None:
+            slave.close()
+            comp.close()
+        master.close()
+        master_comp.close()

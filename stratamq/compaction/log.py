@@ -183,7 +183,15 @@ class CompactionLog:
         """Seal ``current`` and start the next segment (under ``_lock``)."""
         if current is not None:
             current.seal()
-        start = current.start + self.log_size if current is not None else 0
+        if current is not None:
+            start = current.start + self.log_size
+        elif self._tiered:
+            # Past the files the tier serves (a broker that adopted the tier's set, or a cut
+            # that left no local file): a local file under one of their names would be
+            # replaced by the tier's when a round restores them, with what it holds.
+            start = max(t.start for t in self._tiered) + self.log_size
+        else:
+            start = 0
         for directory in (self.paths.log_dir, self.paths.cq_dir):
             directory.mkdir(parents=True, exist_ok=True)
         seg = Segment.create(self.paths.log_file(start), self.paths.cq_file(start),
@@ -215,9 +223,12 @@ class CompactionLog:
             return []
         return [s for s in segs if s.sealed]
 
-    def swap_in(self, replaced: Sequence[Segment], manifest: SwapManifest) -> None:
+    def swap_in(self, replaced: Sequence[Segment], manifest: SwapManifest,
+                tiered: Sequence[TierSegment] | None = None) -> None:
         """Apply a committed round (its manifest is on disk): move the new files in, swap the
-        in-memory list, and retire the old segments (readers keep their maps)."""
+        in-memory list, and retire the old segments (readers keep their maps). ``tiered``: the
+        files the tier serves from now on (local files released or restored), replaced in the
+        same step, so no read sees the queue with those files in neither place."""
         names = {s.name for s in replaced}
         with self._lock:
             swap.roll_forward(self.paths, manifest)
@@ -235,6 +246,8 @@ class CompactionLog:
                 raise
             kept = [s for s in self._segments if s.name not in names]
             self._segments = tuple(sorted([*fresh, *kept], key=lambda s: s.start))
+            if tiered is not None:
+                self._tiered = tuple(tiered)
             self.state = manifest.state
         for seg in replaced:
             # Their files were renamed <name>.deleted (and removed): point the maps there, so
@@ -254,9 +267,11 @@ class CompactionLog:
 
     def _view(self) -> tuple[Segment | TierSegment, ...]:
         """Every file of the queue in offset order: the tier's released ones, then the local
-        ones (a snapshot; both tuples are replaced, never changed in place)."""
-        tiered = self._tiered
-        return (*tiered, *self._segments) if tiered else self._segments
+        ones (a snapshot; both tuples are replaced, never changed in place, together under
+        the lock when files move between the two)."""
+        with self._lock:
+            tiered, segments = self._tiered, self._segments
+        return (*tiered, *segments) if tiered else segments
 
     def min_offset(self) -> int:
         for seg in self._view():
@@ -290,18 +305,33 @@ class CompactionLog:
         for seg in segs[self._locate(segs, request.offset):]:
             if not seg.units:
                 continue
-            index = seg.index_of(request.offset) if seg.first_offset < request.offset else 0
-            stop = min(seg.units, index + scan - scanned)
             units_raw: bytes | memoryview
             if not isinstance(seg, Segment):
-                units_raw, view_of = self._tier_units(seg, index, stop, request.max_bytes)
+                try:  # the units too are read from the tier (once per file)
+                    index = (seg.index_of(request.offset) if seg.first_offset < request.offset
+                             else 0)
+                    stop = min(seg.units, index + scan - scanned)
+                    units_raw, view_of = self._tier_units(seg, index, stop, request.max_bytes)
+                except OSError as exc:
+                    # As a tier read of any topic answers (tiered/fetcher.py): what was read
+                    # so far, else nothing at this offset for now, so the reader asks again;
+                    # not an error that fails the whole receive or pull.
+                    log.warning("compaction queue %s:%d: tier read of %s failed: %s",
+                                self.topic, self.queue_id, seg.name, exc)
+                    return self._done(result, scanned)
             else:
+                index = seg.index_of(request.offset) if seg.first_offset < request.offset else 0
+                stop = min(seg.units, index + scan - scanned)
                 if not seg.hold():
                     return self._done(result, scanned)  # swapped out: the next read sees new
                 result._held.append(seg.log)
                 result._held.append(seg.cq)
                 units_raw, view_of = seg.cq.buffer[index * UNIT_SIZE : stop * UNIT_SIZE], \
                     seg.record_view
+            # A tier file's units come only as far as max_bytes reaches: with a tag filter the
+            # loop below can use them all up without reaching max_bytes, and the units not
+            # fetched must be read next, not passed over for the next file.
+            short = len(units_raw) < (stop - index) * UNIT_SIZE
             for position, size, tags_code, _t, queue_offset, *_rest in UNIT.iter_unpack(
                     units_raw):
                 if len(records) >= request.max_count or (
@@ -319,7 +349,7 @@ class CompactionLog:
                 records.append(SelectedRecord(view, codec.record_positions(view, 0)[1],
                                               queue_offset))
                 total += size
-            if scanned >= scan:
+            if scanned >= scan or short:
                 return self._done(result, scanned)
         # Every unit after the offset was read: what is left below the next offset are holes.
         result.next_begin_offset = high

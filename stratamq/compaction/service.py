@@ -146,9 +146,17 @@ class CompactionStore:
             return
         if not any(s.units for s in clog.segments) and not clog.state.tier_floor:
             state = entry.state
-            clog.state = type(state)(state.cleaned_to, entry.next_offset, state.expired_below,
-                                     list(state.rounds), state.last_round, entry.next_offset)
-            clog.next_offset = max(clog.next_offset, entry.next_offset)
+            held_to = entry.next_offset
+            if self.config.broker_role is BrokerRole.SLAVE and entry.files:
+                # The entry's next offset also covers the master's file being written, which
+                # the tier does not hold: a slave pulls that from its master, from where this
+                # queue ends, so it must end where the tier's files do.
+                held_to = entry.files[-1].last_offset + 1
+            clog.state = type(state)(min(state.cleaned_to, held_to), held_to,
+                                     min(state.expired_below, held_to),
+                                     [m for m in state.rounds if m.end_offset <= held_to],
+                                     state.last_round, held_to)
+            clog.next_offset = max(clog.next_offset, held_to)
         clog.set_tiered(self.tier.tier_segments(clog.topic, clog.queue_id,
                                                 clog.state.tier_floor))
 

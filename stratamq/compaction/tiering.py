@@ -404,8 +404,7 @@ class CompactionTier:
                                 floor)
         manifest = SwapManifest([s.name for s in doomed], [], new_state)
         manifest.write(clog.paths.manifest)
-        clog.swap_in(doomed, manifest)
-        clog.set_tiered(self.tier_segments(clog.topic, clog.queue_id, floor))
+        clog.swap_in(doomed, manifest, self.tier_segments(clog.topic, clog.queue_id, floor))
         log.info("compaction queue %s:%d: %d local files deleted, the tier holds them "
                  "(offsets below %d)", clog.topic, clog.queue_id, len(doomed), floor)
         return len(doomed)
@@ -442,8 +441,7 @@ class CompactionTier:
         names = [t.name for t in tier_only]
         manifest = SwapManifest(names, names, new_state)
         manifest.write(paths.manifest)
-        clog.swap_in([], manifest)
-        clog.set_tiered(())
+        clog.swap_in([], manifest, ())
         log.info("compaction queue %s:%d: %d files restored from the tier for a round",
                  clog.topic, clog.queue_id, len(names))
         return len(names)
