@@ -82,3 +82,30 @@ def test_a_cutoff_past_the_slaves_log_is_refused(tmp_path):
         with pytest.raises(ValueError, match="this log ends at 0"):
             slave.delete_topic("T", at=1 << 20)
         assert slave.deleted_topics.cutoffs == {}
+
+
+def test_a_deletion_that_cannot_pause_dispatch_notes_nothing_and_a_later_try_applies_it(tmp_path):
+    """A slave catching up holds a dispatch round for as long as its dispatch is held back;
+    the state-sync thread's deletion waits for it at most its timeout, and then leaves no
+    note of a cutoff whose queues were never deleted (else no later sync would retry it)."""
+    master = MessageStore(_config(tmp_path / "master")).open()
+    for i in range(20):
+        assert master.put_message(Message("T", b"old-%d" % i, i % 2)).ok
+    assert master.wait_dispatched()
+    master.delete_topic("T")
+    cutoff = master.deleted_topics.cutoffs["T"]
+    slave = MessageStore(_config(tmp_path / "slave", broker_role="SLAVE")).open()
+    _copy_all(master, slave)
+    assert slave.wait_dispatched()
+
+    with slave.reput.paused():  # a round that does not end (here: this test holds it)
+        with pytest.raises(TimeoutError):
+            slave.delete_topic("T", timeout=0.2, at=cutoff)
+    assert "T" not in slave.deleted_topics.cutoffs
+    assert _bodies(slave, "T", 0)[0] == b"old-0"
+
+    slave.delete_topic("T", at=cutoff)  # the next sync
+    assert slave.deleted_topics.cutoffs["T"] == cutoff
+    assert _queues(slave, "T") == {0: [], 1: []}
+    slave.close()
+    master.close()

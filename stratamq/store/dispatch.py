@@ -132,15 +132,23 @@ class ReputService(ServiceThread):
         self._signal()
         return done
 
-    def delete_topic_behind(self, cutoff: int, topic: str) -> threading.Event:
+    def delete_topic_behind(self, cutoff: int, topic: str, *, timeout: float | None = None,
+                            before: Callable[[], None] | None = None) -> threading.Event:
         """Destroy ``topic``'s ConsumeQueues as of ``cutoff``, which dispatch may already have
         passed: a slave applies its master's deletion only at the next state sync, and by then
         it may have dispatched records of the topic's next generation (at or past ``cutoff``)
         into the old generation's queues. Dispatch is rewound to ``cutoff``, the queues are
         destroyed there, and what follows is dispatched again into the new ones; the other
         topics' records in between come again too, which every dispatcher takes as the replay
-        it already handles after recovery. The event is set when the queues are gone."""
-        with self.paused():
+        it already handles after recovery. The event is set when the queues are gone.
+
+        ``timeout``: how long to wait for the running round (a slave catching up holds one for
+        as long as its dispatch is held back), else ``TimeoutError`` and nothing registered;
+        ``before`` runs once the round lock is held, before anything else (the caller's
+        durable note of the deletion: never written for a deletion that then timed out)."""
+        with self.paused(timeout):
+            if before is not None:
+                before()
             done = self.delete_topic_at(cutoff, topic)
             if self.reput_from > cutoff:
                 self.rewind(cutoff)
@@ -160,10 +168,15 @@ class ReputService(ServiceThread):
             done.set()
 
     @contextmanager
-    def paused(self) -> Iterator[None]:
-        """No dispatch round runs inside this block (it waits for the current one to end)."""
-        with self._round:
+    def paused(self, timeout: float | None = None) -> Iterator[None]:
+        """No dispatch round runs inside this block (it waits for the current one to end, at
+        most ``timeout`` seconds if given: then ``TimeoutError``)."""
+        if not self._round.acquire(timeout=-1 if timeout is None else timeout):
+            raise TimeoutError(f"a dispatch round was still running after {timeout} s")
+        try:
             yield
+        finally:
+            self._round.release()
 
     def rewind(self, offset: int) -> None:
         """Dispatch again from ``offset``: a replica cut its log back to there (call inside
@@ -340,11 +353,15 @@ class ReputService(ServiceThread):
         Why: with one-message appends every record is a round of its own, and handing each to
         the dispatcher thread (a wake-up, then the GIL handed over and back) cost several
         times the dispatch itself."""
-        if (not self._idle or self.error is not None or self._stop.is_set()
+        if (not self._idle or self.error is not None or self._stop.is_set() or self._deletions
                 or self.files.max_offset() - self.reput_from > INLINE_DISPATCH_MAX_BYTES
                 or not self._round.acquire(blocking=False)):
+            # A pending topic deletion goes to the thread: it waits for compaction rounds and
+            # deletes tier objects, which must not hold an appender (the broker's event loop).
             return False
         try:
+            if self._stop.is_set():
+                return False  # shutdown began since the check: close() waits on rounds, not us
             self.replay()
         except Exception as exc:
             self._failed(exc)

@@ -10,6 +10,7 @@ returned; ``open`` and ``close`` from one thread.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -363,6 +364,10 @@ class MessageStore:
             if self.cleanup is not None:
                 self.cleanup.shutdown()
             self.reput.shutdown()
+            # An appender's inline round (dispatch_now) that began before the stop ends before
+            # the queues close (bounded like the thread's join).
+            with contextlib.suppress(TimeoutError), self.reput.paused(self.reput.join_timeout):
+                pass
             if self._flusher is not None:
                 self._flusher.shutdown()
             if self._cq_flusher is not None:
@@ -474,9 +479,15 @@ class MessageStore:
             if not 0 <= at <= self.commitlog.max_offset:
                 raise ValueError(f"cannot delete topic {topic!r} at CommitLog offset {at}: this "
                                  f"log ends at {self.commitlog.max_offset}")
-            self.deleted_topics.add(topic, at)
-            self.deleted_topics.save()  # durable before the queues go
-            if not self.reput.delete_topic_behind(at, topic).wait(timeout):
+            def note_cutoff() -> None:  # durable before the queues go, and only if they will
+                self.deleted_topics.add(topic, at)
+                self.deleted_topics.save()
+
+            # A bounded wait for the round lock: a slave catching up holds a round for as long
+            # as its dispatch is held back, and the state-sync thread calling this must not
+            # hang for all of it (nothing is noted then: the next sync tries again).
+            if not self.reput.delete_topic_behind(at, topic, timeout=timeout,
+                                                  before=note_cutoff).wait(timeout):
                 raise TimeoutError(f"dispatch did not reach the deletion of topic {topic!r} "
                                    f"in {timeout} s (dispatch error: {self.reput.error})")
             return
