@@ -93,7 +93,8 @@ def test_batch_and_prefix_hashing_equal_hashing_each_key():
     keys += [f"T#{uniq_id(i)}" for i in range(50)]
     expected = [key_hash(k) for k in keys]
     assert key_hashes(keys) == expected
-    assert key_hashes(keys[-10:]) == expected[-10:]  # below the batch threshold
+    assert key_hashes(keys[-5:]) == expected[-5:]  # below the batch threshold
+    assert key_hashes(keys[-10:]) == expected[-10:]  # a short batch
     assert key_hashes(keys[-3:] * 20) == expected[-3:] * 20  # non-ASCII batch
     assert 0 in expected  # polygenelubricants: abs(Integer.MIN_VALUE) indexes as 0
     for key in [k for k in keys if "#" in k]:
