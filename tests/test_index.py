@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from conftest import reference_body
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stratamq.config import StoreConfig
 from stratamq.message import Host, Message, Prop
@@ -101,6 +103,16 @@ def test_batch_and_prefix_hashing_equal_hashing_each_key():
         topic, _, word = key.partition("#")
         assert topic_key_hash(topic, word) == key_hash(key), key
     assert topic_key_hash("polygenelubrican", "s") == key_hash("polygenelubrican#s")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 300).flatmap(lambda size: st.lists(
+    st.text(alphabet=st.characters(max_codepoint=127), min_size=size, max_size=size),
+    min_size=1, max_size=40)))
+def test_batch_hashing_of_keys_of_one_length_equals_hashing_each(keys):
+    # A round of one topic's message ids: keys of one length take the matrix product path.
+    keys = keys + ["polygenelubricants"] if len(keys[0]) == 18 else keys
+    assert key_hashes(keys) == [key_hash(k) for k in keys]
 
 
 def test_a_round_put_at_once_writes_the_bytes_of_one_put_per_record(tmp_path):
