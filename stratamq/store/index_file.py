@@ -119,18 +119,26 @@ def key_hashes(keys: Sequence[str]) -> list[int]:
     data = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
     size = lengths[0]
     if min(lengths) == size == max(lengths):
-        # Keys of one length (a topic's message ids): one matrix-vector product, a fraction
-        # of the general path's steps for the small batches of a dispatch round.
-        sums = data.reshape(len(keys), size).astype(np.uint64) @ _POW31_NP[size - 1 :: -1]
+        # Keys of one length (a topic's message ids): one matrix-vector product (numpy casts
+        # the characters itself), a fraction of the general path's steps for the small
+        # batches of a dispatch round.
+        sums = data.reshape(len(keys), size) @ _POW31_NP[size - 1 :: -1]
     else:
         lens = np.array(lengths, dtype=np.int64)
         ends = np.cumsum(lens)
         exponents = np.repeat(ends - 1, lens) - np.arange(len(data), dtype=np.int64)
         sums = np.add.reduceat(data * _POW31_NP[exponents], ends - lens)
-    signed = (sums & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32).astype(np.int64)
-    hashes = np.abs(signed)
-    hashes[hashes > INT_MAX] = 0  # abs(Integer.MIN_VALUE) is negative in Java
-    return hashes.tolist()
+    # abs() of the low 32 bits read as a Java int, in Python: for a round's few keys the
+    # four numpy calls this took cost more than the loop.
+    out = []
+    for h in sums.tolist():
+        h &= 0xFFFFFFFF
+        if h & 0x80000000:
+            h = (1 << 32) - h  # abs of the negative int; 2**31 is Integer.MIN_VALUE:
+            if h > INT_MAX:  # its abs is negative in Java, and RocketMQ maps it to 0
+                h = 0
+        out.append(h)
+    return out
 
 
 def build_key(topic: str, key: str) -> str:
