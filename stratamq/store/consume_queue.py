@@ -430,6 +430,33 @@ class FileConsumeQueueStore:
         cq.write_staged()  # what this queue has staged goes first: units stay in order
         cq.put_unit(info.queue_offset, info.physical_offset, info.size, info.tags_code)
 
+    def dispatch_batch(self, infos: list[DispatchInfo],
+                       failed: Callable[[DispatchInfo, OSError], None]) -> None:
+        """``dispatch`` of each record in order (a dispatch round's run, see ``Dispatcher``),
+        its lookups made once; ``failed(info, exc)`` for a record whose unit cannot be
+        written."""
+        queues = self._queues
+        staged = self._staged
+        for info in infos:
+            if info.sys_flag & _PREPARED_OR_ROLLED_BACK:
+                continue
+            try:
+                cq = queues.get((info.topic, info.queue_id))
+                if cq is None:
+                    cq = self.find_or_create(info.topic, info.queue_id)
+                if cq.stage_unit(info.queue_offset, info.physical_offset, info.size,
+                                 info.tags_code):
+                    staged[cq] = None
+                    self._staged_units += 1
+                    if self._staged_units >= STAGED_UNITS_MAX:
+                        self.commit_dispatch()
+                        staged = self._staged
+                    continue
+                cq.write_staged()
+                cq.put_unit(info.queue_offset, info.physical_offset, info.size, info.tags_code)
+            except OSError as exc:
+                failed(info, exc)
+
     # -- whole-store operations -----------------------------------------------------------------
 
     def max_physic_offset(self) -> int:
