@@ -5,9 +5,13 @@ pop state. (The same parts behind gRPC: tests/test_broker_scale.py.)"""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
+import time
 
 import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
@@ -20,6 +24,7 @@ from stratamq.broker.polling import LongPolls
 from stratamq.broker.pop_state import PopState
 from stratamq.broker.ports import Call
 from stratamq.broker.receiving import ReceiveService
+from stratamq.broker.sending import SendService
 from stratamq.broker.writer import GroupWriter
 from stratamq.config import BrokerConfig, FlushDiskType, StoreConfig
 from stratamq.message import Message
@@ -408,3 +413,77 @@ def test_a_blocked_lane_holds_up_only_its_own_key_and_a_cancelled_caller_only_it
     finally:
         release.set()
         executor.shutdown()
+
+
+# -- the send conversion's plain path ----------------------------------------------------------
+
+def _mostly(usual, *others):
+    """``usual`` nine times in ten, else one of ``others``: most entries of a request must
+    be plain, or one refused entry empties the whole plan and nothing is compared."""
+    return st.integers(0, 9).flatmap(lambda n: usual if n else st.one_of(*others))
+
+
+_ids = _mostly(st.just("0123456789ABCDEF0123456789ABCDEF"), st.just("  "),
+               st.text(max_size=6))
+_nanos = st.one_of(st.integers(0, 999_999_999), st.integers(0, 999).map(lambda ms: ms * 10**6))
+_timestamps = _mostly(st.tuples(st.integers(0, 2**33), _nanos),
+                      st.none(), st.tuples(st.integers(-(2**40), 2**40),
+                                           st.integers(-5, 1_000_000_001)))
+
+
+@st.composite
+def _entries(draw):
+    """A SendMessage entry: mostly what a plain producer sends, sometimes with a field that
+    takes it off the plain path or gets it refused."""
+    m = pb.Message()
+    m.topic.name = "Plain"
+    m.body = draw(_mostly(st.binary(min_size=1, max_size=64), st.just(b""),
+                          st.just(b"x" * 2000)))
+    sp = m.system_properties
+    sp.message_id = draw(_ids)
+    sp.message_type = draw(_mostly(st.sampled_from([pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL]),
+                                   st.sampled_from([pb.FIFO, pb.DELAY])))
+    sp.body_encoding = draw(_mostly(st.sampled_from([pb.ENCODING_UNSPECIFIED, pb.IDENTITY]),
+                                    st.just(pb.GZIP)))
+    sp.born_host = draw(_mostly(st.just("127.0.0.1"),
+                                st.sampled_from(["", "::1", "not an address"])))
+    born = draw(_timestamps)
+    if born is not None:
+        sp.born_timestamp.seconds, sp.born_timestamp.nanos = born
+    extra = draw(st.integers(0, 19))
+    if extra == 0:
+        sp.tag = draw(st.sampled_from(["TagA", " ", "a|b"]))
+    elif extra == 1:
+        sp.keys.extend(draw(st.lists(st.sampled_from(["k1", "k 2", ""]), max_size=2)))
+    elif extra == 2:
+        sp.message_group = draw(st.sampled_from(["g", " "]))
+    elif extra == 3:
+        sp.delivery_timestamp.seconds = draw(st.sampled_from([1, 2**40]))
+    elif extra == 4:
+        m.user_properties[draw(st.sampled_from(["p", "TAGS"]))] = "v"
+    return m
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entries=st.lists(_entries(), min_size=1, max_size=6), start=st.integers(0, 1000))
+def test_the_plain_send_path_converts_as_the_general_one(tmp_path_factory, entries, start):
+    """``SendService.prepare``'s plain path gives exactly the plan ``_convert`` gives entry by
+    entry: the same store messages (queue, properties, born time and host), sizes and ids,
+    or the same refusal with the same per-entry statuses."""
+    meta = MetadataStore(tmp_path_factory.mktemp("meta"))
+    meta.create_topic("Plain", 4, "NORMAL")
+    request = svc.SendMessageRequest(messages=entries)
+    plans = []
+    for plain in (True, False):
+        service = SendService(Lookup(meta, BrokerConfig()), 1024, None, lambda: NullMetrics())
+        service.plain_path = plain
+        service._round_robin = itertools.count(start)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(time, "time", lambda: 1_700_000_000.5)  # a born time left out
+            plans.append(service.prepare(request, Call(peer="ipv4:10.0.0.9:4000")))
+    fast, general = plans
+    assert fast.messages == general.messages
+    assert fast.sizes == general.sizes
+    assert fast.message_ids == general.message_ids
+    assert fast.response == general.response
+    note(f"stored: {len(fast.messages)}")

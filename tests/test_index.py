@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from conftest import reference_body
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stratamq.config import StoreConfig
 from stratamq.message import Host, Message, Prop
@@ -23,6 +25,7 @@ from stratamq.store.checkpoint import StoreCheckpoint
 from stratamq.store.index_file import (
     ENTRY,
     HEADER,
+    SLOT,
     IndexFile,
     build_key,
     file_size,
@@ -93,13 +96,24 @@ def test_batch_and_prefix_hashing_equal_hashing_each_key():
     keys += [f"T#{uniq_id(i)}" for i in range(50)]
     expected = [key_hash(k) for k in keys]
     assert key_hashes(keys) == expected
-    assert key_hashes(keys[-10:]) == expected[-10:]  # below the batch threshold
+    assert key_hashes(keys[-5:]) == expected[-5:]  # below the batch threshold
+    assert key_hashes(keys[-10:]) == expected[-10:]  # a short batch
     assert key_hashes(keys[-3:] * 20) == expected[-3:] * 20  # non-ASCII batch
     assert 0 in expected  # polygenelubricants: abs(Integer.MIN_VALUE) indexes as 0
     for key in [k for k in keys if "#" in k]:
         topic, _, word = key.partition("#")
         assert topic_key_hash(topic, word) == key_hash(key), key
     assert topic_key_hash("polygenelubrican", "s") == key_hash("polygenelubrican#s")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 300).flatmap(lambda size: st.lists(
+    st.text(alphabet=st.characters(max_codepoint=127), min_size=size, max_size=size),
+    min_size=1, max_size=40)))
+def test_batch_hashing_of_keys_of_one_length_equals_hashing_each(keys):
+    # A round of one topic's message ids: keys of one length take the matrix product path.
+    keys = keys + ["polygenelubricants"] if len(keys[0]) == 18 else keys
+    assert key_hashes(keys) == [key_hash(k) for k in keys]
 
 
 def test_a_round_put_at_once_writes_the_bytes_of_one_put_per_record(tmp_path):
@@ -122,6 +136,44 @@ def test_a_round_put_at_once_writes_the_bytes_of_one_put_per_record(tmp_path):
     assert not small.put_records(records)  # 94 keys do not fit in 19 entries
     assert bytes(small._map) == before and small.entries == 0
     for f in (one, batch, small):
+        f.close()
+
+
+_record = st.tuples(st.integers(0, 2**40), st.integers(0, 2**41),
+                    st.lists(st.integers(0, 2**31 - 1), max_size=4))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_record, max_size=30), st.lists(st.integers(1, 29), max_size=6),
+       st.lists(st.tuples(st.integers(0, 6), st.integers(-2, 12)), max_size=7),
+       st.integers(0, 2**41), st.booleans())
+def test_put_records_writes_the_bytes_of_put_keys_per_record(tmp_path_factory, records, cuts,
+                                                              stale_slots, begin, seeded):
+    """Random rounds (records without keys, keys sharing slots, store times going back or
+    years apart, slots left pointing anywhere by a crash, a file seeded with the previous
+    one's end or not): ``put_records`` round by round leaves exactly the bytes of one
+    ``put_keys`` per record, or refuses a round that does not fit and leaves the file as it
+    was."""
+    tmp = tmp_path_factory.mktemp("rounds")
+    seed = {"begin_phy_offset": 77, "begin_timestamp": begin} if seeded else {}
+    one = IndexFile(tmp / "20260101000000000", 7, 40, create=True, **seed)
+    batch = IndexFile(tmp / "20260101000000001", 7, 40, create=True, **seed)
+    for slot, value in stale_slots:
+        for f in (one, batch):
+            SLOT.pack_into(f._map, 40 + 4 * slot, value)
+    bounds = [0, *sorted(set(c for c in cuts if c < len(records))), len(records)]
+    for lo, hi in zip(bounds, bounds[1:]):
+        round_ = records[lo:hi]
+        before = bytes(batch._map)
+        if batch.put_records(round_):
+            for phys, ts, hashes in round_:
+                one.put_keys(hashes, phys, ts)
+            assert bytes(batch._map) == bytes(one._map)
+            assert batch.header == one.header
+        else:
+            assert bytes(batch._map) == before
+            assert batch.index_count + sum(len(h) for _, _, h in round_) > 40
+    for f in (one, batch):
         f.close()
 
 

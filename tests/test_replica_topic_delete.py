@@ -98,9 +98,9 @@ def test_a_deletion_that_cannot_pause_dispatch_notes_nothing_and_a_later_try_app
     _copy_all(master, slave)
     assert slave.wait_dispatched()
 
-    with slave.reput.paused():  # a round that does not end (here: this test holds it)
-        with pytest.raises(TimeoutError):
-            slave.delete_topic("T", timeout=0.2, at=cutoff)
+    # A round that does not end (here: this test holds the round lock).
+    with slave.reput.paused(), pytest.raises(TimeoutError):
+        slave.delete_topic("T", timeout=0.2, at=cutoff)
     assert "T" not in slave.deleted_topics.cutoffs
     assert _bodies(slave, "T", 0)[0] == b"old-0"
 

@@ -62,7 +62,8 @@ def _ts(ms: int) -> Timestamp:
 # A broker sees few distinct producer addresses; parsing one (``ipaddress``) was a visible
 # share of a send of small messages.
 @lru_cache(maxsize=4096)
-def _parse_born_host(text: str) -> Host | None:
+def parse_born_host(text: str) -> Host | None:
+    """The producer's address as a record stores it (port 0), None if it is no address."""
     try:
         return Host.parse(f"{text}:0" if ":" not in text else f"[{text}]:0")._replace(port=0)
     except ValueError:
@@ -133,7 +134,7 @@ def to_store_message(m: pb.Message, peer: Host, max_body: int, *,
         raise BrokerError(Code.BAD_REQUEST, f"unknown body encoding {encoding}")
     msg = Message(topic, body, 0, props, 0, 0,
                   born if born is not None else int(time.time() * 1000),
-                  _parse_born_host(sp.born_host) or peer)
+                  parse_born_host(sp.born_host) or peer)
     return msg, deliver_at, len(m.body) if encoding == pb.GZIP else len(body)
 
 
@@ -198,12 +199,13 @@ def _check_message_group(group: str) -> None:
 
 
 # protobuf's Timestamp range (Timestamps.isValid): 0001-01-01 to 9999-12-31.
-_MIN_SECONDS, _MAX_SECONDS = -62_135_596_800, 253_402_300_799
+MIN_TIMESTAMP_SECONDS, MAX_TIMESTAMP_SECONDS = -62_135_596_800, 253_402_300_799
 
 
 def valid_timestamp_ms(ts: Timestamp) -> int | None:
     """Milliseconds since the epoch, or None for a Timestamp outside protobuf's range."""
-    if not (_MIN_SECONDS <= ts.seconds <= _MAX_SECONDS and 0 <= ts.nanos <= 999_999_999):
+    if not (MIN_TIMESTAMP_SECONDS <= ts.seconds <= MAX_TIMESTAMP_SECONDS
+            and 0 <= ts.nanos <= 999_999_999):
         return None
     return _ms(ts)
 

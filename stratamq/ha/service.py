@@ -113,8 +113,12 @@ class HAService:
         return self.server.port if self.server is not None else None
 
     def _new_records(self, _info: object) -> None:
-        if self.server is not None:
-            self.server.wake_writers()
+        # No slave, no writer to wake: skip the Condition, taken after every dispatch round.
+        # A link is listed before its writer starts and the writer reads ``data_seq`` before
+        # it looks for data, so an append it has not seen finds the link listed here.
+        server = self.server
+        if server is not None and server.links:
+            server.wake_writers()
 
     def shutdown(self) -> None:
         if self.server is not None:

@@ -84,11 +84,8 @@ class CommitLog:
 
         The messages are the caller's, lent: their ``properties`` dicts are kept (not copied)
         until dispatch, so callers must not change a Message after handing it over."""
-        encode = codec.encode_record
-        host = self.store_host
-        max_size = self.max_message_size
         try:
-            records = [encode(m, host, max_size) for m in messages]
+            records = codec.encode_records(messages, self.store_host, self.max_message_size)
             if records:  # the largest record decides for the batch: one check, not one each
                 self._check_fits(max([r[1] for r in records]))
         except codec.PropertiesTooLarge as exc:

@@ -26,6 +26,10 @@ from stratamq.store.layout import StoreLayout, parse_segment_name
 from stratamq.store.mapped_file import MappedFile, MappedFileError
 from stratamq.store.mapped_file_queue import MappedFileQueue
 
+# The bit the prepared (0b01) and rolled-back (0b11) transaction types have and the others
+# (not transactional 0b00, committed 0b10) lack.
+_PREPARED_OR_ROLLED_BACK = SysFlag.TRANSACTION_PREPARED_TYPE
+
 log = logging.getLogger(__name__)
 
 CQ_ALLOCATE_AHEAD = 64 * 1024  # bytes reserved past a ConsumeQueue's write position
@@ -408,9 +412,13 @@ class FileConsumeQueueStore:
         return cq.max_physic_offset if cq is not None else -1
 
     def dispatch(self, info: DispatchInfo) -> None:
-        if not SysFlag.is_dispatchable(info.sys_flag):
-            return  # prepared / rolled back transactional records are not consumable
-        cq = self.find_or_create(info.topic, info.queue_id)
+        # SysFlag.is_dispatchable as one bit test (a call per record otherwise): prepared and
+        # rolled-back transactional records are not consumable.
+        if info.sys_flag & _PREPARED_OR_ROLLED_BACK:
+            return
+        cq = self._queues.get((info.topic, info.queue_id))
+        if cq is None:
+            cq = self.find_or_create(info.topic, info.queue_id)
         if cq.stage_unit(info.queue_offset, info.physical_offset, info.size, info.tags_code):
             # Written at the end of the round (commit_dispatch), one copy per queue: most of
             # a unit's cost was the call chain of a 20-byte write, once per record.
@@ -421,6 +429,33 @@ class FileConsumeQueueStore:
             return
         cq.write_staged()  # what this queue has staged goes first: units stay in order
         cq.put_unit(info.queue_offset, info.physical_offset, info.size, info.tags_code)
+
+    def dispatch_batch(self, infos: list[DispatchInfo],
+                       failed: Callable[[DispatchInfo, OSError], None]) -> None:
+        """``dispatch`` of each record in order (a dispatch round's run, see ``Dispatcher``),
+        its lookups made once; ``failed(info, exc)`` for a record whose unit cannot be
+        written."""
+        queues = self._queues
+        staged = self._staged
+        for info in infos:
+            if info.sys_flag & _PREPARED_OR_ROLLED_BACK:
+                continue
+            try:
+                cq = queues.get((info.topic, info.queue_id))
+                if cq is None:
+                    cq = self.find_or_create(info.topic, info.queue_id)
+                if cq.stage_unit(info.queue_offset, info.physical_offset, info.size,
+                                 info.tags_code):
+                    staged[cq] = None
+                    self._staged_units += 1
+                    if self._staged_units >= STAGED_UNITS_MAX:
+                        self.commit_dispatch()
+                        staged = self._staged
+                    continue
+                cq.write_staged()
+                cq.put_unit(info.queue_offset, info.physical_offset, info.size, info.tags_code)
+            except OSError as exc:
+                failed(info, exc)
 
     # -- whole-store operations -----------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stratamq.record import DispatchInfo, Prop, SysFlag
@@ -193,6 +193,23 @@ class IndexService:
             return
         pending = self._pending
         pending.append((info.topic, uniq, keys, info.physical_offset, info.store_timestamp))
+        if len(pending) >= PENDING_MAX:
+            self.commit_dispatch()
+
+    def dispatch_batch(self, infos: list[DispatchInfo],
+                       failed: Callable[[DispatchInfo, OSError], None]) -> None:
+        """``dispatch`` of each record in order (a dispatch round's run). Nothing is written
+        here (``commit_dispatch`` writes), so ``failed`` is never called."""
+        pending = self._pending
+        for info in infos:
+            if info.sys_flag & _TRANSACTION_MASK == _ROLLBACK:
+                continue
+            props = info.properties
+            uniq = props.get(_UNIQ_KEY)
+            keys = props.get(_KEYS)
+            if uniq or keys:
+                pending.append((info.topic, uniq, keys, info.physical_offset,
+                                info.store_timestamp))
         if len(pending) >= PENDING_MAX:
             self.commit_dispatch()
 

@@ -1,0 +1,101 @@
+"""A dispatch round's run of records handed to each dispatcher at once (``dispatch_batch``)
+must leave the ConsumeQueue and index files byte for byte as dispatching record by record
+(``dispatch``) does: random rounds of puts over several topics and queues, with and without
+KEYS, into a live store, then the same CommitLog dispatched again record by record into a
+fresh ConsumeQueue store and index."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stratamq.config import StoreConfig
+from stratamq.message import Message, Prop
+from stratamq.store.consume_queue import FileConsumeQueueStore
+from stratamq.store.dispatch import ReputService
+from stratamq.store.index_service import IndexService
+from stratamq.store.layout import StoreLayout
+from stratamq.store.message_store import MessageStore
+
+CQ_FILE = 10 * 20  # ten units a file: rounds cross ConsumeQueue files
+SLOTS, ENTRIES = 13, 4000  # few slots: keys of a round share them
+
+
+class RecordByRecord:
+    """A dispatcher without ``dispatch_batch``: the reput service then goes record by
+    record."""
+
+    def __init__(self, inner: FileConsumeQueueStore | IndexService) -> None:
+        self.inner = inner
+
+    def dispatch(self, info) -> None:
+        self.inner.dispatch(info)
+
+    def commit_dispatch(self) -> None:
+        self.inner.commit_dispatch()
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+_message = st.tuples(st.sampled_from(["A", "B", "Topic-C"]), st.integers(0, 2),
+                     st.sampled_from([None, "k1", "k1 k2", " k3  k1 "]), st.booleans())
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.lists(_message, min_size=1, max_size=24), min_size=1, max_size=8))
+def test_batched_dispatch_writes_the_files_of_record_by_record_dispatch(
+        tmp_path_factory, monkeypatch_batches, rounds):
+    root = tmp_path_factory.mktemp("store")
+    cfg = StoreConfig(store_path_root_dir=str(root), mapped_file_size_commit_log=1024 * 1024,
+                      mapped_file_size_consume_queue=CQ_FILE, max_hash_slot_num=SLOTS,
+                      max_index_num=ENTRIES)
+    n = 0
+    with MessageStore(cfg).open() as store:
+        for round_ in rounds:
+            batch = []
+            for topic, queue_id, keys, uniq in round_:
+                props = {Prop.UNIQ_KEY: f"ID{n:030X}"} if uniq else {}
+                if keys is not None:
+                    props[Prop.KEYS] = keys
+                batch.append(Message(topic, b"body-%d" % n, queue_id=queue_id,
+                                     properties=props))
+                n += 1
+            assert store.put_messages(batch).ok
+            assert store.reput.wait_caught_up(10)
+        files = store.commitlog.files
+        end = files.max_offset()
+        other = tmp_path_factory.mktemp("again")
+        layout = StoreLayout(other)
+        cq = FileConsumeQueueStore(layout, CQ_FILE)
+        index = IndexService(other / "index", SLOTS, ENTRIES)
+        again = ReputService(files, [RecordByRecord(cq), RecordByRecord(index)], 0)
+        assert again.replay(end) == n
+        cq.close()
+        index.close()
+    assert monkeypatch_batches, "the live store never took the batched path"
+    assert _files(root / "consumequeue") == _files(other / "consumequeue")
+    live_index = list(_files(root / "index").values())
+    assert live_index == list(_files(other / "index").values()) and len(live_index) <= 1
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_batches():
+    """Records the runs the live store's ConsumeQueue store took through ``dispatch_batch``."""
+    runs: list[int] = []
+    original = FileConsumeQueueStore.dispatch_batch
+
+    def counting(self, infos, failed):
+        runs.append(len(infos))
+        return original(self, infos, failed)
+
+    FileConsumeQueueStore.dispatch_batch = counting  # type: ignore[method-assign]
+    try:
+        yield runs
+    finally:
+        FileConsumeQueueStore.dispatch_batch = original  # type: ignore[method-assign]
