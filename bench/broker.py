@@ -120,7 +120,10 @@ def start_broker(workdir: Path, name: str, settings: str = "") -> Server:
     for topic in (TOPIC, f"{TOPIC}16", "IdleTopic"):
         meta.create_topic(topic, 8, "NORMAL")
     conf = workdir / f"{name}.conf"
-    conf.write_text("mappedFileSizeCommitLog=268435456\n" + settings)
+    # haListenPort=0: every broker gets an HA server on a free port, as a broker does by
+    # default; with the fixed 10912 only the first broker of a run got one (the next failed to
+    # bind and served without it), so the brokers compared were not alike.
+    conf.write_text("mappedFileSizeCommitLog=268435456\nhaListenPort=0\n" + settings)
     return Server([sys.executable, "-m", "stratamq.cli", "broker", "start", "--config",
                    str(conf), "--store", str(store), "--listen", "127.0.0.1:0"])
 
