@@ -64,7 +64,7 @@ def open_tiered(config: StoreConfig, background: bool = False):
 def fill(store: MessageStore, count: int, start: int = 0, queues: int = 2) -> None:
     for i in range(start, start + count):
         msg = Message(TOPIC, b"body-%05d-" % i + bytes(range(256)) * 2, i % queues,
-                      {"KEYS": f"order-{i} shared", "TAGS": f"t{i % 3}"})
+                      {"KEYS": f"order-{i} common", "TAGS": f"t{i % 3}"})
         assert store.put_message(msg).ok
     assert store.wait_dispatched()
     store.flush()
@@ -102,7 +102,7 @@ def test_history_served_from_the_tier_after_local_files_go(kind, tmp_path, s3):
     try:
         fill(store, 400)
         before = {q: read_all(store, q) for q in (0, 1)}
-        ids = {m.msg_id: m.body for m in store.query_messages(TOPIC, "shared", 1000)}
+        ids = {m.msg_id: m.body for m in store.query_messages(TOPIC, "common", 1000)}
         assert len(ids) == 400
         assert tier.flush(60)
         drop_local(store, tier)
@@ -124,7 +124,7 @@ def test_history_served_from_the_tier_after_local_files_go(kind, tmp_path, s3):
         uniq = msg0.properties.get("UNIQ_KEY")
         if uniq:
             assert store.look_message_by_msg_id(uniq, TOPIC).body == msg0.body
-        assert {m.msg_id for m in store.query_messages(TOPIC, "shared", 1000)} == set(ids)
+        assert {m.msg_id for m in store.query_messages(TOPIC, "common", 1000)} == set(ids)
         # Offsets by time: the first message stored at or after a time, from the tier.
         t = codec.decode(before[1][37]).store_timestamp
         assert store.get_offset_in_queue_by_time(TOPIC, 1, t) <= 37
