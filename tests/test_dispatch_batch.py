@@ -50,7 +50,7 @@ _message = st.tuples(st.sampled_from(["A", "B", "Topic-C"]), st.integers(0, 2),
 @settings(max_examples=20, deadline=None)
 @given(st.lists(st.lists(_message, min_size=1, max_size=24), min_size=1, max_size=8))
 def test_batched_dispatch_writes_the_files_of_record_by_record_dispatch(
-        tmp_path_factory, monkeypatch_batches, rounds):
+        tmp_path_factory, batch_runs, rounds):
     root = tmp_path_factory.mktemp("store")
     cfg = StoreConfig(store_path_root_dir=str(root), mapped_file_size_commit_log=1024 * 1024,
                       mapped_file_size_consume_queue=CQ_FILE, max_hash_slot_num=SLOTS,
@@ -78,14 +78,14 @@ def test_batched_dispatch_writes_the_files_of_record_by_record_dispatch(
         assert again.replay(end) == n
         cq.close()
         index.close()
-    assert monkeypatch_batches, "the live store never took the batched path"
+    assert batch_runs, "the live store never took the batched path"
     assert _files(root / "consumequeue") == _files(other / "consumequeue")
     live_index = list(_files(root / "index").values())
     assert live_index == list(_files(other / "index").values()) and len(live_index) <= 1
 
 
 @pytest.fixture(scope="module")
-def monkeypatch_batches():
+def batch_runs():
     """Records the runs the live store's ConsumeQueue store took through ``dispatch_batch``."""
     runs: list[int] = []
     original = FileConsumeQueueStore.dispatch_batch
