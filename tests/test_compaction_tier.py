@@ -212,6 +212,31 @@ def test_a_broker_on_an_adopted_tier_keeps_its_new_versions_through_a_round(tmp_
         fresh.close()
 
 
+def test_a_broker_on_an_adopted_tier_gives_new_messages_offsets_past_its_records(tmp_path):
+    """A new store whose only history is a compaction tier starts its empty CommitLog past the
+    records the tier holds: a new message's physical offset, and the offset message id built
+    on it, must not name a record the tier still serves."""
+    settings = tier_settings("posix", str(tmp_path / "tier"))
+    parts = open_tiered(tmp_path / "store", settings)
+    model: dict[str, bytes] = {}
+    write_versions(parts.store, model, 0, 600, 40)
+    parts.compact()
+    assert parts.release() > 0
+    parts.close()
+    fresh = open_tiered(tmp_path / "fresh", settings)
+    try:
+        held = {m.physical_offset: m for m in read_from(fresh.store)}
+        assert held and all(m.topic == TOPIC for m in held.values())
+        tier_end = max(off + m.total_size for off, m in held.items())
+        put(fresh.store, "k-new", b"after the adoption")
+        newest = read_from(fresh.store)[-1]
+        assert newest.body == b"after the adoption"
+        assert newest.physical_offset >= tier_end
+        assert fresh.store.look_message_by_msg_id(newest.msg_id).body == b"after the adoption"
+    finally:
+        fresh.close()
+
+
 def test_a_failed_tier_read_answers_nothing_found_yet_instead_of_raising(tmp_path):
     """As for any tiered topic: while the tier cannot serve a released file, a read finds
     nothing at its offset (the reader asks again), rather than failing the receive or pull."""
@@ -238,6 +263,40 @@ def test_a_failed_tier_read_answers_nothing_found_yet_instead_of_raising(tmp_pat
         for path, data in logs.items():
             path.write_bytes(data)
         assert as_table(read_from(parts.store)) == model
+    finally:
+        parts.close()
+
+
+def test_a_time_lookup_the_tier_cannot_serve_answers_the_files_first_offset(tmp_path):
+    """A consumer reset by time on a queue whose released file cannot be read from the tier
+    gets that file's first offset (it may see older versions again; it skips none) instead of
+    an error; once the tier serves the file again the lookup finds the exact offset."""
+    settings = tier_settings("posix", str(tmp_path / "tier"))
+    parts = open_tiered(tmp_path / "store", settings)
+    model: dict[str, bytes] = {}
+    write_versions(parts.store, model, 0, 600, 40)
+    parts.compact()
+    assert parts.release() > 0
+    parts.close()
+    logs = {p: p.read_bytes() for p in (tmp_path / "tier").rglob("*")
+            if p.is_file() and "COMPACTION" in p.parts}
+    parts = open_tiered(tmp_path / "store", settings)
+    try:
+        files = [seg.entry for seg in parts.comp.queues()[0].tier_only()]
+        late = files[-1].last_timestamp
+        # The first file that may hold the time, by the manifest's timestamps.
+        holder = next(f for f in files if f.last_timestamp >= late)
+        for path in logs:
+            path.write_bytes(b"")
+        # Asked of the compaction queue itself (the store answers the least of its sources,
+        # and the local ConsumeQueue still holds the topic's uncompacted messages).
+        assert parts.comp.offset_by_time(TOPIC, 0, late) == holder.first_offset
+        assert parts.store.get_offset_in_queue_by_time(TOPIC, 0, late) <= holder.first_offset
+        for path, data in logs.items():
+            path.write_bytes(data)
+        exact = parts.comp.offset_by_time(TOPIC, 0, late)
+        assert exact is not None
+        assert holder.first_offset <= exact <= holder.last_offset
     finally:
         parts.close()
 

@@ -380,12 +380,36 @@ class CompactionLog:
             result.status = GetMessageStatus.NO_MATCHED_MESSAGE  # all filtered out
         return result
 
+    def records_end(self) -> int:
+        """CommitLog end of the newest record the queue holds, local or in the tier (0 for
+        none). With nothing local it reads the last unit and record of the tier's newest file
+        (a ranged read each; raises OSError when the tier cannot serve them)."""
+        if self.physical_end:
+            return self.physical_end
+        for seg in reversed(self._tiered):
+            if seg.units:
+                unit = seg.units_array()[-1]
+                record = memoryview(seg.log_range(int(unit["position"]), int(unit["size"])))
+                return codec.record_positions(record, 0)[1] + len(record)
+        return 0
+
     def offset_by_time(self, timestamp_ms: int) -> int | None:
         for seg in self._view():
             if not seg.units:
                 continue
             if not isinstance(seg, Segment):
-                index = seg.index_of_time(timestamp_ms)
+                if seg.entry.last_timestamp and timestamp_ms > seg.entry.last_timestamp:
+                    continue  # the manifest says every unit is older: no read needed
+                try:
+                    index = seg.index_of_time(timestamp_ms)
+                except OSError as exc:
+                    # The file's timestamps cannot be read now: answer its first offset, the
+                    # earliest the answer can be, so a consumer reset by time re-reads a
+                    # few older versions rather than skipping any at or after the time.
+                    log.warning("compaction queue %s:%d: tier read of %s failed (%s): "
+                                "answering its first offset for time %d", self.topic,
+                                self.queue_id, seg.name, exc, timestamp_ms)
+                    return seg.first_offset
                 if index < seg.units:
                     return int(seg.units_array()["queue_offset"][index])
                 continue

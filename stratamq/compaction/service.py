@@ -109,6 +109,7 @@ class CompactionStore:
         self.last_reports: dict[tuple[str, int], RoundReport] = {}
         # The compacted files in the tier (tiering.link, before the store opens), or None.
         self.tier: CompactionTier | None = None
+        self._loaded = False
 
     def plug_into(self, store: MessageStore) -> CompactionStore:
         """Add this to ``store`` (before it is opened) as a dispatcher and a first read
@@ -124,6 +125,16 @@ class CompactionStore:
         self._reader = reader
         self._checkpoint = DispatchCheckpoint.read(self.layout.dispatch_checkpoint)
         self._seen_to = self._checkpoint.dispatched_to
+        self._load_queues()
+        if not self.read_only:
+            self._cut_past(reader.end())
+
+    def _load_queues(self) -> None:
+        """Every queue on disk, and each one the tier holds (once: the store may ask
+        ``physical_end`` before it attaches this)."""
+        if self._loaded:
+            return
+        self._loaded = True
         for topic, queue_id in self.layout.queues_on_disk():
             self._queue(topic, queue_id)
         if self.tier is not None:
@@ -135,8 +146,6 @@ class CompactionStore:
                                   f"{clog.state.tier_floor} were released to the tier, but "
                                   "the tier's manifest does not hold the queue (another "
                                   "tier configured?)")
-        if not self.read_only:
-            self._cut_past(reader.end())
 
     def _adopt_tier(self, clog: CompactionLog) -> None:
         """Serve the queue's released files from the tier; a queue with no local files at
@@ -498,6 +507,25 @@ class CompactionStore:
 
     def read_by_physical_offset(self, physical_offset: int) -> StoredMessage | None:
         return None  # records are found by queue offset only
+
+    def physical_end(self) -> int:
+        """Where the records the compaction queues hold, locally or in the tier, end in the
+        CommitLog they were split out of. The store asks it before it opens an empty local
+        CommitLog (a new broker on a compaction tier, or one that lost its CommitLog): that
+        log starts past it, so new records' offsets, and the offset message ids built on
+        them, never name a record these queues still serve; and the open does not take the
+        queues for a lost CommitLog tail and cut them."""
+        self._load_queues()
+        end = 0
+        for (topic, queue_id), clog in sorted(self._queues.items()):
+            try:
+                end = max(end, clog.records_end())
+            except OSError as exc:
+                raise OSError(
+                    f"compaction queue {topic}:{queue_id}: cannot read where the tier's "
+                    f"records end ({exc}); an empty CommitLog must start past them, so the "
+                    "store does not open until the tier can be read") from exc
+        return end
 
     def topics(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
