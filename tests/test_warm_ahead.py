@@ -106,3 +106,27 @@ def test_warm_ahead_follows_the_end_into_a_segment_created_later_and_changes_not
         path = tmp_path / name
         assert os.path.getsize(path) == SEGMENT
         assert not any(path.read_bytes())
+
+
+def test_the_warmer_lets_go_of_its_map_once_the_writer_stops(tmp_path):
+    """A segment the slave deletes (a cut, clean-up) must not stay alive in the warmer's map
+    after the copy has stopped."""
+    path = tmp_path / segment_name(0)
+    with open(path, "wb") as f:
+        f.truncate(SEGMENT)
+    warm = WarmAhead(tmp_path, SEGMENT, ahead=SEGMENT // 4)
+
+    def mapped() -> bool:
+        with open("/proc/self/maps") as maps:
+            return str(path) in maps.read()
+
+    try:
+        warm.advance(0)
+        wait_until(lambda: warm.warmed_bytes >= SEGMENT // 4, what="the window")
+        wait_until(lambda: not mapped(), what="the warmer to unmap the idle segment")
+        assert warm.running  # idle, not gone: the next advance goes on
+        warm.advance(SEGMENT // 2)
+        wait_until(lambda: warm.warmed_bytes >= SEGMENT // 2, what="the next window")
+    finally:
+        warm.close()
+    assert not mapped()

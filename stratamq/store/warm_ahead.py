@@ -49,6 +49,7 @@ _MADV_POPULATE_READ = 22  # Linux 5.14+
 WARM_AHEAD_BYTES = 8 * 1024 * 1024  # how far past the log's end pages are populated
 WARM_STEP = 2 * 1024 * 1024  # one system call; the writer's target is looked at between them
 IDLE_RELEASE = 1.0  # s with nothing to do before the warmer lets go of its map
+_IDLE = (-1, -1)  # _next_range's answer when that time has passed
 
 try:
     _libc = ctypes.CDLL(None, use_errno=True)  # calls through CDLL release the GIL
@@ -143,9 +144,10 @@ class WarmAhead:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _next_range(self, warmed: int, segment: _Segment | None) -> tuple[int, int] | None:
+    def _next_range(self, warmed: int, holding: bool) -> tuple[int, int] | None:
         """Wait until some of the window is not populated: (from, to), or None once closed.
-        Lets go of ``segment`` after IDLE_RELEASE seconds of waiting (the caller's map)."""
+        While ``holding`` a map, waits at most IDLE_RELEASE seconds and then answers
+        _IDLE (the caller lets go of its map)."""
         with self._cond:
             while not self._closed:
                 end = self._end
@@ -153,9 +155,10 @@ class WarmAhead:
                     warmed = end  # the writer went past the window, or the log was cut
                 if warmed < end + self.ahead:
                     return warmed, end + self.ahead
-                if not self._cond.wait(IDLE_RELEASE) and segment is not None:
-                    segment.close()
-                    return None if self._closed else (-1, -1)  # the caller drops its map
+                if not holding:
+                    self._cond.wait()
+                elif not self._cond.wait(IDLE_RELEASE):
+                    return _IDLE
         return None
 
     def _wait_for_writer(self, end: int) -> None:
@@ -167,9 +170,11 @@ class WarmAhead:
         segment: _Segment | None = None
         warmed = 0  # populated from the log's end up to here
         try:
-            while (todo := self._next_range(warmed, segment)) is not None:
-                if todo == (-1, -1):
-                    segment = None  # released while idle
+            while (todo := self._next_range(warmed, segment is not None)) is not None:
+                if todo == _IDLE:
+                    if segment is not None:
+                        segment.close()
+                        segment = None
                     continue
                 warmed, goal = todo
                 start = warmed - warmed % self.segment_size
