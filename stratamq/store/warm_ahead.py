@@ -14,11 +14,13 @@ file read-only and asks the kernel to populate a window ahead of the log's end
 (``MADV_POPULATE_READ``: page-cache pages for the holes and reserved-but-unwritten blocks,
 zero-filled and clean, so nothing is written back for them). When the copy reaches them, a
 write only copies. This is RocketMQ's ``warmMappedFile`` idea without its writes: nothing in
-the file changes, so a warm that runs late, early or over bytes being cut is harmless. The
-window is small (``WARM_AHEAD_BYTES``): pages warmed past where the stream ends are wasted
-work (a 32 MiB window cost 27% more CPU on a 128 MB catch-up; 8 MiB did not show). The system
-call goes through ctypes, which releases the GIL; the writer only moves a target and never
-waits for the warmer.
+the file changes, so a warm that runs late, early or over bytes being cut is harmless.
+Measured (128 MB cold catch-ups, A/B): the receiving thread's CPU 0.22 -> 0.11 s (medians),
+the slave's total unchanged (0.255 -> 0.245 s): the work moves to a second core, where one is
+free. The window is small (``WARM_AHEAD_BYTES``): pages warmed past where the stream ends are
+wasted (a 32 MiB window cost 27% more CPU on a 128 MB catch-up). The system call goes through
+ctypes, which releases the GIL; the writer only moves a target and never waits for the
+warmer.
 
 Best effort: without Linux 5.14's ``MADV_POPULATE_READ`` (or glibc's ``madvise``) it does
 nothing; a segment not created yet (the allocator makes the next one in the background) is
