@@ -363,7 +363,6 @@ class MessageStore:
         if not self.read_only:
             if self.cleanup is not None:
                 self.cleanup.shutdown()
-            self.replica.close()
             self.reput.shutdown()
             # An appender's inline round (dispatch_now) that began before the stop ends before
             # the queues close (bounded like the thread's join).

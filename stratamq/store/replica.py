@@ -25,11 +25,6 @@ waits before its next record (a no-op dispatcher at the end of its list, install
 hold), so the copy runs alone; released, dispatch catches up in one long round. Reads of what
 was copied meanwhile wait for that round (a slave's reads lag its copy by the hold).
 
-Bulk appends also move a ``WarmAhead`` (store/warm_ahead.py): a thread of its own populates
-the page cache a few MiB past the log's end, so the copy into the segment finds its pages in
-place instead of taking fresh ones on the receiving thread. It changes no byte. ``close()``
-stops it (the store's close calls it).
-
 The record checks are the pure function ``whole_records`` (no I/O), tested on its own.
 Thread-safety: one replication thread calls ``append``, ``truncate`` and the hold; readers on
 any thread keep working (a reader that held a view of cut bytes sees zeros or the new bytes, as
@@ -56,7 +51,6 @@ from stratamq.store.consume_queue_store import ConsumeQueueStore
 from stratamq.store.dispatch import Dispatcher, ReputService
 from stratamq.store.mapped_file import MappedFile
 from stratamq.store.recovery import count_records_after
-from stratamq.store.warm_ahead import WarmAhead
 
 __all__ = ["ReplicaDataError", "ReplicaLog", "TruncateReport", "whole_records"]
 
@@ -206,7 +200,6 @@ class ReplicaLog:
         self.on_truncate: list[Callable[[TruncateReport], None]] = []
         self._hold: _DispatchHold | None = None
         self._raw_end = 0  # how far append_pieces wrote past the log's end (see discard_...)
-        self._warm: WarmAhead | None = None
 
     @property
     def segment_size(self) -> int:
@@ -248,8 +241,6 @@ class ReplicaLog:
                 # The first record's time: older than the rest, so the checkpoint built on it
                 # only ever makes recovery start earlier (safe).
                 mf.store_timestamp = codec.record_store_timestamp(view, 0)
-        if n >= BULK_CHECK_BYTES:  # a slave catching up (the first bytes of a segment)
-            self._warm_ahead(offset + n)
         if self.commitlog.on_append is not None:
             self.commitlog.on_append()
         return n
@@ -272,24 +263,9 @@ class ReplicaLog:
         if not in_place:
             # A new segment (once per segment): gathered; ``append`` creates it once checked.
             return self.append(offset, b"".join(pieces))
-        if n:
-            self._warm_ahead(offset + n)
-            if self.commitlog.on_append is not None:
-                self.commitlog.on_append()
+        if n and self.commitlog.on_append is not None:
+            self.commitlog.on_append()
         return n
-
-    def _warm_ahead(self, end: int) -> None:
-        """Have the page cache ahead of ``end`` populated off this thread (``WarmAhead``):
-        started by the first bulk append, so a slave in step with its master never runs it."""
-        if self._warm is None:
-            files = self.commitlog.files
-            self._warm = WarmAhead(files.directory, files.mapped_file_size)
-        self._warm.advance(end)
-
-    def close(self) -> None:
-        """Stop the warm-ahead thread, if a catch-up started one."""
-        if self._warm is not None:
-            self._warm.close()
 
     def _write_and_check(self, mf: MappedFile, offset: int,
                          pieces: Sequence[bytes | memoryview]) -> int:
