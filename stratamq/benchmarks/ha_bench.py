@@ -19,6 +19,10 @@ share a GIL.
   which the slave process tells on its stdout (``time.monotonic`` is one clock for every
   process on Linux), and the CPU seconds each side spent (slave and master; each bare copy's
   sink and sender), which a shared machine's load does not skew as it skews MB/s.
+
+The slave process runs with ``OPENBLAS_NUM_THREADS=1``: it stands for a broker, whose numpy
+(and OpenBLAS's start-up spin, ~0.1 s of a core) is loaded with the CLI long before its slave
+connects, where this helper's would be loaded just before the catch-up it measures.
 """
 
 from __future__ import annotations
@@ -56,11 +60,16 @@ def _config(root: Path, role: str, segment: int, **extra: object) -> StoreConfig
 
 def _start_slave(root: Path, master_port: int, segment: int, watch_end: int = 0,
                  dispatch_along: bool = False) -> subprocess.Popen:
+    # numpy's OpenBLAS starts a thread that spins for ~0.1 s of CPU once numpy is loaded. A
+    # broker loads numpy with the package's CLI, long before its slave connects; this helper
+    # would load it in HAClient.start, just before, and the spin would land on a core in the
+    # first tenth of a second of the catch-up measured. Nothing here uses BLAS.
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "stratamq.benchmarks.ha_bench", "slave", str(root),
          f"127.0.0.1:{master_port}", str(segment), str(watch_end), str(int(dispatch_along))],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE if watch_end else subprocess.DEVNULL,
-        text=True)
+        text=True, env=env)
 
 
 def _stop(proc: subprocess.Popen) -> None:
