@@ -335,10 +335,17 @@ class IndexFile(RefCountedMap):
         self._write_header()
         return added
 
-    def put_records(self, records: Sequence[tuple[int, int, Sequence[int]]]) -> bool:
-        """``put_keys`` for each ``(phy_offset, store_timestamp, hashes)`` in turn, the header
-        written once at the end: the same bytes as one ``put_keys`` per record, for a
-        dispatch round at a time. False (nothing written) unless every key fits in this file.
+    def put_records(self, hashes: Sequence[int], offsets: Sequence[int],
+                    timestamps: Sequence[int]) -> bool:
+        """``put_keys`` for each record in turn, the header written once at the end: the same
+        bytes as one ``put_keys`` per record, for a dispatch round at a time. False (nothing
+        written) unless every key fits in this file.
+
+        One entry per key, flat: its hash, and its record's CommitLog offset and store time.
+        A record's keys are consecutive and share its offset, and consecutive records have
+        different offsets (a record's offset is its own), so a change of offset is where the
+        next record starts. Flat, because most records carry one key (their message id):
+        a list per record, and a loop over it, cost more than writing the entry.
 
         One loop over the round's keys (``_add``'s steps, its set-up done once per round and
         the entries' disk reserved up front): a call and a dozen attribute reads per record
@@ -349,7 +356,7 @@ class IndexFile(RefCountedMap):
         per record would have left it)."""
         h = self.header
         count = h.index_count
-        total = sum(len(hashes) for _, _, hashes in records)
+        total = len(hashes)
         if count + total > self.index_num:
             return False
         if not total:
@@ -369,34 +376,37 @@ class IndexFile(RefCountedMap):
         slot_count = h.hash_slot_count
         begin_ts = h.begin_timestamp
         done: tuple[int, int, int, int] | None = None  # counts, phys, ts of whole records
+        record = -1  # the offset of the record being written (none yet)
+        record_ts = diff = 0
         try:
-            for phys, ts, hashes in records:
-                if not hashes:
-                    continue
-                if count <= 1:  # the file's first entry: see _add
-                    h.begin_phy_offset = phys
-                    h.begin_timestamp = begin_ts = ts
-                diff = (ts - begin_ts) // 1000 if begin_ts > 0 else 0
-                if diff < 0:
-                    diff = 0
-                elif diff > INT_MAX:
-                    diff = INT_MAX
-                for hash_ in hashes:
-                    slot_at = HEADER_SIZE + (hash_ % slots) * SLOT_SIZE
-                    if slot_chunks_left:
-                        chunk = slot_at // SLOT_RESERVE_CHUNK
-                        if chunk not in slot_pages:
-                            self._reserve(chunk * SLOT_RESERVE_CHUNK,
-                                          min(entries_at, (chunk + 1) * SLOT_RESERVE_CHUNK))
-                            slot_pages.add(chunk)
-                    (head,) = _SLOT_UNPACK(m, slot_at)
-                    if head <= INVALID_INDEX or head >= count:
-                        head = INVALID_INDEX
-                        slot_count += 1
-                    _ENTRY_PACK(m, entries_at + count * ENTRY_SIZE, hash_, phys, diff, head)
-                    _SLOT_PACK(m, slot_at, count)
-                    count += 1
-                done = (count, slot_count, phys, ts)
+            for hash_, phys, ts in zip(hashes, offsets, timestamps):
+                if phys != record:  # the next record's first key
+                    if record >= 0:
+                        done = (count, slot_count, record, record_ts)
+                    record, record_ts = phys, ts
+                    if count <= 1:  # the file's first entry: see _add
+                        h.begin_phy_offset = phys
+                        h.begin_timestamp = begin_ts = ts
+                    diff = (ts - begin_ts) // 1000 if begin_ts > 0 else 0
+                    if diff < 0:
+                        diff = 0
+                    elif diff > INT_MAX:
+                        diff = INT_MAX
+                slot_at = HEADER_SIZE + (hash_ % slots) * SLOT_SIZE
+                if slot_chunks_left:
+                    chunk = slot_at // SLOT_RESERVE_CHUNK
+                    if chunk not in slot_pages:
+                        self._reserve(chunk * SLOT_RESERVE_CHUNK,
+                                      min(entries_at, (chunk + 1) * SLOT_RESERVE_CHUNK))
+                        slot_pages.add(chunk)
+                (head,) = _SLOT_UNPACK(m, slot_at)
+                if head <= INVALID_INDEX or head >= count:
+                    head = INVALID_INDEX
+                    slot_count += 1
+                _ENTRY_PACK(m, entries_at + count * ENTRY_SIZE, hash_, phys, diff, head)
+                _SLOT_PACK(m, slot_at, count)
+                count += 1
+            done = (count, slot_count, record, record_ts)
         finally:
             if done is not None:
                 h.index_count, h.hash_slot_count, h.end_phy_offset, h.end_timestamp = done
