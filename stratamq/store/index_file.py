@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from stratamq.javahash import POW31 as _POW31
 from stratamq.javahash import hash_u32 as _hash_u32
@@ -71,6 +72,9 @@ def file_size(hash_slot_num: int, index_num: int) -> int:
 
 
 _POW31_NP = None  # javahash.POW31 as a numpy array, built on first batch use
+# Per key length L: 31**(L-1), ..., 31, 1 mod 2**32, contiguous, for the one-length batch path
+# (a reversed view of _POW31_NP made numpy take a strided copy per call: half its time).
+_POW31_REVERSED: dict[int, Any] = {}  # numpy arrays (numpy is imported on first use)
 
 
 def key_hash(key: str) -> int:
@@ -108,22 +112,29 @@ def key_hashes(keys: Sequence[str]) -> list[int]:
     if len(keys) < HASH_BATCH_MIN:
         return [key_hash(k) for k in keys]
     joined = "".join(keys)
-    lengths = list(map(len, keys))
-    if not joined.isascii() or max(lengths) > len(_POW31) or min(lengths) == 0:
+    if not joined.isascii():
         return [key_hash(k) for k in keys]
     import numpy as np  # only the batch path needs it
 
-    global _POW31_NP
-    if _POW31_NP is None:
-        _POW31_NP = np.array(_POW31, dtype=np.uint64)
-    data = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
-    size = lengths[0]
-    if min(lengths) == size == max(lengths):
-        # Keys of one length (a topic's message ids): one matrix-vector product (numpy casts
-        # the characters itself), a fraction of the general path's steps for the small
+    size = len(keys[0])
+    lengths = list(map(len, keys))
+    if 0 < size <= len(_POW31) and lengths.count(size) == len(keys):
+        # Keys of one length (a topic's message ids): one matrix-vector product with the
+        # powers of 31 as uint32, whose sums wrap mod 2**32 as Java's int does (numpy casts
+        # the characters itself); a fraction of the general path's steps for the small
         # batches of a dispatch round.
-        sums = data.reshape(len(keys), size) @ _POW31_NP[size - 1 :: -1]
+        powers = _POW31_REVERSED.get(size)
+        if powers is None:
+            powers = _POW31_REVERSED[size] = np.array(_POW31[size - 1 :: -1], dtype=np.uint32)
+        sums = np.frombuffer(joined.encode("ascii"), dtype=np.uint8).reshape(
+            len(keys), size).dot(powers)
     else:
+        if max(lengths) > len(_POW31) or min(lengths) == 0:
+            return [key_hash(k) for k in keys]
+        global _POW31_NP
+        if _POW31_NP is None:
+            _POW31_NP = np.array(_POW31, dtype=np.uint64)
+        data = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
         lens = np.array(lengths, dtype=np.int64)
         ends = np.cumsum(lens)
         exponents = np.repeat(ends - 1, lens) - np.arange(len(data), dtype=np.int64)
