@@ -288,18 +288,16 @@ class ConsumeQueue:
         if not data:
             return
         self._staged = bytearray()
-        mf, at, end, next_offset = (self._staged_file, self._staged_at, self._staged_end,
-                                    self._staged_next)
-        self._drop_cursor()  # until the write is done: a write that raises leaves none
+        mf, at, next_offset = self._staged_file, self._staged_at, self._staged_next
+        self._staged_next = -1  # no cursor until the write is done: a write that raises
         with self._write_lock:
             if mf is self.files.last() and mf is not None and mf.wrote_position == at:
                 mf.write_at(at, data)
-                self.max_physic_offset = end
-                self._staged_file, self._staged_at, self._staged_next = (
-                    mf, at + len(data), next_offset)
-                self._staged_stop = mf.file_end_offset // UNIT_SIZE
-                self._staged_end = end
+                self.max_physic_offset = self._staged_end
+                self._staged_at = at + len(data)
+                self._staged_next = next_offset  # the cursor's file and end still hold
                 return
+        self._drop_cursor()
         # The queue changed under the staged units (it never does while dispatch runs; kept
         # safe): one at a time, with every check put_unit makes.
         first = (mf.file_from_offset + at) // UNIT_SIZE if mf is not None else 0
