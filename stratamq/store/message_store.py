@@ -287,7 +287,11 @@ class MessageStore:
             sample_progress=lambda: self.reput.last_store_timestamp,
             on_thorough_flush=self._write_checkpoint,
         )
-        if cfg.broker_role is not BrokerRole.SLAVE:  # a slave's appends come in big copies
+        if (cfg.broker_role is not BrokerRole.SLAVE
+                and cfg.flush_disk_type is FlushDiskType.ASYNC_FLUSH):
+            # Not on a slave: its appends come in big copies (pwrite). Not under SYNC_FLUSH:
+            # pages faulted in for writing are dirty, and the group commit's next fdatasync
+            # would write them out as zeros, a megabyte at a time, inside a put's wait.
             self._prefaulter = Prefaulter(files)
             self._prefaulter.start()
         self.commitlog.on_append = self._on_append

@@ -11,8 +11,9 @@ the pages keep the zeros the file holds past its end of data (``populate_write``
 ``mapped_file.py``).
 
 The pages it dirties may be written back once as zeros before the appender fills them (at
-most once each: the flush after); only disk the segment already reserved is faulted in
-(``MappedFile.prefault``), so a full disk still shows up as an ordinary error at the append.
+most once each: the flush after), which is why it runs only under ``ASYNC_FLUSH`` (a group
+commit would write them inside a put's wait). Disk is reserved before pages are faulted in
+(``MappedFile.prefault``), so a full disk still shows up as an ordinary error.
 Linux 5.14 and later; elsewhere, or if the kernel refuses, it stops trying and appends fault
 their pages in themselves, as before.
 
