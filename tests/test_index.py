@@ -128,18 +128,27 @@ def test_a_round_put_at_once_writes_the_bytes_of_one_put_per_record(tmp_path):
     for phys, ts, hashes in records:
         assert one.put_keys(hashes, phys, ts) == len(hashes)
     batch = IndexFile(tmp_path / "20260101000000001", 7, 200, create=True)
-    assert batch.put_records(records[:10]) and batch.put_records(records[10:])
+    assert batch.put_records(*_flat(records[:10])) and batch.put_records(*_flat(records[10:]))
     assert bytes(batch._map) == bytes(one._map)
     assert list(batch.select(15, 0, 10**13)) == list(one.select(15, 0, 10**13))
     small = IndexFile(tmp_path / "20260101000000002", 7, 20, create=True)
     before = bytes(small._map)
-    assert not small.put_records(records)  # 94 keys do not fit in 19 entries
+    assert not small.put_records(*_flat(records))  # 94 keys do not fit in 19 entries
     assert bytes(small._map) == before and small.entries == 0
     for f in (one, batch, small):
         f.close()
 
 
-_record = st.tuples(st.integers(0, 2**40), st.integers(0, 2**41),
+def _flat(records):
+    """``put_records``' arguments for (offset, store time, hashes) records: one element per key."""
+    hashes = [h for _, _, hs in records for h in hs]
+    offsets = [phys for phys, _, hs in records for _ in hs]
+    stamps = [ts for _, ts, hs in records for _ in hs]
+    return hashes, offsets, stamps
+
+
+# (offset step, store time, hashes): offsets grow from record to record, as in a CommitLog.
+_record = st.tuples(st.integers(1, 2**32), st.integers(0, 2**41),
                     st.lists(st.integers(0, 2**31 - 1), max_size=4))
 
 
@@ -155,6 +164,8 @@ def test_put_records_writes_the_bytes_of_put_keys_per_record(tmp_path_factory, r
     ``put_keys`` per record, or refuses a round that does not fit and leaves the file as it
     was."""
     tmp = tmp_path_factory.mktemp("rounds")
+    records = [(sum(step for step, _, _ in records[: i + 1]), ts, hashes)
+               for i, (_, ts, hashes) in enumerate(records)]
     seed = {"begin_phy_offset": 77, "begin_timestamp": begin} if seeded else {}
     one = IndexFile(tmp / "20260101000000000", 7, 40, create=True, **seed)
     batch = IndexFile(tmp / "20260101000000001", 7, 40, create=True, **seed)
@@ -165,7 +176,7 @@ def test_put_records_writes_the_bytes_of_put_keys_per_record(tmp_path_factory, r
     for lo, hi in zip(bounds, bounds[1:]):
         round_ = records[lo:hi]
         before = bytes(batch._map)
-        if batch.put_records(round_):
+        if batch.put_records(*_flat(round_)):
             for phys, ts, hashes in round_:
                 one.put_keys(hashes, phys, ts)
             assert bytes(batch._map) == bytes(one._map)

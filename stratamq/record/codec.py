@@ -315,6 +315,8 @@ def encode_records(
     header = None
     header_size = host_flags = born_port = store_port = ts_pos = 0
     born_ip = store_ip = b""
+    checked_name: object = _UNSET  # the property name last found fit to encode here
+    name_part = b""
     for msg in messages:
         properties = msg.properties
         body = msg.body
@@ -325,8 +327,14 @@ def encode_records(
                                  auto_v2_for_long_topic))
             continue
         ((name, value),) = properties.items()
-        if (type(name) is not str or type(value) is not str or not name
-                or "\x01" in name or "\x02" in name or "\x01" in value or "\x02" in value):
+        if name is not checked_name:  # the batch's messages share their property's name
+            if (type(name) is not str or not name or "\x01" in name or "\x02" in name):
+                append(encode_record(msg, store_host, max_message_size,
+                                     auto_v2_for_long_topic))
+                continue
+            checked_name = name
+            name_part = f"{name}\x01".encode()
+        if type(value) is not str or "\x01" in value or "\x02" in value:
             append(encode_record(msg, store_host, max_message_size,
                                  auto_v2_for_long_topic))
             continue
@@ -342,7 +350,7 @@ def encode_records(
             born = msg.born_host
             header, header_size, host_flags, born_ip, born_port, store_ip, store_port, ts_pos = (
                 _host_part(born, store_host))
-        props = f"{name}\x01{value}".encode()
+        props = name_part + value.encode()
         props_len = len(props) + 1
         if props_len > max_props:
             raise PropertiesTooLarge(

@@ -186,9 +186,10 @@ class CommitLog:
             # Shared, not copied: a Message handed to the store must not be changed afterwards
             # (see ``append``); the dispatcher reads these properties later, on its thread.
             props = msg.properties
+            tags = props.get(tags_key)
             infos.append(new(info_cls, (
                 topic, queue_id, queue_offset, physical_offset, size,
-                tags_code(props.get(tags_key)), now, sys_flag, props,
+                tags_code(tags) if tags else 0, now, sys_flag, props,
             )))
         return pending, infos
 

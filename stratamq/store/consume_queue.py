@@ -54,12 +54,20 @@ class ConsumeQueue:
         self.max_physic_offset = -1
         self.min_logic_offset = 0  # byte position of the first live unit
         self._write_lock = threading.Lock()
-        # Units of the current dispatch round waiting to be written in one copy (see
-        # ``stage_unit``): (commitlog_offset, size, tags_code) each, the first one going at
-        # byte ``_staged_at`` of ``_staged_file``. Dispatcher thread only.
-        self._staged: list[tuple[int, int, int]] = []
-        self._staged_at = 0
+        # The staging cursor (dispatcher thread only): units of the current dispatch round
+        # wait packed in ``_staged`` to be written in one copy at the round's commit
+        # (``stage_unit``, ``write_staged``), at byte ``_staged_at`` of ``_staged_file``. The
+        # cursor outlives the round: the next unit staged must have queue offset
+        # ``_staged_next``, lie below ``_staged_stop`` (the file's end) and point past
+        # ``_staged_end`` (else it is a replay), which the store's ``dispatch_batch`` checks
+        # inline, so a queue's usual unit costs no call. ``_staged_next`` -1: no cursor (the
+        # next unit is checked against the files); anything else that writes units drops it.
+        self._staged = bytearray()
         self._staged_file: MappedFile | None = None
+        self._staged_at = 0
+        self._staged_next = -1
+        self._staged_stop = -1
+        self._staged_end = -1
 
     # -- positions ------------------------------------------------------------------------------
 
@@ -124,6 +132,7 @@ class ConsumeQueue:
 
     def recover(self) -> None:
         """Find the end of the written units (the first unwritten unit) in the last files."""
+        self._drop_cursor()
         files = self.files.files
         if not files:
             return
@@ -184,6 +193,8 @@ class ConsumeQueue:
 
     def truncate_dirty(self, commitlog_end: int) -> int:
         """Drop units pointing at or past ``commitlog_end``; return how many were dropped."""
+        self.write_staged()  # normally nothing: a cut comes between dispatch rounds
+        self._drop_cursor()
         first = self.files.first()
         if first is None:
             return 0
@@ -203,6 +214,7 @@ class ConsumeQueue:
     # -- writing --------------------------------------------------------------------------------
 
     def put_unit(self, queue_offset: int, commitlog_offset: int, size: int, tags_code: int) -> None:
+        self._drop_cursor()
         with self._write_lock:
             if commitlog_offset + size <= self.max_physic_offset:
                 return  # already have it: a replay after recovery
@@ -246,19 +258,14 @@ class ConsumeQueue:
         newest file and fits in it (the usual case): a round's units of this queue are then
         copied into the map at once. False when it is not that case: the caller writes what
         is staged, then calls ``put_unit`` (which handles every other case)."""
-        staged = self._staged
-        if staged:
-            last_offset, last_size, _ = staged[-1]
-            if commitlog_offset + size <= last_offset + last_size:
+        end = commitlog_offset + size
+        if self._staged_next >= 0:
+            if end <= self._staged_end:
                 return True  # already have it: a replay (as put_unit)
-            mf = self._staged_file
-            rel = self._staged_at + len(staged) * UNIT_SIZE
-            assert mf is not None
-            if (queue_offset * UNIT_SIZE - mf.file_from_offset != rel
-                    or rel + UNIT_SIZE > mf.file_size):
+            if queue_offset != self._staged_next or queue_offset >= self._staged_stop:
                 return False
         else:
-            if commitlog_offset + size <= self.max_physic_offset:
+            if end <= self.max_physic_offset:
                 return True  # already have it: a replay (as put_unit)
             mf = self.files.last()
             if mf is None:
@@ -268,30 +275,41 @@ class ConsumeQueue:
                 return False
             self._staged_file = mf
             self._staged_at = rel
-        staged.append((commitlog_offset, size, tags_code))
+            self._staged_stop = mf.file_end_offset // UNIT_SIZE
+        self._staged += UNIT.pack(commitlog_offset, size, tags_code)
+        self._staged_next = queue_offset + 1
+        self._staged_end = end
         return True
 
     def write_staged(self) -> None:
         """Write the staged units (one copy into the map), as ``put_unit`` would have one by
         one: the same bytes at the same place."""
-        staged = self._staged
-        if not staged:
+        data = self._staged
+        if not data:
             return
-        self._staged = []
-        mf, at = self._staged_file, self._staged_at
-        self._staged_file = None
-        pack = UNIT.pack
+        self._staged = bytearray()
+        mf, at, next_offset = self._staged_file, self._staged_at, self._staged_next
+        self._staged_next = -1  # no cursor until the write is done: a write that raises
         with self._write_lock:
             if mf is self.files.last() and mf is not None and mf.wrote_position == at:
-                mf.write_at(at, b"".join([pack(o, n, t) for o, n, t in staged]))
-                last_offset, last_size, _ = staged[-1]
-                self.max_physic_offset = last_offset + last_size
+                mf.write_at(at, data)
+                self.max_physic_offset = self._staged_end
+                self._staged_at = at + len(data)
+                self._staged_next = next_offset  # the cursor's file and end still hold
                 return
+        self._drop_cursor()
         # The queue changed under the staged units (it never does while dispatch runs; kept
         # safe): one at a time, with every check put_unit makes.
         first = (mf.file_from_offset + at) // UNIT_SIZE if mf is not None else 0
-        for i, (offset, size, tags_code) in enumerate(staged):
+        for i, (offset, size, tags_code) in enumerate(UNIT.iter_unpack(data)):
             self.put_unit(first + i, offset, size, tags_code)
+
+    def _drop_cursor(self) -> None:
+        """Forget the staging cursor (nothing may be staged): the next unit is checked
+        against the files again. Whatever writes or cuts units other than ``write_staged``
+        calls it."""
+        self._staged_file = None
+        self._staged_next = self._staged_stop = self._staged_end = -1
 
     def _file_for(self, byte_pos: int) -> MappedFile:
         mf = self.files.last_mapped_file(start_offset=byte_pos)
@@ -332,6 +350,8 @@ class ConsumeQueue:
                    if mf.path.exists())
 
     def destroy(self) -> None:
+        self._staged = bytearray()
+        self._drop_cursor()
         self.files.destroy()
         self.max_physic_offset = -1
         self.min_logic_offset = 0
@@ -434,14 +454,33 @@ class FileConsumeQueueStore:
                        failed: Callable[[DispatchInfo, OSError], None]) -> None:
         """``dispatch`` of each record in order (a dispatch round's run, see ``Dispatcher``),
         its lookups made once; ``failed(info, exc)`` for a record whose unit cannot be
-        written."""
+        written.
+
+        A unit its queue's staging cursor takes (the next queue offset, in the cursor's
+        file, not a replay: what ``stage_unit`` checks first) is staged here without a call:
+        that is nearly every unit, and a call per unit was most of its cost."""
         queues = self._queues
         staged = self._staged
+        pack = UNIT.pack
         for info in infos:
             if info.sys_flag & _PREPARED_OR_ROLLED_BACK:
                 continue
+            cq = queues.get((info.topic, info.queue_id))
+            if cq is not None:
+                queue_offset = info.queue_offset
+                end = info.physical_offset + info.size
+                if (queue_offset == cq._staged_next and queue_offset < cq._staged_stop
+                        and end > cq._staged_end):
+                    cq._staged += pack(info.physical_offset, info.size, info.tags_code)
+                    cq._staged_next = queue_offset + 1
+                    cq._staged_end = end
+                    staged[cq] = None
+                    self._staged_units += 1
+                    if self._staged_units >= STAGED_UNITS_MAX:
+                        self.commit_dispatch()
+                        staged = self._staged
+                    continue
             try:
-                cq = queues.get((info.topic, info.queue_id))
                 if cq is None:
                     cq = self.find_or_create(info.topic, info.queue_id)
                 if cq.stage_unit(info.queue_offset, info.physical_offset, info.size,

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from stratamq.javahash import POW31 as _POW31
 from stratamq.javahash import hash_u32 as _hash_u32
@@ -71,6 +72,9 @@ def file_size(hash_slot_num: int, index_num: int) -> int:
 
 
 _POW31_NP = None  # javahash.POW31 as a numpy array, built on first batch use
+# Per key length L: 31**(L-1), ..., 31, 1 mod 2**32, contiguous, for the one-length batch path
+# (a reversed view of _POW31_NP made numpy take a strided copy per call: half its time).
+_POW31_REVERSED: dict[int, Any] = {}  # numpy arrays (numpy is imported on first use)
 
 
 def key_hash(key: str) -> int:
@@ -108,22 +112,29 @@ def key_hashes(keys: Sequence[str]) -> list[int]:
     if len(keys) < HASH_BATCH_MIN:
         return [key_hash(k) for k in keys]
     joined = "".join(keys)
-    lengths = list(map(len, keys))
-    if not joined.isascii() or max(lengths) > len(_POW31) or min(lengths) == 0:
+    if not joined.isascii():
         return [key_hash(k) for k in keys]
     import numpy as np  # only the batch path needs it
 
-    global _POW31_NP
-    if _POW31_NP is None:
-        _POW31_NP = np.array(_POW31, dtype=np.uint64)
-    data = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
-    size = lengths[0]
-    if min(lengths) == size == max(lengths):
-        # Keys of one length (a topic's message ids): one matrix-vector product (numpy casts
-        # the characters itself), a fraction of the general path's steps for the small
+    size = len(keys[0])
+    lengths = list(map(len, keys))
+    if 0 < size <= len(_POW31) and lengths.count(size) == len(keys):
+        # Keys of one length (a topic's message ids): one matrix-vector product with the
+        # powers of 31 as uint32, whose sums wrap mod 2**32 as Java's int does (numpy casts
+        # the characters itself); a fraction of the general path's steps for the small
         # batches of a dispatch round.
-        sums = data.reshape(len(keys), size) @ _POW31_NP[size - 1 :: -1]
+        powers = _POW31_REVERSED.get(size)
+        if powers is None:
+            powers = _POW31_REVERSED[size] = np.array(_POW31[size - 1 :: -1], dtype=np.uint32)
+        sums = np.frombuffer(joined.encode("ascii"), dtype=np.uint8).reshape(
+            len(keys), size).dot(powers)
     else:
+        if max(lengths) > len(_POW31) or min(lengths) == 0:
+            return [key_hash(k) for k in keys]
+        global _POW31_NP
+        if _POW31_NP is None:
+            _POW31_NP = np.array(_POW31, dtype=np.uint64)
+        data = np.frombuffer(joined.encode("ascii"), dtype=np.uint8)
         lens = np.array(lengths, dtype=np.int64)
         ends = np.cumsum(lens)
         exponents = np.repeat(ends - 1, lens) - np.arange(len(data), dtype=np.int64)
@@ -335,10 +346,17 @@ class IndexFile(RefCountedMap):
         self._write_header()
         return added
 
-    def put_records(self, records: Sequence[tuple[int, int, Sequence[int]]]) -> bool:
-        """``put_keys`` for each ``(phy_offset, store_timestamp, hashes)`` in turn, the header
-        written once at the end: the same bytes as one ``put_keys`` per record, for a
-        dispatch round at a time. False (nothing written) unless every key fits in this file.
+    def put_records(self, hashes: Sequence[int], offsets: Sequence[int],
+                    timestamps: Sequence[int]) -> bool:
+        """``put_keys`` for each record in turn, the header written once at the end: the same
+        bytes as one ``put_keys`` per record, for a dispatch round at a time. False (nothing
+        written) unless every key fits in this file.
+
+        One entry per key, flat: its hash, and its record's CommitLog offset and store time.
+        A record's keys are consecutive and share its offset, and consecutive records have
+        different offsets (a record's offset is its own), so a change of offset is where the
+        next record starts. Flat, because most records carry one key (their message id):
+        a list per record, and a loop over it, cost more than writing the entry.
 
         One loop over the round's keys (``_add``'s steps, its set-up done once per round and
         the entries' disk reserved up front): a call and a dozen attribute reads per record
@@ -349,7 +367,7 @@ class IndexFile(RefCountedMap):
         per record would have left it)."""
         h = self.header
         count = h.index_count
-        total = sum(len(hashes) for _, _, hashes in records)
+        total = len(hashes)
         if count + total > self.index_num:
             return False
         if not total:
@@ -369,34 +387,37 @@ class IndexFile(RefCountedMap):
         slot_count = h.hash_slot_count
         begin_ts = h.begin_timestamp
         done: tuple[int, int, int, int] | None = None  # counts, phys, ts of whole records
+        record = -1  # the offset of the record being written (none yet)
+        record_ts = diff = 0
         try:
-            for phys, ts, hashes in records:
-                if not hashes:
-                    continue
-                if count <= 1:  # the file's first entry: see _add
-                    h.begin_phy_offset = phys
-                    h.begin_timestamp = begin_ts = ts
-                diff = (ts - begin_ts) // 1000 if begin_ts > 0 else 0
-                if diff < 0:
-                    diff = 0
-                elif diff > INT_MAX:
-                    diff = INT_MAX
-                for hash_ in hashes:
-                    slot_at = HEADER_SIZE + (hash_ % slots) * SLOT_SIZE
-                    if slot_chunks_left:
-                        chunk = slot_at // SLOT_RESERVE_CHUNK
-                        if chunk not in slot_pages:
-                            self._reserve(chunk * SLOT_RESERVE_CHUNK,
-                                          min(entries_at, (chunk + 1) * SLOT_RESERVE_CHUNK))
-                            slot_pages.add(chunk)
-                    (head,) = _SLOT_UNPACK(m, slot_at)
-                    if head <= INVALID_INDEX or head >= count:
-                        head = INVALID_INDEX
-                        slot_count += 1
-                    _ENTRY_PACK(m, entries_at + count * ENTRY_SIZE, hash_, phys, diff, head)
-                    _SLOT_PACK(m, slot_at, count)
-                    count += 1
-                done = (count, slot_count, phys, ts)
+            for hash_, phys, ts in zip(hashes, offsets, timestamps):
+                if phys != record:  # the next record's first key
+                    if record >= 0:
+                        done = (count, slot_count, record, record_ts)
+                    record, record_ts = phys, ts
+                    if count <= 1:  # the file's first entry: see _add
+                        h.begin_phy_offset = phys
+                        h.begin_timestamp = begin_ts = ts
+                    diff = (ts - begin_ts) // 1000 if begin_ts > 0 else 0
+                    if diff < 0:
+                        diff = 0
+                    elif diff > INT_MAX:
+                        diff = INT_MAX
+                slot_at = HEADER_SIZE + (hash_ % slots) * SLOT_SIZE
+                if slot_chunks_left:
+                    chunk = slot_at // SLOT_RESERVE_CHUNK
+                    if chunk not in slot_pages:
+                        self._reserve(chunk * SLOT_RESERVE_CHUNK,
+                                      min(entries_at, (chunk + 1) * SLOT_RESERVE_CHUNK))
+                        slot_pages.add(chunk)
+                (head,) = _SLOT_UNPACK(m, slot_at)
+                if head <= INVALID_INDEX or head >= count:
+                    head = INVALID_INDEX
+                    slot_count += 1
+                _ENTRY_PACK(m, entries_at + count * ENTRY_SIZE, hash_, phys, diff, head)
+                _SLOT_PACK(m, slot_at, count)
+                count += 1
+            done = (count, slot_count, record, record_ts)
         finally:
             if done is not None:
                 h.index_count, h.hash_slot_count, h.end_phy_offset, h.end_timestamp = done

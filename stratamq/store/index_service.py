@@ -48,8 +48,8 @@ class UnconfirmedGeometry(IndexFileError):
 # Appended to an index file whose geometry could not be confirmed: kept, no longer loaded.
 UNCONFIRMED_SUFFIX = ".unconfirmed-geometry"
 
-# Records queued before their keys are hashed and written regardless of the round's end: big
-# enough that numpy hashing pays off, small enough to bound memory during a long replay.
+# Keys queued before they are hashed and written regardless of the round's end: enough that
+# numpy hashing pays off, few enough to bound memory during a long replay.
 PENDING_MAX = 1024
 _TRANSACTION_MASK = SysFlag.TRANSACTION_MASK
 _ROLLBACK = SysFlag.TRANSACTION_ROLLBACK_TYPE
@@ -87,8 +87,14 @@ class IndexService:
         self.set_aside: list[str] = []  # files of an unconfirmed geometry, renamed (kept)
         self.failed_keys = 0  # keys not indexed because writing failed (disk full...)
         self.error: BaseException | None = None
-        # Records dispatched but not yet written (topic, UNIQ_KEY, KEYS, offset, store time).
-        self._pending: list[tuple[str, str | None, str | None, int, int]] = []
+        # Keys dispatched but not yet written, flat, one element per key in RocketMQ's order
+        # (a record's UNIQ_KEY, then each KEYS word): its topic, the key, its record's
+        # CommitLog offset and store time. Flat because most records carry one key (their
+        # message id): a tuple or a list per record cost more than the key's entry.
+        self._topics: list[str] = []
+        self._keys: list[str] = []
+        self._offsets: list[int] = []
+        self._stamps: list[int] = []
         # The newest CommitLog offset indexed: records after it need no duplicate check.
         self._indexed_to = -1
 
@@ -181,95 +187,81 @@ class IndexService:
 
     def dispatch(self, info: DispatchInfo) -> None:
         """Queue the record's keys; they are written at the end of the dispatch round
-        (``commit_dispatch``), or sooner once ``PENDING_MAX`` records wait, so that their
+        (``commit_dispatch``), or sooner once ``PENDING_MAX`` keys wait, so that their
         hashes are computed in one batch. Readers meet the entries by then at the latest:
         the dispatcher commits a round before it counts its records as visible."""
-        if info.sys_flag & _TRANSACTION_MASK == _ROLLBACK:
-            return  # RocketMQ indexes normal, prepared and committed records, not rollbacks
-        props = info.properties
-        uniq = props.get(_UNIQ_KEY)
-        keys = props.get(_KEYS)
-        if not uniq and not keys:
-            return
-        pending = self._pending
-        pending.append((info.topic, uniq, keys, info.physical_offset, info.store_timestamp))
-        if len(pending) >= PENDING_MAX:
-            self.commit_dispatch()
+        self.dispatch_batch([info], _never_fails)
 
     def dispatch_batch(self, infos: list[DispatchInfo],
                        failed: Callable[[DispatchInfo, OSError], None]) -> None:
         """``dispatch`` of each record in order (a dispatch round's run). Nothing is written
         here (``commit_dispatch`` writes), so ``failed`` is never called."""
-        pending = self._pending
+        topics, keys, offsets, stamps = self._topics, self._keys, self._offsets, self._stamps
         for info in infos:
             if info.sys_flag & _TRANSACTION_MASK == _ROLLBACK:
-                continue
+                continue  # RocketMQ indexes normal, prepared and committed records, not rollbacks
             props = info.properties
             uniq = props.get(_UNIQ_KEY)
-            keys = props.get(_KEYS)
-            if uniq or keys:
-                pending.append((info.topic, uniq, keys, info.physical_offset,
-                                info.store_timestamp))
-        if len(pending) >= PENDING_MAX:
+            words = props.get(_KEYS)
+            if uniq:
+                topics.append(info.topic)
+                keys.append(uniq)
+                offsets.append(info.physical_offset)
+                stamps.append(info.store_timestamp)
+            if words:
+                for word in words.split(" ") if " " in words else (words,):
+                    if word:
+                        topics.append(info.topic)
+                        keys.append(word)
+                        offsets.append(info.physical_offset)
+                        stamps.append(info.store_timestamp)
+        if len(keys) >= PENDING_MAX:
             self.commit_dispatch()
 
     def commit_dispatch(self) -> None:
-        """Write the queued records' entries (the dispatcher thread, end of each round)."""
-        pending = self._pending
-        if not pending:
+        """Write the queued keys' entries (the dispatcher thread, end of each round)."""
+        keys = self._keys
+        if not keys:
             return
-        self._pending = []
-        # RocketMQ's key order per record: UNIQ_KEY, then each KEYS word, as topic#key.
-        per_record: list[int] = []
-        words: list[tuple[str, str]] = []  # (topic, key)
-        for topic, uniq, keys, _, _ in pending:
-            before = len(words)
-            if uniq:
-                words.append((topic, uniq))
-            if keys:
-                if " " in keys:
-                    words.extend((topic, k) for k in keys.split(" ") if k)
-                else:
-                    words.append((topic, keys))
-            per_record.append(len(words) - before)
-        if len(words) >= HASH_BATCH_MIN:  # numpy, over every character of the round at once
-            hashes = key_hashes([topic + KEY_SEPARATOR + k for topic, k in words])
+        topics, offsets, stamps = self._topics, self._offsets, self._stamps
+        self._topics, self._keys, self._offsets, self._stamps = [], [], [], []
+        if len(keys) >= HASH_BATCH_MIN:  # numpy, over every character of the round at once
+            hashes = key_hashes([topic + KEY_SEPARATOR + k for topic, k in zip(topics, keys)])
         else:  # the topic's part of the hash is cached: only the key's characters are hashed
-            hashes = [topic_key_hash(topic, k) for topic, k in words]
-        records: list[tuple[int, int, list[int]]] = []
-        at = 0
-        for (_, _, _, phys, ts), n in zip(pending, per_record, strict=True):
-            if n:
-                records.append((phys, ts, hashes[at : at + n]))
-                at += n
-        if records and records[0][0] > self._indexed_to and self._put_round(records):
+            hashes = [topic_key_hash(topic, k) for topic, k in zip(topics, keys)]
+        if offsets[0] > self._indexed_to and self._put_round(hashes, offsets, stamps):
             return
-        for phys, ts, record_hashes in records:
-            n = len(record_hashes)
+        at, n = 0, len(offsets)
+        while at < n:  # record by record: this record's keys are those sharing its offset
+            phys = offsets[at]
+            stop = at + 1
+            while stop < n and offsets[stop] == phys:
+                stop += 1
             try:
-                self._index(phys, ts, record_hashes)
+                self._index(phys, stamps[at], hashes[at:stop])
             except OSError as exc:
                 # The index is derived data and can be rebuilt from the CommitLog; failing
                 # here must not stop ConsumeQueue dispatch (and so consumption) too.
-                self.failed_keys += n
+                self.failed_keys += stop - at
                 if self.error is None:
                     log.error("indexing stopped working at offset %d: %s", phys, exc)
                 self.error = exc
+            at = stop
 
-    def _put_round(self, records: list[tuple[int, int, list[int]]]) -> bool:
+    def _put_round(self, hashes: list[int], offsets: list[int], stamps: list[int]) -> bool:
         """The round's new records into the newest file in one call (``put_records``: the
         bytes of one ``put_keys`` per record, a fraction of the calls). False when they do
         not all fit, or a write failed: the caller then goes record by record (rolling over,
         skipping what was written here, counting what fails)."""
         try:
             f = self._writable_file()
-            if not f.put_records(records):
+            if not f.put_records(hashes, offsets, stamps):
                 return False
         except OSError:
             if self._files and self._files[-1].entries:
                 self._indexed_to = max(self._indexed_to, self._files[-1].end_phy_offset)
             return False
-        self._indexed_to = records[-1][0]
+        self._indexed_to = offsets[-1]
         self.error = None
         return True
 
@@ -391,6 +383,10 @@ class IndexService:
             f.flush()
             f.close()
         self._files = []
+
+
+def _never_fails(info: DispatchInfo, exc: OSError) -> None:
+    raise AssertionError("the index writes nothing while dispatching")  # pragma: no cover
 
 
 __all__ = ["IndexService", "record_keys"]

@@ -11,9 +11,12 @@ touches an unmapped file.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import logging
 import mmap
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -22,6 +25,8 @@ from pathlib import Path
 from stratamq.limits import OS_PAGE_SIZE
 from stratamq.store.layout import parse_segment_name
 from stratamq.store.map_budget import budget
+
+log = logging.getLogger(__name__)
 
 _ZERO_CHUNK = bytes(1024 * 1024)
 ALLOCATE_AHEAD = 4 * 1024 * 1024  # bytes of disk reserved past the write position
@@ -165,6 +170,37 @@ def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, position: int) ->
         view, position = view[n:], position + n
 
 
+_MADV_POPULATE_WRITE = 23  # linux/mman.h (Linux 5.14)
+_madvise = None
+if sys.platform.startswith("linux"):
+    try:
+        _madvise = ctypes.CDLL(None, use_errno=True).madvise  # a CDLL call releases the GIL
+        _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _madvise.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        _madvise = None
+
+
+def populate_write(address: int, length: int) -> bool:
+    """Fault the pages of ``[address, address + length)`` in as a write would, changing no
+    byte (``MADV_POPULATE_WRITE``). False if the kernel cannot (then it is never asked
+    again in this process) or the range could not be populated (a full disk, a file cut)."""
+    global _madvise
+    if _madvise is None or length <= 0:
+        return False
+    if _madvise(address, length, _MADV_POPULATE_WRITE) == 0:
+        return True
+    if ctypes.get_errno() == errno.EINVAL:  # a kernel without MADV_POPULATE_WRITE
+        log.info("MADV_POPULATE_WRITE is not supported here: segment pages are not faulted "
+                 "in ahead of the appender")
+        _madvise = None
+    return False
+
+
+def populate_supported() -> bool:
+    return _madvise is not None
+
+
 class MappedFile(RefCountedMap):
     """One fixed-size segment file mapped into memory.
 
@@ -191,6 +227,7 @@ class MappedFile(RefCountedMap):
         self._init_lifetime()
         self.allocate_ahead = allocate_ahead
         self._allocated_until = 0  # blocks reserved below this position (see _ensure_allocated)
+        self._address: int | None = None  # where the map starts in memory (for prefault)
         flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT
         try:
             self._fd = os.open(path, flags, 0o644)
@@ -252,6 +289,30 @@ class MappedFile(RefCountedMap):
                 self._map.close()
             self._map = None
             return True
+
+    def prefault(self, start: int, end: int) -> bool:
+        """Fault the pages of ``[start, end)`` in for writing, ahead of the writer and on
+        another thread, changing no byte (see ``store/prefault.py``); disk is reserved
+        first as ``write_at`` would. False if nothing was faulted in (an evictable or
+        read-only file, a file being deleted, a kernel that cannot)."""
+        if self.evictable or self.read_only or end <= start or not self.hold():
+            return False
+        try:
+            if end > self._allocated_until:
+                # Racing the writer's own reservation is safe: each side reserves from a
+                # position below which disk is already reserved, and fallocate is idempotent.
+                self._ensure_allocated(end)
+            if self._address is None:
+                assert self._map is not None  # not evictable: mapped while held
+                view = (ctypes.c_char * self.file_size).from_buffer(self._map)
+                self._address = ctypes.addressof(view)
+                del view  # the map must not stay exported: closing it would fail
+            first = start - start % mmap.PAGESIZE
+            return populate_write(self._address + first, min(end, self.file_size) - first)
+        except OSError:
+            return False  # the writer meets a full disk itself, and reports it
+        finally:
+            self.release()
 
     def _ensure_allocated(self, end: int) -> None:
         """Reserve disk blocks up to ``end`` (and a chunk beyond) before writing into the map;

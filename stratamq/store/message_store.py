@@ -44,6 +44,7 @@ from stratamq.store.local_source import LocalSource
 from stratamq.store.log_reader import CommitLogReader
 from stratamq.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
 from stratamq.store.parts import StoreParts
+from stratamq.store.prefault import Prefaulter
 from stratamq.store.read_chain import ReadChain, ReadRequest, ReadSource
 from stratamq.store.recovery import RecoveryReport, recover_commitlog
 from stratamq.store.replica import ReplicaLog
@@ -94,6 +95,7 @@ class MessageStore:
         self._allocator: AllocateMappedFileService | None = None
         self._flusher: AsyncFlushService | GroupCommitService | None = None
         self._cq_flusher: ConsumeQueueFlushService | None = None
+        self._prefaulter: Prefaulter | None = None
         self.cleanup: CleanupService | None = None  # retention and the disk-full mark
         self.index: IndexService | None = None  # key / unique-id lookups (messageIndexEnable)
         # Topics put_messages has already found valid: one set lookup per message after that.
@@ -285,6 +287,13 @@ class MessageStore:
             sample_progress=lambda: self.reput.last_store_timestamp,
             on_thorough_flush=self._write_checkpoint,
         )
+        if (cfg.broker_role is not BrokerRole.SLAVE
+                and cfg.flush_disk_type is FlushDiskType.ASYNC_FLUSH):
+            # Not on a slave: its appends come in big copies (pwrite). Not under SYNC_FLUSH:
+            # pages faulted in for writing are dirty, and the group commit's next fdatasync
+            # would write them out as zeros, a megabyte at a time, inside a put's wait.
+            self._prefaulter = Prefaulter(files)
+            self._prefaulter.start()
         self.commitlog.on_append = self._on_append
         self._flusher.start()
         self._cq_flusher.start()
@@ -319,6 +328,8 @@ class MessageStore:
         # Dispatch runs here when the dispatcher thread is idle (see ReputService.dispatch_now),
         # except on a slave: its only appender, the replication thread, may hold dispatch back
         # (ReplicaLog.hold_dispatch) and would wait on itself; its appends are big anyway.
+        if self._prefaulter is not None:
+            self._prefaulter.appended()
         reput = self.reput
         if self.config.broker_role is BrokerRole.SLAVE or not reput.dispatch_now():
             reput.wakeup()
@@ -372,6 +383,8 @@ class MessageStore:
                 self._flusher.shutdown()
             if self._cq_flusher is not None:
                 self._cq_flusher.shutdown()
+            if self._prefaulter is not None:
+                self._prefaulter.shutdown()
             if self._allocator is not None:
                 self._allocator.shutdown()
             self.commitlog.files.flush_all()
