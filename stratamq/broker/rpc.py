@@ -223,7 +223,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             plan = self.s.sending.prepare(request, call)  # CPU only: checks and conversion
             if plan.response is not None:
                 return plan.response
-            results = await self.s.writer.put_async(plan.messages)
+            writer = self.s.writer
+            results = writer.put_now(plan.messages)  # usually: no future, no suspension
+            if results is None:
+                results = await writer.put_async(plan.messages)
             return self.s.sending.complete(plan, results)
 
         return await self._answer("SendMessage", svc.SendMessageResponse, work)
