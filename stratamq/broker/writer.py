@@ -193,17 +193,23 @@ class GroupWriter:
             return None
         self._turn_open.add(loop)
         loop.call_soon(self._turn_open.discard, loop)
-        put = _Put(messages, _nobody, None)
+        count = len(messages)
         try:
-            appends = self._append([(put, 0, len(messages))], wait=False)
+            result = self._store.put_messages(messages, wait=False)
+            if not result.messages and result.status in _ONE_MESSAGE_REFUSALS and count > 1:
+                # One message spoiled the put: message by message, as ``_append`` does.
+                put = _Put(messages, _nobody, None)
+                appends = [a for k in range(count)
+                           for a in self._append([(put, k, k + 1)], wait=False)]
+                self.appends += len(appends)
+                self.puts += 1
+                return _results(appends)[0][1]
         except Exception as exc:  # a bug must fail this put, not the loop
             log.exception("batch put failed")
-            return _failed(len(messages), exc)
-        self.appends += len(appends)
+            return _failed(count, exc)
+        self.appends += 1
         self.puts += 1
-        if len(appends) == 1:  # the usual case: one append held the whole put
-            return split_result(appends[0].result, (len(messages),))[0]
-        return _results(appends)[0][1]
+        return split_result(result, (count,))[0]
 
     def _append_turn(self, loop: asyncio.AbstractEventLoop,
                      puts: list[_Put] | None = None) -> None:
