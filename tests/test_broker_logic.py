@@ -151,6 +151,95 @@ def test_puts_from_threads_go_through_the_writer_thread(store):
     assert late[0].status is PutMessageStatus.SERVICE_NOT_AVAILABLE
 
 
+def _puts() -> list[list[Message]]:
+    """Puts a broker makes, with the refusals that split a batch: a message too big for a
+    segment, and a topic no store directory can be named (which refuses a batch whole)."""
+    too_big = b"x" * (SEGMENT + 1)
+    return [[_msg("N", b"one")],
+            [_msg("N", b"a%d" % i, i % 3) for i in range(5)],
+            [_msg("N", b"b0"), _msg("N", too_big), _msg("N", b"b2", 1)],
+            [_msg("N", b"c0"), _msg("bad/topic", b"c1"), _msg("N", b"c2")],
+            [_msg("N", too_big)],
+            [_msg("N", b"d" * 3000, 2)]]
+
+
+def _seen(results):
+    """What a put's caller learns: statuses, errors and where each message landed (the
+    store time aside, which is the clock's)."""
+    return [(r.status, r.error, r.appended and r.appended._replace(store_timestamp=0))
+            for r in results]
+
+
+async def _one_put_per_turn(writer: GroupWriter):
+    answered = []
+    for put in _puts():
+        await asyncio.sleep(0)  # a turn of its own: the put is appended at once
+        results = writer.put_now(put)
+        assert results is not None
+        answered.append(results)
+    return answered
+
+
+async def _all_puts_in_one_turn(writer: GroupWriter):
+    return await asyncio.gather(*(writer.put_async(put) for put in _puts()))
+
+
+def test_a_put_answered_at_once_answers_as_the_writer_thread_and_a_combined_turn_do(tmp_path):
+    """``put_now`` (a turn's first put, appended and answered without a future) gives each
+    put exactly the per-entry results the general paths give for the same puts: the writer
+    thread's (``put_wait``) and one combined append of a loop turn (``put_async``)."""
+    outcomes = {}
+    for way in ("now", "thread", "turn"):
+        cfg = StoreConfig(store_path_root_dir=str(tmp_path / way),
+                          mapped_file_size_commit_log=SEGMENT)
+        with MessageStore(cfg).open() as store:
+            writer = GroupWriter(store).start()
+
+            try:
+                if way == "now":
+                    answered = asyncio.run(_one_put_per_turn(writer))
+                elif way == "thread":
+                    answered = [writer.put_wait(put, timeout=30) for put in _puts()]
+                else:
+                    answered = asyncio.run(_all_puts_in_one_turn(writer))
+            finally:
+                writer.close()
+            outcomes[way] = [_seen(results) for results in answered]
+            store.wait_dispatched()
+            with store.get_messages("g", "N", 0, 0, max_count=50) as got:
+                outcomes[way].append([m.body for m in got.messages()])
+    assert outcomes["now"] == outcomes["thread"] == outcomes["turn"]
+    statuses = [[status for status, _e, _a in results] for results in outcomes["now"][:-1]]
+    ok, illegal = PutMessageStatus.PUT_OK, PutMessageStatus.MESSAGE_ILLEGAL
+    assert statuses == [[ok], [ok] * 5, [ok, illegal, ok], [ok, illegal, ok], [illegal], [ok]]
+
+
+def test_put_now_leaves_to_put_async_what_must_wait(store):
+    """Only a turn's first put is appended at once, and only when nothing waits after an
+    append: a second put in the turn, and every put under SYNC_FLUSH, is left (None, nothing
+    appended) to ``put_async``, which answers it."""
+    writer = GroupWriter(store).start()
+    sync = store.waits_on_put
+
+    async def turn():
+        first = writer.put_now([_msg("L", b"first")])
+        second = writer.put_now([_msg("L", b"second")])
+        assert second is None
+        if sync:
+            assert first is None
+            first = await writer.put_async([_msg("L", b"first")])
+        return first, await writer.put_async([_msg("L", b"second")])
+
+    try:
+        first, second = asyncio.run(turn())
+    finally:
+        writer.close()
+    assert [r.appended.queue_offset for r in (*first, *second)] == [0, 1]
+    store.wait_dispatched()
+    with store.get_messages("g", "L", 0, 0, max_count=10) as got:
+        assert [m.body for m in got.messages()] == [b"first", b"second"]
+
+
 # -- long polls ----------------------------------------------------------------------------------
 
 

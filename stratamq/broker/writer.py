@@ -9,9 +9,10 @@ and, when the store waits after an append (``SYNC_FLUSH``'s group commit, replic
 that wait is over.
 
 The first put of a turn is the exception: when nothing waits after an append (``ASYNC_FLUSH``,
-no put waiter) it is appended at once and its future is done before the caller awaits it, so
-the request's coroutine finishes without suspending; the turn's later puts are combined as
-above. Under ``SYNC_FLUSH`` every put waits for the end of its turn (the wait is combined too).
+no put waiter) it is appended at once and answered at once (``put_now`` returns its results;
+``put_async``'s future is done before the caller awaits it), so the request's coroutine
+finishes without suspending; the turn's later puts are combined as above. Under ``SYNC_FLUSH``
+every put waits for the end of its turn (the wait is combined too).
 
 Who does what: the append itself (a copy into the mapped CommitLog, segments pre-allocated by
 the store) runs on the loop, in one callback per turn: handing every batch to another thread
@@ -27,9 +28,9 @@ the store refuses before writing anything because of one message (``MESSAGE_ILLE
 ``PROPERTIES_SIZE_EXCEEDED``) is appended again put by put, and a put by message, so only the
 entry at fault is refused, as when every message was put on its own.
 
-Thread-safety: ``put_async`` on an event loop; ``put``/``put_wait`` from any other thread;
-callbacks run on the loop a put came from, or on the writer thread. ``start``/``close`` from
-the owner. The writer owns nothing of the store's.
+Thread-safety: ``put_now``/``put_async`` on an event loop; ``put``/``put_wait`` from any other
+thread; callbacks run on the loop a put came from, or on the writer thread. ``start``/``close``
+from the owner. The writer owns nothing of the store's.
 """
 
 from __future__ import annotations
@@ -156,10 +157,12 @@ class GroupWriter:
     def put_async(self, messages: Sequence[Message]) -> asyncio.Future[list[EntryResult]]:
         """Append ``messages`` (in order) with the other puts of this turn of the running
         loop: a future of their results, one ``EntryResult`` per message."""
-        if not messages:
-            raise ValueError("a put needs at least one message")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[EntryResult]] = loop.create_future()
+        results = self.put_now(messages)
+        if results is not None:
+            future.set_result(results)
+            return future
 
         def done(results: list[EntryResult]) -> None:
             if not future.done():  # the caller went away: its messages are stored all the same
@@ -167,21 +170,46 @@ class GroupWriter:
 
         pending = self._from_loop.get(loop)
         if pending is None:
-            if (loop not in self._turn_open and not self._closed
-                    and not self._store.waits_on_put):
-                # The first put of a turn is appended at once and answered before the caller
-                # awaits: its coroutine never suspends, which saved more CPU per request (an
-                # extra pass of the loop and of gRPC's task machinery) than combining it with
-                # the turn's later puts would. Those later puts still wait for the end of the
-                # turn and go as one append (``_turn_open`` marks the turn until then).
-                self._turn_open.add(loop)
-                loop.call_soon(self._turn_open.discard, loop)
-                self._append_turn(loop, [_Put(messages, done, loop)])
-                return future
             pending = self._from_loop[loop] = []
             loop.call_soon(self._append_turn, loop)  # after every task ready this turn
         pending.append(_Put(messages, done, loop))
         return future
+
+    def put_now(self, messages: Sequence[Message]) -> list[EntryResult] | None:
+        """On an event loop: the results of ``messages``, appended at once, when this is the
+        first put of the loop's turn and nothing waits after an append (``ASYNC_FLUSH``, no
+        put waiter); None otherwise, with nothing appended (then ``put_async`` them).
+
+        Appending the turn's first put at once, rather than with the turn's later puts,
+        spares its request a suspension (an extra pass of the loop and of gRPC's task
+        machinery), which saved more CPU than combining it would; answering it here, not
+        through a future and a callback, spares the rest. The turn's later puts still wait
+        for the end of the turn and go as one append (``_turn_open`` marks the turn)."""
+        if not messages:
+            raise ValueError("a put needs at least one message")
+        loop = asyncio.get_running_loop()
+        if (loop in self._turn_open or loop in self._from_loop or self._closed
+                or self._store.waits_on_put):
+            return None
+        self._turn_open.add(loop)
+        loop.call_soon(self._turn_open.discard, loop)
+        count = len(messages)
+        try:
+            result = self._store.put_messages(messages, wait=False)
+            if not result.messages and result.status in _ONE_MESSAGE_REFUSALS and count > 1:
+                # One message spoiled the put: message by message, as ``_append`` does.
+                put = _Put(messages, _nobody, None)
+                appends = [a for k in range(count)
+                           for a in self._append([(put, k, k + 1)], wait=False)]
+                self.appends += len(appends)
+                self.puts += 1
+                return _results(appends)[0][1]
+        except Exception as exc:  # a bug must fail this put, not the loop
+            log.exception("batch put failed")
+            return _failed(count, exc)
+        self.appends += 1
+        self.puts += 1
+        return split_result(result, (count,))[0]
 
     def _append_turn(self, loop: asyncio.AbstractEventLoop,
                      puts: list[_Put] | None = None) -> None:
@@ -347,6 +375,10 @@ def _results(appends: list[_Append], failed: dict[int, Exception] | None = None
         for (put, _i, _j), results in zip(a.parts, per_part):
             entries.setdefault(put, []).extend(results)
     return list(entries.items())
+
+
+def _nobody(results: list[EntryResult]) -> None:
+    """The callback of a put answered by its return value (``put_now``)."""
 
 
 def _refused(count: int) -> list[EntryResult]:
