@@ -466,35 +466,31 @@ class FileConsumeQueueStore:
             if info.sys_flag & _PREPARED_OR_ROLLED_BACK:
                 continue
             cq = queues.get((info.topic, info.queue_id))
-            if cq is not None:
-                queue_offset = info.queue_offset
-                end = info.physical_offset + info.size
-                if (queue_offset == cq._staged_next and queue_offset < cq._staged_stop
-                        and end > cq._staged_end):
-                    cq._staged += pack(info.physical_offset, info.size, info.tags_code)
-                    cq._staged_next = queue_offset + 1
-                    cq._staged_end = end
-                    staged[cq] = None
-                    self._staged_units += 1
-                    if self._staged_units >= STAGED_UNITS_MAX:
-                        self.commit_dispatch()
-                        staged = self._staged
+            end = info.physical_offset + info.size
+            if (cq is not None and info.queue_offset == cq._staged_next
+                    and info.queue_offset < cq._staged_stop and end > cq._staged_end):
+                cq._staged += pack(info.physical_offset, info.size, info.tags_code)
+                cq._staged_next = info.queue_offset + 1
+                cq._staged_end = end
+            else:
+                try:
+                    if cq is None:
+                        cq = self.find_or_create(info.topic, info.queue_id)
+                    if not cq.stage_unit(info.queue_offset, info.physical_offset, info.size,
+                                         info.tags_code):
+                        cq.write_staged()  # units stay in order
+                        cq.put_unit(info.queue_offset, info.physical_offset, info.size,
+                                    info.tags_code)
+                        continue
+                except OSError as exc:
+                    failed(info, exc)
                     continue
-            try:
-                if cq is None:
-                    cq = self.find_or_create(info.topic, info.queue_id)
-                if cq.stage_unit(info.queue_offset, info.physical_offset, info.size,
-                                 info.tags_code):
-                    staged[cq] = None
-                    self._staged_units += 1
-                    if self._staged_units >= STAGED_UNITS_MAX:
-                        self.commit_dispatch()
-                        staged = self._staged
-                    continue
-                cq.write_staged()
-                cq.put_unit(info.queue_offset, info.physical_offset, info.size, info.tags_code)
-            except OSError as exc:
-                failed(info, exc)
+            staged[cq] = None
+            self._staged_units += 1
+            if self._staged_units >= STAGED_UNITS_MAX:
+                # As in ``dispatch``: a failed write of the staged units fails the round.
+                self.commit_dispatch()
+                staged = self._staged
 
     # -- whole-store operations -----------------------------------------------------------------
 
