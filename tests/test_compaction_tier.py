@@ -237,9 +237,10 @@ def test_a_broker_on_an_adopted_tier_gives_new_messages_offsets_past_its_records
         fresh.close()
 
 
-def test_a_failed_tier_read_answers_nothing_found_yet_instead_of_raising(tmp_path):
-    """As for any tiered topic: while the tier cannot serve a released file, a read finds
-    nothing at its offset (the reader asks again), rather than failing the receive or pull."""
+def reopened_with_released_files(tmp_path: Path
+                                  ) -> tuple[Tiered, dict[str, bytes], dict[Path, bytes]]:
+    """A store whose compacted files were released to a POSIX tier, reopened; with the model
+    of its table and the tier's compaction files' bytes (to take them away and give back)."""
     settings = tier_settings("posix", str(tmp_path / "tier"))
     parts = open_tiered(tmp_path / "store", settings)
     model: dict[str, bytes] = {}
@@ -249,7 +250,13 @@ def test_a_failed_tier_read_answers_nothing_found_yet_instead_of_raising(tmp_pat
     parts.close()
     logs = {p: p.read_bytes() for p in (tmp_path / "tier").rglob("*")
             if p.is_file() and "COMPACTION" in p.parts}
-    parts = open_tiered(tmp_path / "store", settings)
+    return open_tiered(tmp_path / "store", settings), model, logs
+
+
+def test_a_failed_tier_read_answers_nothing_found_yet_instead_of_raising(tmp_path):
+    """As for any tiered topic: while the tier cannot serve a released file, a read finds
+    nothing at its offset (the reader asks again), rather than failing the receive or pull."""
+    parts, model, logs = reopened_with_released_files(tmp_path)
     try:
         for path in logs:
             path.write_bytes(b"")  # the tier lost the files (or cannot be reached)
@@ -271,16 +278,7 @@ def test_a_time_lookup_the_tier_cannot_serve_answers_the_files_first_offset(tmp_
     """A consumer reset by time on a queue whose released file cannot be read from the tier
     gets that file's first offset (it may see older versions again; it skips none) instead of
     an error; once the tier serves the file again the lookup finds the exact offset."""
-    settings = tier_settings("posix", str(tmp_path / "tier"))
-    parts = open_tiered(tmp_path / "store", settings)
-    model: dict[str, bytes] = {}
-    write_versions(parts.store, model, 0, 600, 40)
-    parts.compact()
-    assert parts.release() > 0
-    parts.close()
-    logs = {p: p.read_bytes() for p in (tmp_path / "tier").rglob("*")
-            if p.is_file() and "COMPACTION" in p.parts}
-    parts = open_tiered(tmp_path / "store", settings)
+    parts, _model, logs = reopened_with_released_files(tmp_path)
     try:
         files = [seg.entry for seg in parts.comp.queues()[0].tier_only()]
         late = files[-1].last_timestamp
