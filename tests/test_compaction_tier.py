@@ -212,10 +212,9 @@ def test_a_broker_on_an_adopted_tier_keeps_its_new_versions_through_a_round(tmp_
         fresh.close()
 
 
-def test_a_broker_on_an_adopted_tier_gives_new_messages_offsets_past_its_records(tmp_path):
-    """A new store whose only history is a compaction tier starts its empty CommitLog past the
-    records the tier holds: a new message's physical offset, and the offset message id built
-    on it, must not name a record the tier still serves."""
+def store_with_released_files(tmp_path: Path) -> tuple[dict, dict[str, bytes]]:
+    """A store (closed) whose compacted files were released to a POSIX tier: the tier's
+    settings and the model of the table."""
     settings = tier_settings("posix", str(tmp_path / "tier"))
     parts = open_tiered(tmp_path / "store", settings)
     model: dict[str, bytes] = {}
@@ -223,6 +222,24 @@ def test_a_broker_on_an_adopted_tier_gives_new_messages_offsets_past_its_records
     parts.compact()
     assert parts.release() > 0
     parts.close()
+    return settings, model
+
+
+def reopened_with_released_files(tmp_path: Path
+                                  ) -> tuple[Tiered, dict[str, bytes], dict[Path, bytes]]:
+    """``store_with_released_files`` reopened, with the model of its table and the tier's
+    compaction files' bytes (to take them away and give them back)."""
+    settings, model = store_with_released_files(tmp_path)
+    logs = {p: p.read_bytes() for p in (tmp_path / "tier").rglob("*")
+            if p.is_file() and "COMPACTION" in p.parts}
+    return open_tiered(tmp_path / "store", settings), model, logs
+
+
+def test_a_broker_on_an_adopted_tier_gives_new_messages_offsets_past_its_records(tmp_path):
+    """A new store whose only history is a compaction tier starts its empty CommitLog past the
+    records the tier holds: a new message's physical offset, and the offset message id built
+    on it, must not name a record the tier still serves."""
+    settings, _model = store_with_released_files(tmp_path)
     fresh = open_tiered(tmp_path / "fresh", settings)
     try:
         held = {m.physical_offset: m for m in read_from(fresh.store)}
@@ -237,20 +254,6 @@ def test_a_broker_on_an_adopted_tier_gives_new_messages_offsets_past_its_records
         fresh.close()
 
 
-def reopened_with_released_files(tmp_path: Path
-                                  ) -> tuple[Tiered, dict[str, bytes], dict[Path, bytes]]:
-    """A store whose compacted files were released to a POSIX tier, reopened; with the model
-    of its table and the tier's compaction files' bytes (to take them away and give back)."""
-    settings = tier_settings("posix", str(tmp_path / "tier"))
-    parts = open_tiered(tmp_path / "store", settings)
-    model: dict[str, bytes] = {}
-    write_versions(parts.store, model, 0, 600, 40)
-    parts.compact()
-    assert parts.release() > 0
-    parts.close()
-    logs = {p: p.read_bytes() for p in (tmp_path / "tier").rglob("*")
-            if p.is_file() and "COMPACTION" in p.parts}
-    return open_tiered(tmp_path / "store", settings), model, logs
 
 
 def test_a_failed_tier_read_answers_nothing_found_yet_instead_of_raising(tmp_path):
