@@ -254,8 +254,6 @@ def test_a_broker_on_an_adopted_tier_gives_new_messages_offsets_past_its_records
         fresh.close()
 
 
-
-
 def test_a_failed_tier_read_answers_nothing_found_yet_instead_of_raising(tmp_path):
     """As for any tiered topic: while the tier cannot serve a released file, a read finds
     nothing at its offset (the reader asks again), rather than failing the receive or pull."""
