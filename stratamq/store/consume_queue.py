@@ -432,23 +432,8 @@ class FileConsumeQueueStore:
         return cq.max_physic_offset if cq is not None else -1
 
     def dispatch(self, info: DispatchInfo) -> None:
-        # SysFlag.is_dispatchable as one bit test (a call per record otherwise): prepared and
-        # rolled-back transactional records are not consumable.
-        if info.sys_flag & _PREPARED_OR_ROLLED_BACK:
-            return
-        cq = self._queues.get((info.topic, info.queue_id))
-        if cq is None:
-            cq = self.find_or_create(info.topic, info.queue_id)
-        if cq.stage_unit(info.queue_offset, info.physical_offset, info.size, info.tags_code):
-            # Written at the end of the round (commit_dispatch), one copy per queue: most of
-            # a unit's cost was the call chain of a 20-byte write, once per record.
-            self._staged[cq] = None
-            self._staged_units += 1
-            if self._staged_units >= STAGED_UNITS_MAX:
-                self.commit_dispatch()
-            return
-        cq.write_staged()  # what this queue has staged goes first: units stay in order
-        cq.put_unit(info.queue_offset, info.physical_offset, info.size, info.tags_code)
+        """One record: ``dispatch_batch`` of it, a unit that cannot be written raising."""
+        self.dispatch_batch([info], _raise_failure)
 
     def dispatch_batch(self, infos: list[DispatchInfo],
                        failed: Callable[[DispatchInfo, OSError], None]) -> None:
@@ -463,6 +448,8 @@ class FileConsumeQueueStore:
         staged = self._staged
         pack = UNIT.pack
         for info in infos:
+            # SysFlag.is_dispatchable as one bit test (a call per record otherwise): prepared
+            # and rolled-back transactional records are not consumable.
             if info.sys_flag & _PREPARED_OR_ROLLED_BACK:
                 continue
             cq = queues.get((info.topic, info.queue_id))
@@ -478,7 +465,9 @@ class FileConsumeQueueStore:
                         cq = self.find_or_create(info.topic, info.queue_id)
                     if not cq.stage_unit(info.queue_offset, info.physical_offset, info.size,
                                          info.tags_code):
-                        cq.write_staged()  # units stay in order
+                        # Units are written at the end of the round (commit_dispatch), one
+                        # copy per queue; one that is not staged goes after what is.
+                        cq.write_staged()
                         cq.put_unit(info.queue_offset, info.physical_offset, info.size,
                                     info.tags_code)
                         continue
@@ -552,3 +541,8 @@ class FileConsumeQueueStore:
             self.commit_dispatch()  # normally nothing: every dispatch round commits
         for cq in self._queues.values():
             cq.close()
+
+
+def _raise_failure(info: DispatchInfo, exc: OSError) -> None:
+    """``dispatch``'s ``failed``: the error is the caller's, as for any single dispatch."""
+    raise exc
