@@ -264,6 +264,12 @@ class StoreConfig:
         "syncFlushTimeout", 5_000, "ms", "sync flush: wait this long, then FLUSH_DISK_TIMEOUT",
         minimum=1,
     )  # fmt: skip
+    sync_flush_group_linger: int = _setting(
+        "syncFlushGroupLinger", 10, "ms",
+        "sync flush, broker saturated: a flush starts no sooner than this after the last one "
+        "(fewer, larger groups); 0 flushes at once",
+        minimum=0, maximum=1_000,
+    )  # fmt: skip
     flush_interval_consume_queue: int = _setting(
         "flushIntervalConsumeQueue", 1_000, "ms", "how often ConsumeQueues are flushed",
         minimum=1,

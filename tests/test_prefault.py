@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import threading
 
-from stratamq.config import StoreConfig
+import pytest
+
+from stratamq.config import FlushDiskType, StoreConfig
 from stratamq.record import Message, Prop
 from stratamq.store.mapped_file import MappedFile, populate_supported
 from stratamq.store.message_store import MessageStore
@@ -16,13 +18,14 @@ from stratamq.store.results import GetMessageStatus
 SEGMENT = 4 * 1024 * 1024
 
 
-def test_prefault_changes_no_byte_and_reserves_what_it_faults_in(tmp_path):
+@pytest.mark.parametrize("write", [True, False], ids=["for-writing", "for-reading"])
+def test_prefault_changes_no_byte_and_reserves_what_it_faults_in(tmp_path, write):
     mf = MappedFile(tmp_path / f"{0:020d}", SEGMENT, allocate_ahead=64 * 1024)
     data = os.urandom(100_000)
     mf.write_at(0, data)
     before = bytes(mf.buffer)
     # Overlapping the written bytes, starting mid-page, running past the reservation.
-    faulted = mf.prefault(5_000, 3 * 1024 * 1024)
+    faulted = mf.prefault(5_000, 3 * 1024 * 1024, write)
     assert faulted == populate_supported()
     assert bytes(mf.buffer) == before
     assert mf.buffer[:100_000] == data and not any(mf.buffer[100_000:])
@@ -62,8 +65,12 @@ def test_prefault_racing_the_writer_keeps_every_byte(tmp_path):
     mf.close()
 
 
-def test_a_store_with_the_prefaulter_reads_back_every_record(tmp_path):
-    cfg = StoreConfig(store_path_root_dir=str(tmp_path), mapped_file_size_commit_log=SEGMENT)
+@pytest.mark.parametrize("flush", [FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH])
+def test_a_store_with_the_prefaulter_reads_back_every_record(tmp_path, flush):
+    """Pages faulted in for writing (ASYNC_FLUSH) or, under SYNC_FLUSH, for reading: every
+    record reads back, and the file past the last one stays zero."""
+    cfg = StoreConfig(store_path_root_dir=str(tmp_path), mapped_file_size_commit_log=SEGMENT,
+                      flush_disk_type=flush)
     bodies = [os.urandom(500 + i % 1500) for i in range(6000)]
     with MessageStore(cfg).open() as store:
         for at in range(0, len(bodies), 16):  # across several segments
@@ -73,6 +80,7 @@ def test_a_store_with_the_prefaulter_reads_back_every_record(tmp_path):
         assert store.reput.wait_caught_up(10)
         if populate_supported():
             assert store._prefaulter is not None and store._prefaulter.faulted > 0
+            assert store._prefaulter.write is (flush is FlushDiskType.ASYNC_FLUSH)
         got = []
         for queue_id in range(3):
             offset = 0

@@ -23,7 +23,8 @@ __all__ = ["Call", "DispatchEvents", "MessageReader", "MessageWriter", "QueueSto
 class MessageWriter(Protocol):
     """Appends messages, in order, as one batch; ``wait=False`` returns once they are
     appended, and ``wait_put`` then waits as ``put_messages`` would have (SYNC_FLUSH's flush,
-    a slave). ``waits_on_put``: whether there is ever anything to wait for."""
+    a slave). ``waits_on_put``: whether there is ever anything to wait for;
+    ``put_waits_call_back``: whether ``wait_put_later`` can wait without blocking a thread."""
 
     def put_messages(self, messages: Sequence[Message], *, wait: bool = True
                      ) -> PutMessageResult: ...
@@ -33,6 +34,13 @@ class MessageWriter(Protocol):
 
     @property
     def waits_on_put(self) -> bool: ...
+
+    @property
+    def put_waits_call_back(self) -> bool: ...
+
+    def wait_put_later(self, result: PutMessageResult, messages: Sequence[Message],
+                       done: Callable[[PutMessageResult], Callable[[], None] | None],
+                       linger: bool = False) -> None: ...
 
 
 class MessageReader(Protocol):

@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -49,7 +50,7 @@ from stratamq.store.results import AppendedMessage, PutMessageResult, PutMessage
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EntryResult", "GroupWriter", "split_result"]
+__all__ = ["EntryResult", "GroupWriter", "LoopLoad", "split_result"]
 
 # Statuses a put waiter answers after the records were written (the records stay stored).
 _WAITER_STATUSES = frozenset({PutMessageStatus.FLUSH_DISK_TIMEOUT,
@@ -143,6 +144,9 @@ class GroupWriter:
         self._from_loop: dict[asyncio.AbstractEventLoop, list[_Put]] = {}
         # Loops whose current turn already appended its first put at once (see put_async).
         self._turn_open: set[asyncio.AbstractEventLoop] = set()
+        # Per loop, the results other threads hand it (see _Inbox); setdefault is atomic.
+        self._inboxes: dict[asyncio.AbstractEventLoop, _Inbox] = {}
+        self._loads: dict[asyncio.AbstractEventLoop, LoopLoad] = {}  # loop only
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         # How much combining happened (logged at close; read by tests).
         self.appends = 0
@@ -216,23 +220,54 @@ class GroupWriter:
         if puts is None:
             puts = self._from_loop.pop(loop, [])
         if self._closed:
-            _deliver([(p, _refused(len(p.messages))) for p in puts])
+            self._deliver([(p, _refused(len(p.messages))) for p in puts])
             return
         try:
             appends = self._append([(p, 0, len(p.messages)) for p in puts], wait=False)
         except Exception as exc:  # a bug must fail these puts, not the loop
             log.exception("batch put failed")
-            _deliver([(p, _failed(len(p.messages), exc)) for p in puts])
+            self._deliver([(p, _failed(len(p.messages), exc)) for p in puts])
             return
         self.appends += len(appends)
         self.puts += len(puts)
         if self._store.waits_on_put and any(a.result.messages for a in appends):
+            if self._store.put_waits_call_back:
+                self._wait_later(appends)  # answered from the thread that ends the wait
+                return
             if self._submit(appends):
                 return  # answered once the writer thread has waited
             # The writer has stopped (the broker is stopping): wait here.
-            _deliver(self._wait_all(appends))
+            self._deliver(self._wait_all(appends))
             return
-        _deliver(_results(appends))
+        self._deliver(_results(appends))
+
+    def _wait_later(self, appends: list[_Append]) -> None:
+        """Wait for each append by callback (SYNC_FLUSH alone: the group commit's flush
+        thread answers, and no thread of ours wakes up for it); answer the puts once every
+        append's wait is over."""
+        left = len(appends)
+        failed: dict[int, Exception] = {}
+        lock = threading.Lock()
+
+        def settle(_result: PutMessageResult | None = None) -> Callable[[], None] | None:
+            nonlocal left
+            with lock:
+                left -= 1
+                if left:
+                    return None
+            # The answering thread wakes the loop once it has answered its whole group.
+            return self._deliver(_results(appends, failed), defer_wake=True)
+
+        linger = self._loop_load(asyncio.get_running_loop()).saturated()
+        for a in appends:
+            try:
+                self._store.wait_put_later(a.result, a.messages, settle, linger)
+            except Exception as exc:  # a waiter's bug answers these puts; the loop goes on
+                log.exception("waiting for a put failed")
+                failed[id(a)] = exc
+                wake = settle()
+                if wake is not None:
+                    wake()
 
     # -- from threads ---------------------------------------------------------------------------
 
@@ -243,7 +278,7 @@ class GroupWriter:
             raise ValueError("a put needs at least one message")
         put = _Put(messages, done, None)
         if not self._submit(put):
-            _deliver([(put, _refused(len(messages)))])
+            self._deliver([(put, _refused(len(messages)))])
 
     def put_wait(self, messages: Sequence[Message], timeout: float | None = None
                  ) -> list[EntryResult]:
@@ -308,9 +343,9 @@ class GroupWriter:
             crash = RuntimeError("the broker's writer thread stopped")
             for job in left:
                 if isinstance(job, _Put):
-                    _deliver([(job, _failed(len(job.messages), crash))])
+                    self._deliver([(job, _failed(len(job.messages), crash))])
                 else:
-                    _deliver(_results(job, {id(a): crash for a in job}))
+                    self._deliver(_results(job, {id(a): crash for a in job}))
 
     def _serve(self) -> None:
         while True:
@@ -323,7 +358,7 @@ class GroupWriter:
             puts = [j for j in jobs if isinstance(j, _Put)]
             waits = [a for j in jobs if not isinstance(j, _Put) for a in j]
             if waits:  # appended on a loop: only the wait is left
-                _deliver(self._wait_all(waits))
+                self._deliver(self._wait_all(waits))
             if puts:
                 try:
                     appends = self._append([(p, 0, len(p.messages)) for p in puts], wait=True)
@@ -334,7 +369,7 @@ class GroupWriter:
                     appends = []
                 self.appends += len(appends)
                 self.puts += len(puts)
-                _deliver(outcome)
+                self._deliver(outcome)
 
     def _wait_all(self, appends: list[_Append]) -> list[tuple[_Put, list[EntryResult]]]:
         """Wait for each append (flush, slaves) and assemble the puts' results."""
@@ -346,6 +381,42 @@ class GroupWriter:
                 log.exception("waiting for a put failed")
                 failed[id(a)] = exc
         return _results(appends, failed)
+
+    def _loop_load(self, loop: asyncio.AbstractEventLoop) -> LoopLoad:
+        load = self._loads.get(loop)
+        if load is None:
+            load = self._loads[loop] = LoopLoad()
+        return load
+
+    def _deliver(self, outcome: list[tuple[_Put, list[EntryResult]]],
+                 defer_wake: bool = False) -> Callable[[], None] | None:
+        """Call each put's callback: on its loop (directly when already there, else through
+        the loop's inbox), or here for puts from threads. ``defer_wake``: leave waking the
+        loop to the caller, who gets the function that does it (None if none is needed)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Done, list[EntryResult]]]] = {}
+        for put, results in outcome:
+            if put.loop is None:
+                _call(put.done, results)
+            else:
+                by_loop.setdefault(put.loop, []).append((put.done, results))
+        wakes: list[Callable[[], None]] = []
+        for loop, calls in by_loop.items():
+            if _running_loop() is loop:
+                _call_all(calls)
+                continue
+            inbox = self._inboxes.get(loop)
+            if inbox is None:
+                inbox = self._inboxes.setdefault(loop, _Inbox(loop))
+            if inbox.post(calls):
+                wakes.append(inbox.wake)
+        def wake_all() -> None:
+            for wake in wakes:
+                wake()
+
+        if not defer_wake:
+            wake_all()
+            return None
+        return wake_all if len(wakes) > 1 else wakes[0] if wakes else None
 
     # -- appending ------------------------------------------------------------------------------
 
@@ -391,21 +462,64 @@ def _failed(count: int, exc: Exception) -> list[EntryResult]:
                         f"{type(exc).__name__}: {exc}")] * count
 
 
-def _deliver(outcome: list[tuple[_Put, list[EntryResult]]]) -> None:
-    """Call each put's callback: on its loop (one hop per loop, or directly when already
-    there), or here for puts from threads."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Done, list[EntryResult]]]] = {}
-    for put, results in outcome:
-        if put.loop is None:
-            _call(put.done, results)
-        else:
-            by_loop.setdefault(put.loop, []).append((put.done, results))
-    for loop, calls in by_loop.items():
-        if _running_loop() is loop:
-            _call_all(calls)
-        else:
-            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-                loop.call_soon_threadsafe(_call_all, calls)
+class LoopLoad:
+    """Whether an event loop's thread is saturated: the CPU time it used over the wall time
+    that passed, sampled when ``saturated`` is asked and ``WINDOW`` seconds have gone by
+    (a thread's CPU clock is a system call; the wall clock is not). Saturated, a SYNC_FLUSH
+    put lingers for company in the group commit: fewer ``fdatasync`` calls leave the CPU to
+    the loop, which is what limits it then; unsaturated, waiting would only add latency.
+
+    ``cpu_clock``/``wall_clock`` are for tests; call from the loop's own thread."""
+
+    WINDOW = 0.05  # seconds between samples
+    SATURATED = 0.8  # share of the wall time the thread spent on a CPU
+
+    def __init__(self, cpu_clock: Callable[[], float] = time.thread_time,
+                 wall_clock: Callable[[], float] = time.monotonic) -> None:
+        self._cpu_clock = cpu_clock
+        self._wall_clock = wall_clock
+        self._wall = wall_clock()
+        self._cpu = cpu_clock()
+        self._saturated = False
+
+    def saturated(self) -> bool:
+        wall = self._wall_clock()
+        if wall - self._wall >= self.WINDOW:
+            cpu = self._cpu_clock()
+            self._saturated = (cpu - self._cpu) >= self.SATURATED * (wall - self._wall)
+            self._wall, self._cpu = wall, cpu
+        return self._saturated
+
+
+class _Inbox:
+    """Results bound for one loop from other threads: one wake-up of the loop for all that
+    arrive before it runs (each ``call_soon_threadsafe`` writes to the loop's self-pipe, and
+    each write lets go of the GIL and must win it back from the loop)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._calls: list[tuple[Done, list[EntryResult]]] = []
+        self._scheduled = False
+
+    def post(self, calls: list[tuple[Done, list[EntryResult]]]) -> bool:
+        """Queue ``calls`` for the loop; True if the loop must now be woken (``wake``)."""
+        with self._lock:
+            self._calls.extend(calls)
+            if self._scheduled:
+                return False
+            self._scheduled = True
+            return True
+
+    def wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            calls, self._calls = self._calls, []
+            self._scheduled = False
+        _call_all(calls)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -60,6 +60,29 @@ def _bind_refusal(host: str, port: int) -> str | None:
     return None
 
 
+# Allocations between young-generation collections while serving (CPython's default: 700).
+SERVING_GC_THRESHOLD = 10_000
+
+
+def _tune_gc_for_serving() -> None:
+    """The process is the broker's: keep the cyclic collector off what start-up built.
+
+    Requests in flight live for milliseconds (longer under SYNC_FLUSH, waiting for the group
+    commit), long enough to outlive young collections and be promoted, and every few
+    promotions a full collection walked the whole heap: the store's indexes, gRPC and
+    protobuf's modules, topics. Profiles of a SYNC_FLUSH broker under load put 9% of the event
+    loop's samples in the collector. ``gc.freeze()`` moves what exists once serving into a
+    generation the collector never walks (garbage among it is never freed, a one-off cost),
+    and a larger young-generation threshold lets most requests die, by reference counting,
+    before a collection sees them. Only here, where the CLI owns the process: an application
+    that embeds the store keeps its own collector settings."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(SERVING_GC_THRESHOLD, *gc.get_threshold()[1:])
+
+
 @main.group()
 def broker() -> None:
     """Run the gRPC broker the official RocketMQ 5 clients talk to."""
@@ -107,6 +130,7 @@ def broker_start(config_file: str | None, store_dir: str | None, listen: str | N
             f"cannot open store {root}: {os_error_text(exc, root)}") from None
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+    _tune_gc_for_serving()
     if not _is_loopback(b.listen_host) and not broker_cfg.acl_enable:
         warn(f"listening on {b.listen_host}, reachable from other machines, with ACL off: "
              "anyone who can reach it may read, write and delete topics (aclEnable=true)")

@@ -170,7 +170,8 @@ def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, position: int) ->
         view, position = view[n:], position + n
 
 
-_MADV_POPULATE_WRITE = 23  # linux/mman.h (Linux 5.14)
+_MADV_POPULATE_READ = 22  # linux/mman.h (Linux 5.14)
+_MADV_POPULATE_WRITE = 23
 _madvise = None
 if sys.platform.startswith("linux"):
     try:
@@ -181,18 +182,21 @@ if sys.platform.startswith("linux"):
         _madvise = None
 
 
-def populate_write(address: int, length: int) -> bool:
-    """Fault the pages of ``[address, address + length)`` in as a write would, changing no
-    byte (``MADV_POPULATE_WRITE``). False if the kernel cannot (then it is never asked
-    again in this process) or the range could not be populated (a full disk, a file cut)."""
+def populate(address: int, length: int, write: bool = True) -> bool:
+    """Fault the pages of ``[address, address + length)`` in, changing no byte: as a write
+    would (``MADV_POPULATE_WRITE``: mapped writable, and dirty), or as a read would
+    (``MADV_POPULATE_READ``: in the page cache and mapped, clean; a later store still
+    faults, but cheaply, with nothing to allocate or zero). False if the kernel cannot (then
+    it is never asked again in this process) or the range could not be populated (a full
+    disk, a file cut)."""
     global _madvise
     if _madvise is None or length <= 0:
         return False
-    if _madvise(address, length, _MADV_POPULATE_WRITE) == 0:
+    if _madvise(address, length, _MADV_POPULATE_WRITE if write else _MADV_POPULATE_READ) == 0:
         return True
-    if ctypes.get_errno() == errno.EINVAL:  # a kernel without MADV_POPULATE_WRITE
-        log.info("MADV_POPULATE_WRITE is not supported here: segment pages are not faulted "
-                 "in ahead of the appender")
+    if ctypes.get_errno() == errno.EINVAL:  # a kernel without MADV_POPULATE_(READ|WRITE)
+        log.info("MADV_POPULATE_READ/WRITE is not supported here: segment pages are not "
+                 "faulted in ahead of the appender")
         _madvise = None
     return False
 
@@ -290,11 +294,12 @@ class MappedFile(RefCountedMap):
             self._map = None
             return True
 
-    def prefault(self, start: int, end: int) -> bool:
-        """Fault the pages of ``[start, end)`` in for writing, ahead of the writer and on
-        another thread, changing no byte (see ``store/prefault.py``); disk is reserved
-        first as ``write_at`` would. False if nothing was faulted in (an evictable or
-        read-only file, a file being deleted, a kernel that cannot)."""
+    def prefault(self, start: int, end: int, write: bool = True) -> bool:
+        """Fault the pages of ``[start, end)`` in, for writing or (``write=False``) reading,
+        ahead of the writer and on another thread, changing no byte (see
+        ``store/prefault.py``); disk is reserved first as ``write_at`` would. False if
+        nothing was faulted in (an evictable or read-only file, a file being deleted, a
+        kernel that cannot)."""
         if self.evictable or self.read_only or end <= start or not self.hold():
             return False
         try:
@@ -308,7 +313,7 @@ class MappedFile(RefCountedMap):
                 self._address = ctypes.addressof(view)
                 del view  # the map must not stay exported: closing it would fail
             first = start - start % mmap.PAGESIZE
-            return populate_write(self._address + first, min(end, self.file_size) - first)
+            return populate(self._address + first, min(end, self.file_size) - first, write)
         except OSError:
             return False  # the writer meets a full disk itself, and reports it
         finally:

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 from stratamq.config import BrokerRole, FlushDiskType, StoreConfig
 from stratamq.names import MAX_TOPIC_NAME_BYTES, topic_name_problem
@@ -31,7 +31,12 @@ from stratamq.store.consume_queue_store import (
 from stratamq.store.deleted_topics import DeletedTopics
 from stratamq.store.dispatch import Dispatcher, ReputService
 from stratamq.store.filter import TagFilter
-from stratamq.store.flush import AsyncFlushService, ConsumeQueueFlushService, GroupCommitService
+from stratamq.store.flush import (
+    AsyncFlushService,
+    ConsumeQueueFlushService,
+    GroupCommitService,
+    Wake,
+)
 from stratamq.store.index_service import IndexService
 from stratamq.store.layout import StoreLayout
 from stratamq.store.loader import (
@@ -58,6 +63,36 @@ log = logging.getLogger(__name__)
 
 # A condition a put waits on after its append (see MessageStore.add_put_waiter).
 PutWaiter = Callable[[int], PutMessageStatus | None]
+
+
+class CallbackPutWaiter(Protocol):
+    """A put waiter that can also answer by a callback: ``later(end, done)`` returns at once
+    and calls ``done`` with what ``waiter(end)`` would have returned; it calls what ``done``
+    returns (a ``Wake``) once it has answered the other puts it answers with this one.
+    ``linger``: the appender is saturated; the wait may be longer if that makes it cheaper."""
+
+    def __call__(self, end: int) -> PutMessageStatus | None: ...
+
+    def later(self, end: int, done: Callable[[PutMessageStatus | None], Wake | None],
+              linger: bool = False) -> None: ...
+
+
+class _FlushWaiter:
+    """SYNC_FLUSH's put waiter: the group commit, waited for by blocking or by a callback."""
+
+    def __init__(self, group_commit: GroupCommitService) -> None:
+        self.group_commit = group_commit
+
+    def __call__(self, end: int) -> PutMessageStatus | None:
+        return None if self.group_commit.wait_for_flush(end) else _FLUSH_TIMEOUT
+
+    def later(self, end: int, done: Callable[[PutMessageStatus | None], Wake | None],
+              linger: bool = False) -> None:
+        self.group_commit.request_flush(end, lambda ok: done(None if ok else _FLUSH_TIMEOUT),
+                                        linger)
+
+
+_FLUSH_TIMEOUT = PutMessageStatus.FLUSH_DISK_TIMEOUT
 
 class StoreLocked(RuntimeError):
     """Another process has the store open."""
@@ -271,10 +306,11 @@ class MessageStore:
 
     def _start_services(self, cfg: StoreConfig, files: MappedFileQueue) -> None:
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            self._flusher = GroupCommitService(files, self._note_commitlog_flushed,
-                                               self.flush_observers)
-            if self._wait_flushed not in self.put_waiters:
-                self.put_waiters.insert(0, self._wait_flushed)
+            group_commit = GroupCommitService(files, self._note_commitlog_flushed,
+                                              self.flush_observers, cfg.sync_flush_timeout,
+                                              cfg.sync_flush_group_linger)
+            self._flusher = group_commit
+            self.put_waiters.insert(0, _FlushWaiter(group_commit))
         else:
             self._flusher = AsyncFlushService(
                 files, cfg.flush_interval_commit_log, cfg.flush_commit_log_least_pages,
@@ -287,12 +323,12 @@ class MessageStore:
             sample_progress=lambda: self.reput.last_store_timestamp,
             on_thorough_flush=self._write_checkpoint,
         )
-        if (cfg.broker_role is not BrokerRole.SLAVE
-                and cfg.flush_disk_type is FlushDiskType.ASYNC_FLUSH):
-            # Not on a slave: its appends come in big copies (pwrite). Not under SYNC_FLUSH:
-            # pages faulted in for writing are dirty, and the group commit's next fdatasync
-            # would write them out as zeros, a megabyte at a time, inside a put's wait.
-            self._prefaulter = Prefaulter(files)
+        if cfg.broker_role is not BrokerRole.SLAVE:
+            # Not on a slave: its appends come in big copies (pwrite). Under SYNC_FLUSH pages
+            # are faulted in for reading: faulted in for writing they would be dirty, and the
+            # group commit's next fdatasync would write them out as zeros inside a put's wait.
+            self._prefaulter = Prefaulter(
+                files, write=cfg.flush_disk_type is FlushDiskType.ASYNC_FLUSH)
             self._prefaulter.start()
         self.commitlog.on_append = self._on_append
         self._flusher.start()
@@ -451,10 +487,8 @@ class MessageStore:
         """What ``put_messages`` waits for after its append: each put waiter in turn (group
         commit first under SYNC_FLUSH), unless every message said ``WAIT=false``; the first
         refusal becomes ``result.status``. Returns ``result``."""
-        if result.messages and self.put_waiters and any(
-                m.properties.get(Prop.WAIT_STORE_MSG_OK, "true") != "false" for m in messages):
-            last = result.messages[-1]
-            end = last.physical_offset + last.size
+        end = self._end_to_wait_for(result, messages)
+        if end is not None:
             for wait in self.put_waiters:  # in order; the first refusal decides
                 refusal = wait(end)
                 if refusal is not None:
@@ -462,19 +496,57 @@ class MessageStore:
                     break
         return result
 
+    @property
+    def put_waits_call_back(self) -> bool:
+        """Whether ``wait_put_later`` can wait: every put waiter answers by a callback."""
+        return all(hasattr(w, "later") for w in self.put_waiters)  # isinstance is slow
+
+    def wait_put_later(self, result: PutMessageResult, messages: Sequence[Message],
+                       done: Callable[[PutMessageResult], Wake | None],
+                       linger: bool = False) -> None:
+        """``wait_put`` without blocking (when ``put_waits_call_back``): ``done(result)`` once
+        every waiter is satisfied or one refused, on the thread of the waiter that answered
+        last (the group commit's flush thread), or here if there is nothing to wait for.
+        ``done`` may return a ``Wake``: the answering thread calls it after the rest of its
+        group's answers (one wake-up of a loop for them all). ``linger``: the caller's
+        appender is saturated (see ``GroupCommitService.request_flush``)."""
+        end = self._end_to_wait_for(result, messages)
+        if not self.put_waits_call_back:
+            raise RuntimeError("a put waiter can only be waited for by blocking: wait_put")
+        waiters = cast(list[CallbackPutWaiter], list(self.put_waiters))
+        if end is None:
+            wake = done(result)
+            if wake is not None:
+                wake()
+            return
+
+        def step(index: int, refusal: PutMessageStatus | None) -> Wake | None:
+            if refusal is not None or index == len(waiters):
+                if refusal is not None:
+                    result.status = refusal
+                return done(result)
+            waiters[index].later(end, lambda refused: step(index + 1, refused), linger)
+            return None
+
+        step(0, None)
+
+    def _end_to_wait_for(self, result: PutMessageResult, messages: Sequence[Message]
+                         ) -> int | None:
+        """Where a put's records end, if it waits (something written, a waiter, a message
+        that did not say ``WAIT=false``); else None."""
+        if result.messages and self.put_waiters and any(
+                m.properties.get(Prop.WAIT_STORE_MSG_OK, "true") != "false" for m in messages):
+            last = result.messages[-1]
+            return last.physical_offset + last.size
+        return None
+
     def add_put_waiter(self, waiter: PutWaiter) -> None:
         """A condition every put (that asks to wait, ``WAIT`` not false) waits for after its
         append: ``waiter(end_offset)`` returns None once the bytes before ``end_offset`` are
         where it wants them, or the status the put then answers (a replication master: "a
         slave has the bytes", else FLUSH_SLAVE_TIMEOUT). SYNC_FLUSH's group commit is the
-        first."""
+        first. A ``CallbackPutWaiter`` can also be waited for without blocking a thread."""
         self.put_waiters.append(waiter)
-
-    def _wait_flushed(self, end: int) -> PutMessageStatus | None:
-        assert isinstance(self._flusher, GroupCommitService)
-        if self._flusher.wait_for_flush(end, self.config.sync_flush_timeout):
-            return None
-        return PutMessageStatus.FLUSH_DISK_TIMEOUT
 
     def delete_topic(self, topic: str, timeout: float = 30.0, *, at: int | None = None) -> None:
         """Delete ``topic``'s messages as RocketMQ's ``deleteTopics`` does: its ConsumeQueues

@@ -7,13 +7,19 @@ put a third of the store's time on the loop at that one copy (a 16 KiB batch tou
 five fresh pages; a page fault costs more in place, on a loaded virtual machine, than alone).
 ``madvise(MADV_POPULATE_WRITE)`` does the same faulting ahead of time, off the loop and without
 the GIL, so the copy lands in pages that are already there. Not one byte of the file changes:
-the pages keep the zeros the file holds past its end of data (``populate_write`` in
+the pages keep the zeros the file holds past its end of data (``populate`` in
 ``mapped_file.py``).
 
-The pages it dirties may be written back once as zeros before the appender fills them (at
-most once each: the flush after), which is why it runs only under ``ASYNC_FLUSH`` (a group
-commit would write them inside a put's wait). Disk is reserved before pages are faulted in
-(``MappedFile.prefault``), so a full disk still shows up as an ordinary error.
+Under ``SYNC_FLUSH`` it faults them in for reading instead (``MADV_POPULATE_READ``, the
+``write=False`` of ``Prefaulter``): pages faulted in for writing are dirty, and a group
+commit's ``fdatasync`` would write them out as zeros inside a put's wait. Read in, they are in
+the page cache, zeroed and mapped, but clean; the appender's store still faults, to make the
+page writable, but has nothing left to allocate or zero, which was most of the fault's cost
+(profiles of a SYNC_FLUSH broker: the zeroing alone was 5% of the event loop's samples).
+Pages faulted in for writing may be written back once as zeros before the appender fills them
+(at most once each: the flush after), which ``ASYNC_FLUSH`` can afford. Disk is reserved
+before pages are faulted in (``MappedFile.prefault``), so a full disk still shows up as an
+ordinary error.
 Linux 5.14 and later; elsewhere, or if the kernel refuses, it stops trying and appends fault
 their pages in themselves, as before.
 
@@ -36,9 +42,10 @@ class Prefaulter(ServiceThread):
     """Keeps ``PREFAULT_AHEAD`` bytes past the CommitLog's write position faulted in."""
 
     def __init__(self, files: MappedFileQueue, ahead: int = PREFAULT_AHEAD,
-                 step: int = PREFAULT_STEP) -> None:
+                 step: int = PREFAULT_STEP, write: bool = True) -> None:
         super().__init__("prefault-commitlog")
         self.files = files
+        self.write = write  # fault pages in for writing (ASYNC_FLUSH) or reading (SYNC_FLUSH)
         self.ahead = ahead
         self.step = step
         self._file: MappedFile | None = None  # the segment faulted in so far
@@ -69,7 +76,7 @@ class Prefaulter(ServiceThread):
         target = min(mf.file_size, mf.wrote_position + self.ahead)
         while start < target and not self.stopping:
             end = min(target, start + self.step)
-            if not mf.prefault(start, end):
+            if not mf.prefault(start, end, self.write):
                 return
             self.faulted += end - start
             self._ready_to = start = end
