@@ -16,10 +16,13 @@ every put waits for the end of its turn (the wait is combined too).
 
 Who does what: the append itself (a copy into the mapped CommitLog, segments pre-allocated by
 the store) runs on the loop, in one callback per turn: handing every batch to another thread
-and back cost more than the append, because each hop waits for the GIL. Waiting (a flush, a
-slave) never runs on the loop: the writer thread does it (``MessageStore.wait_put``), while
-the loop goes on appending the next batches. Puts from threads (``put``, ``put_wait``) are
-appended and waited for on the writer thread.
+and back cost more than the append, because each hop waits for the GIL. Waiting never runs on
+the loop, which goes on appending the next batches: under SYNC_FLUSH alone the group commit
+answers by callback (``MessageStore.wait_put_later``), from its flush thread, one wake-up of
+the loop for its whole group (``_Inbox``), and a saturated loop's puts may linger there for
+company (``LoopLoad``); with a slave to wait for, the writer thread waits
+(``MessageStore.wait_put``). Puts from threads (``put``, ``put_wait``) are appended and
+waited for on the writer thread.
 
 Per-entry results: the store answers one status for a batch, plus the prefix it wrote (a
 batch cut short by a full disk). Entries in that prefix are stored (``PUT_OK``, or the status
@@ -409,6 +412,7 @@ class GroupWriter:
                 inbox = self._inboxes.setdefault(loop, _Inbox(loop))
             if inbox.post(calls):
                 wakes.append(inbox.wake)
+
         def wake_all() -> None:
             for wake in wakes:
                 wake()

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, cast
+from typing import Any
 
 from stratamq.config import BrokerRole, FlushDiskType, StoreConfig
 from stratamq.names import MAX_TOPIC_NAME_BYTES, topic_name_problem
@@ -50,6 +50,14 @@ from stratamq.store.log_reader import CommitLogReader
 from stratamq.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
 from stratamq.store.parts import StoreParts
 from stratamq.store.prefault import Prefaulter
+from stratamq.store.put_waiters import (
+    GroupCommitWaiter,
+    PutWaiter,
+    all_call_back,
+    end_to_wait_for,
+    wait_in_turn,
+    wait_in_turn_later,
+)
 from stratamq.store.read_chain import ReadChain, ReadRequest, ReadSource
 from stratamq.store.recovery import RecoveryReport, recover_commitlog
 from stratamq.store.replica import ReplicaLog
@@ -61,38 +69,6 @@ from stratamq.store.results import (
 
 log = logging.getLogger(__name__)
 
-# A condition a put waits on after its append (see MessageStore.add_put_waiter).
-PutWaiter = Callable[[int], PutMessageStatus | None]
-
-
-class CallbackPutWaiter(Protocol):
-    """A put waiter that can also answer by a callback: ``later(end, done)`` returns at once
-    and calls ``done`` with what ``waiter(end)`` would have returned; it calls what ``done``
-    returns (a ``Wake``) once it has answered the other puts it answers with this one.
-    ``linger``: the appender is saturated; the wait may be longer if that makes it cheaper."""
-
-    def __call__(self, end: int) -> PutMessageStatus | None: ...
-
-    def later(self, end: int, done: Callable[[PutMessageStatus | None], Wake | None],
-              linger: bool = False) -> None: ...
-
-
-class _FlushWaiter:
-    """SYNC_FLUSH's put waiter: the group commit, waited for by blocking or by a callback."""
-
-    def __init__(self, group_commit: GroupCommitService) -> None:
-        self.group_commit = group_commit
-
-    def __call__(self, end: int) -> PutMessageStatus | None:
-        return None if self.group_commit.wait_for_flush(end) else _FLUSH_TIMEOUT
-
-    def later(self, end: int, done: Callable[[PutMessageStatus | None], Wake | None],
-              linger: bool = False) -> None:
-        self.group_commit.request_flush(end, lambda ok: done(None if ok else _FLUSH_TIMEOUT),
-                                        linger)
-
-
-_FLUSH_TIMEOUT = PutMessageStatus.FLUSH_DISK_TIMEOUT
 
 class StoreLocked(RuntimeError):
     """Another process has the store open."""
@@ -310,7 +286,7 @@ class MessageStore:
                                               self.flush_observers, cfg.sync_flush_timeout,
                                               cfg.sync_flush_group_linger)
             self._flusher = group_commit
-            self.put_waiters.insert(0, _FlushWaiter(group_commit))
+            self.put_waiters.insert(0, GroupCommitWaiter(group_commit))
         else:
             self._flusher = AsyncFlushService(
                 files, cfg.flush_interval_commit_log, cfg.flush_commit_log_least_pages,
@@ -487,19 +463,15 @@ class MessageStore:
         """What ``put_messages`` waits for after its append: each put waiter in turn (group
         commit first under SYNC_FLUSH), unless every message said ``WAIT=false``; the first
         refusal becomes ``result.status``. Returns ``result``."""
-        end = self._end_to_wait_for(result, messages)
+        end = end_to_wait_for(result, messages) if self.put_waiters else None
         if end is not None:
-            for wait in self.put_waiters:  # in order; the first refusal decides
-                refusal = wait(end)
-                if refusal is not None:
-                    result.status = refusal
-                    break
+            wait_in_turn(self.put_waiters, result, end)
         return result
 
     @property
     def put_waits_call_back(self) -> bool:
         """Whether ``wait_put_later`` can wait: every put waiter answers by a callback."""
-        return all(hasattr(w, "later") for w in self.put_waiters)  # isinstance is slow
+        return all_call_back(self.put_waiters)
 
     def wait_put_later(self, result: PutMessageResult, messages: Sequence[Message],
                        done: Callable[[PutMessageResult], Wake | None],
@@ -510,42 +482,21 @@ class MessageStore:
         ``done`` may return a ``Wake``: the answering thread calls it after the rest of its
         group's answers (one wake-up of a loop for them all). ``linger``: the caller's
         appender is saturated (see ``GroupCommitService.request_flush``)."""
-        end = self._end_to_wait_for(result, messages)
-        if not self.put_waits_call_back:
-            raise RuntimeError("a put waiter can only be waited for by blocking: wait_put")
-        waiters = cast(list[CallbackPutWaiter], list(self.put_waiters))
-        if end is None:
-            wake = done(result)
-            if wake is not None:
-                wake()
+        end = end_to_wait_for(result, messages) if self.put_waiters else None
+        if end is not None:
+            wait_in_turn_later(self.put_waiters, result, end, done, linger)
             return
-
-        def step(index: int, refusal: PutMessageStatus | None) -> Wake | None:
-            if refusal is not None or index == len(waiters):
-                if refusal is not None:
-                    result.status = refusal
-                return done(result)
-            waiters[index].later(end, lambda refused: step(index + 1, refused), linger)
-            return None
-
-        step(0, None)
-
-    def _end_to_wait_for(self, result: PutMessageResult, messages: Sequence[Message]
-                         ) -> int | None:
-        """Where a put's records end, if it waits (something written, a waiter, a message
-        that did not say ``WAIT=false``); else None."""
-        if result.messages and self.put_waiters and any(
-                m.properties.get(Prop.WAIT_STORE_MSG_OK, "true") != "false" for m in messages):
-            last = result.messages[-1]
-            return last.physical_offset + last.size
-        return None
+        wake = done(result)
+        if wake is not None:
+            wake()
 
     def add_put_waiter(self, waiter: PutWaiter) -> None:
         """A condition every put (that asks to wait, ``WAIT`` not false) waits for after its
         append: ``waiter(end_offset)`` returns None once the bytes before ``end_offset`` are
         where it wants them, or the status the put then answers (a replication master: "a
         slave has the bytes", else FLUSH_SLAVE_TIMEOUT). SYNC_FLUSH's group commit is the
-        first. A ``CallbackPutWaiter`` can also be waited for without blocking a thread."""
+        first. A ``CallbackPutWaiter`` can also be waited for without blocking a thread
+        (``store/put_waiters.py``)."""
         self.put_waiters.append(waiter)
 
     def delete_topic(self, topic: str, timeout: float = 30.0, *, at: int | None = None) -> None:
