@@ -286,7 +286,9 @@ class MessageStore:
                                               self.flush_observers, cfg.sync_flush_timeout,
                                               cfg.sync_flush_group_linger)
             self._flusher = group_commit
-            self.put_waiters.insert(0, GroupCommitWaiter(group_commit))
+            # First, and only one: a store opened again must not wait on its last service.
+            self.put_waiters[:] = [GroupCommitWaiter(group_commit), *(
+                w for w in self.put_waiters if not isinstance(w, GroupCommitWaiter))]
         else:
             self._flusher = AsyncFlushService(
                 files, cfg.flush_interval_commit_log, cfg.flush_commit_log_least_pages,
