@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import os
 import signal
@@ -76,8 +77,6 @@ def _tune_gc_for_serving() -> None:
     and a larger young-generation threshold lets most requests die, by reference counting,
     before a collection sees them. Only here, where the CLI owns the process: an application
     that embeds the store keeps its own collector settings."""
-    import gc
-
     gc.collect()
     gc.freeze()
     gc.set_threshold(SERVING_GC_THRESHOLD, *gc.get_threshold()[1:])
