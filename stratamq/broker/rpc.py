@@ -29,6 +29,7 @@ RPCs:
 * ``SendMessage``: NORMAL / FIFO (the message group picks the queue by hash) / DELAY (held in
   the timer topic; ``UNSUPPORTED`` when no timer service runs). The message type must match
   the topic's. One put per request, combined with concurrent requests' puts by the writer.
+  A ``body_digest`` that does not match the body refuses the request ``MESSAGE_CORRUPTED``.
 * ``ReceiveMessage`` (server stream: status, then the messages, then the delivery timestamp),
   ``AckMessage``, ``ChangeInvisibleDuration``, ``ForwardMessageToDeadLetterQueue``,
   ``QueryAssignment`` (one assignment per topic with queue id -1: a receive pops across every
@@ -59,6 +60,10 @@ Offset-based reads, for replaying a queue from any offset (what the Spark source
   CommitLog record (``system_properties`` carry only ``queue_id`` and ``queue_offset``).
 * ``UpdateOffset`` / ``GetOffset``: a pull consumer's committed offset per (group, queue),
   durable; ``GetOffset`` falls back to the group's pop progress, else ``OFFSET_NOT_FOUND``.
+  Any offset >= 0 is kept, past the queue's end too, as RocketMQ's broker commits it
+  (``ConsumerManageProcessor.updateConsumerOffset`` has no bound); the pull from it answers
+  ``ILLEGAL_OFFSET`` with the max offset as ``next_offset`` (the broker's
+  OFFSET_OVERFLOW_BADLY, which moves a RocketMQ consumer's offset back).
 
 Not supported (answered ``NOT_IMPLEMENTED``): transactions (``EndTransaction``),
 ``RecallMessage``, lite topics (``SyncLiteSubscription``), SQL92 filters
