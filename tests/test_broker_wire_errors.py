@@ -231,3 +231,17 @@ def test_update_offset_past_the_end_is_kept_and_the_pull_from_it_is_moved_back(b
     assert str(huge) in status.message and not PYTHON_TEXT.search(status.message)
     status, offsets, _ = _pull(stub, topic, next_offset - 2)
     assert (status.code, offsets) == (pb.OK, [0, 1])
+
+
+def test_an_internal_error_is_answered_without_python_text():
+    """What any exception the broker did not expect becomes (the proxy's ResponseBuilder:
+    INTERNAL_SERVER_ERROR), e.g. the IndexError a damaged tier unit raised in a pull."""
+    from stratamq.broker.rpc import failure_status
+
+    request = svc.PullMessageRequest(group=pb.Resource(name="G"), message_queue=_mq("T", 3),
+                                     offset=10**12 + 28)
+    status = failure_status("PullMessage", request,
+                            IndexError("index 1000000000028 is out of bounds for axis 0"))
+    assert status.code == pb.INTERNAL_SERVER_ERROR
+    assert "PullMessage of topic 'T' queue 3 at offset 1000000000028" in status.message
+    assert not PYTHON_TEXT.search(status.message) and "out of bounds" not in status.message

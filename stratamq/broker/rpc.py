@@ -152,7 +152,8 @@ def subject_of(request: Any) -> str:
     if "message_queue" in fields and request.HasField("message_queue"):
         mq = request.message_queue
         queue = f" queue {mq.id}" if mq.id >= 0 else ""
-        return f"topic {mq.topic.name!r}{queue}"
+        at = f" at offset {request.offset}" if "offset" in fields else ""
+        return f"topic {mq.topic.name!r}{queue}{at}"
     if "topic" in fields and request.HasField("topic"):
         return f"topic {request.topic.name!r}"
     if "messages" in fields and len(request.messages):
