@@ -8,41 +8,20 @@ from __future__ import annotations
 
 import hashlib
 import re
-import uuid
 import zlib
 
 import grpc
-import pytest
 from damage import patch, records
 from google.protobuf.descriptor import FieldDescriptor
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
-from test_broker_harness import BrokerProcess, create_topic, raw_stub
+from test_broker_harness import create_topic, module_broker, module_stub  # noqa: F401
+from test_broker_protocol import _msg
 from waiting import wait_until
 
 SERVICE = svc.DESCRIPTOR.services_by_name["MessagingService"]
 # What a Python exception looks like in a message: a class name with its colon.
 PYTHON_TEXT = re.compile(r"\b[A-Z][A-Za-z]*(Error|Exception|Corrupt)\b|Traceback|<class ")
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    b = BrokerProcess(tmp_path_factory.mktemp("wire") / "store").start()
-    yield b
-    b.terminate()
-
-
-@pytest.fixture(scope="module")
-def stub(broker):
-    channel, stub = raw_stub(broker)
-    yield stub
-    channel.close()
-
-
-def _msg(topic: str, body: bytes, **system) -> pb.Message:
-    system.setdefault("message_id", uuid.uuid4().hex)
-    return pb.Message(topic=pb.Resource(name=topic), body=body,
-                      system_properties=pb.SystemProperties(**system))
 
 
 def _mq(topic: str, qid: int = 0) -> pb.MessageQueue:
