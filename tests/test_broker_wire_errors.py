@@ -129,6 +129,7 @@ def test_a_damaged_record_is_named_with_its_queue_and_commitlog_offsets(broker, 
     for i in range(3):
         r = stub.SendMessage(svc.SendMessageRequest(messages=[_msg(topic, b"body-%d" % i)]))
         assert r.status.code == pb.OK
+    wait_until(lambda: _max_offset(stub, topic) == 3, 30, "the messages dispatched")
     data = {seg: seg.read_bytes() for seg in (broker.store / "commitlog").iterdir()}
     [(segment, pos)] = [(seg, pos) for seg, pos, size in records(broker.store)
                         if b"WireDamaged" in data[seg][pos:pos + size]
@@ -177,6 +178,7 @@ def test_a_body_that_does_not_match_its_digest_is_refused_and_not_stored(broker,
         r = stub.SendMessage(svc.SendMessageRequest(messages=[_msg(
             topic, body, body_digest=pb.Digest(type=kind, checksum=checksum))]))
         assert r.status.code == pb.OK, (kind, checksum, r.status)
+    wait_until(lambda: _max_offset(stub, topic) >= len(good), 30, "the stored messages")
     stored = _max_offset(stub, topic)
     assert stored == len(good)
     for kind, checksum in good:
@@ -186,7 +188,12 @@ def test_a_body_that_does_not_match_its_digest_is_refused_and_not_stored(broker,
         assert r.status.code == pb.MESSAGE_CORRUPTED, (kind, r.status)
         assert "digest" in r.status.message and "nothing stored" in r.status.message
         assert r.entries[1].status.code == pb.MESSAGE_CORRUPTED
-    assert _max_offset(stub, topic) == stored  # nothing of those requests was stored
+    # Nothing of those requests was stored: a marker sent after them is the next offset
+    # (dispatch runs in order: once the marker is visible, anything before it is too).
+    marker = stub.SendMessage(svc.SendMessageRequest(messages=[_msg(topic, body)]))
+    assert marker.entries[0].offset == stored
+    wait_until(lambda: _max_offset(stub, topic) > stored, 30, "the marker")
+    assert _max_offset(stub, topic) == stored + 1
 
 
 # -- offsets --------------------------------------------------------------------------------------
@@ -198,6 +205,7 @@ def test_update_offset_past_the_end_is_kept_and_the_pull_from_it_is_moved_back(b
     topic = create_topic(broker, "WireOffsets", 1)
     for i in range(2):
         stub.SendMessage(svc.SendMessageRequest(messages=[_msg(topic, b"m%d" % i)]))
+    wait_until(lambda: _max_offset(stub, topic) == 2, 30, "the messages dispatched")
     huge = 10**12 + 28
     r = stub.UpdateOffset(svc.UpdateOffsetRequest(group=pb.Resource(name="WireGroup"),
                                                   message_queue=_mq(topic), offset=huge))

@@ -13,6 +13,7 @@ from conftest_spark import spark_session  # noqa: F401  (the shared `spark` fixt
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from test_broker_harness import BrokerProcess, raw_stub
+from waiting import wait_until
 
 TOPIC = "Ledger"
 KEYS, VERSIONS = 15, 20  # 300 offsets, 15 kept by compaction
@@ -52,6 +53,10 @@ def compacted(tmp_path_factory):
                                message_id=uuid.uuid4().hex, keys=[f"k{k}"]))
                 for k in range(KEYS)]))
             assert sent.status.code == pb.OK, sent.status
+        end = svc.QueryOffsetRequest(message_queue=pb.MessageQueue(
+            topic=pb.Resource(name=TOPIC), id=0), query_offset_policy=pb.END)
+        wait_until(lambda: stub.QueryOffset(end).offset == KEYS * VERSIONS, 30,
+                   "the messages dispatched")
         done = b.cli("compaction", "run")
         assert done.returncode == 0, done.stderr
         kept = _pulled_offsets(stub)
