@@ -118,8 +118,7 @@ def test_every_method_answers_undecodable_requests_with_invalid_argument(broker)
                - log_before.count("undecodable request") >= calls, 10, "the log lines")
     new = broker.log.read_text()[len(log_before):]
     assert new.count("undecodable request") == calls
-    assert "Traceback" not in new
-    assert len([line for line in new.splitlines() if line.strip()]) == calls
+    assert "Traceback" not in new and "Unexpected" not in new
 
 
 # -- damaged records ------------------------------------------------------------------------------
