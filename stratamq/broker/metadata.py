@@ -127,6 +127,9 @@ def stored_name_problem(name: object) -> str | None:
     return None
 
 
+_WARNED_NAMES: set[tuple[str, str]] = set()
+
+
 def _check_stored_name(what: str, name: str, check: Callable[[str], None]) -> bool:
     """Load ``name`` (a ``what`` found in a config file): True when it passes today's rule
     (``check``); False, with a WARNING, when it breaks it but can be held; ValueError when
@@ -138,6 +141,9 @@ def _check_stored_name(what: str, name: str, check: Callable[[str], None]) -> bo
         problem = stored_name_problem(name)
         if problem is not None:
             raise ValueError(f"{exc} ({problem})") from None
+        if (what, name) in _WARNED_NAMES:  # once per process: a slave reloads at every sync
+            return False
+        _WARNED_NAMES.add((what, name))
         log.warning("%s %r breaks today's name rule (letters, digits and %% | _ - only, at "
                     "most %d characters): loaded as stored data holds it, served, but a %s of "
                     "that name could not be created now", what, name, NAME_MAX_LENGTH, what)
