@@ -270,7 +270,9 @@ class AdminService:
                 "dispatch_behind_bytes": self.b.store.dispatch_behind_bytes(),
                 "connections": len(self.b.clients), "topics": len(self.b.meta.topics()),
                 "groups": len(self.b.meta.groups()), "long_polls": self.b.polls.total,
-                "telemetry_streams": self.b.telemetry_streams}
+                "telemetry_streams": self.b.telemetry_streams,
+                "store_identity": (self.b.store.identity.as_dict()
+                                   if self.b.store.identity is not None else None)}
 
     def BrokerInfo(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"broker_name": self.b.config.broker_name,
