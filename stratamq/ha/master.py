@@ -3,11 +3,11 @@ GroupTransferService as thin socket adapters around ``protocol.MasterConnection`
 
 * ``HAServer`` accepts slave connections on ``haListenPort`` (AcceptSocketService).
 * Each ``SlaveLink`` first sends the lineage of this store's CommitLog (``protocol.py``: a
-  slave of another lineage does not follow), then runs a reader thread (ReadSocketService: the slave's reports; a link
-  silent for ``haHousekeepingInterval`` is closed) and a writer thread (WriteSocketService:
-  CommitLog bytes from where the slave asked, at most ``haTransferBatchSize`` per frame, and a
-  heartbeat after ``haSendHeartbeatInterval`` without a write; ``haFlowControlEnable`` caps it
-  at ``maxHaTransferByteInSecond``).
+  slave of another lineage does not follow), then runs a reader thread (ReadSocketService:
+  the slave's reports; a link silent for ``haHousekeepingInterval`` is closed) and a writer
+  thread (WriteSocketService: CommitLog bytes from where the slave asked, at most
+  ``haTransferBatchSize`` per frame, and a heartbeat after ``haSendHeartbeatInterval``
+  without a write; ``haFlowControlEnable`` caps it at ``maxHaTransferByteInSecond``).
 * ``HAServer.wait_for_slave`` is the put waiter (GroupTransferService + CommitLog.handleHA):
   under SYNC_MASTER a put whose bytes end at ``end`` returns once a slave acknowledged ``end``,
   FLUSH_SLAVE_TIMEOUT after ``syncFlushTimeout``, and SLAVE_NOT_AVAILABLE at once when no

@@ -21,8 +21,9 @@ from __future__ import annotations
 import struct
 import uuid
 
-__all__ = ["LINEAGE_BODY_SIZE", "LINEAGE_OFFSET", "MAX_BODY_SIZE", "REPORT", "REPORT_SIZE", "TRANSFER_HEADER", "TRANSFER_HEADER_SIZE",
-           "decode_lineage", "encode_header", "encode_lineage", "encode_report"]
+__all__ = ["LINEAGE_BODY_SIZE", "LINEAGE_OFFSET", "MAX_BODY_SIZE", "REPORT", "REPORT_SIZE",
+           "TRANSFER_HEADER", "TRANSFER_HEADER_SIZE", "decode_lineage", "encode_header",
+           "encode_lineage", "encode_report"]
 
 TRANSFER_HEADER = struct.Struct(">qi")  # physical offset, body size
 TRANSFER_HEADER_SIZE = TRANSFER_HEADER.size  # 12, RocketMQ's TRANSFER_HEADER_SIZE = 8 + 4

@@ -37,8 +37,8 @@ from stratamq.store.flush import (
     GroupCommitService,
     Wake,
 )
-from stratamq.store.index_service import IndexService
 from stratamq.store.identity import StoreIdentity
+from stratamq.store.index_service import IndexService
 from stratamq.store.layout import StoreLayout
 from stratamq.store.loader import (
     dispatch_start,
