@@ -7,16 +7,18 @@ test_ha_processes.test_a_slave_ahead_of_a_restarted_master_cuts_back.)"""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import urllib.request
 
 import grpc
 import pytest
-from broker_proc import create_topics
+from broker_proc import create_topics, free_port
 from click.testing import CliRunner, Result
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2_grpc
 from test_broker_harness import create_topic
-from test_ha_processes import QUEUES, TOPIC, Pair, _slave_topics, pull_all, send_batch
+from test_ha_processes import QUEUES, TOPIC, Node, Pair, _slave_topics, pull_all, send_batch
 from waiting import wait_until
 
 from stratamq.cli import main
@@ -28,8 +30,21 @@ N = 2500
 @pytest.fixture
 def pair(tmp_path):
     made = Pair(tmp_path)
+    made.metrics_port = free_port()
+    made.slave = Node(tmp_path / "slave", made.slave_port, brokerRole="SLAVE",
+                      haMasterAddress=f"127.0.0.1:{made.ha_port}",
+                      haMasterEndpoint=f"127.0.0.1:{made.master_port}",
+                      metricsExporterType="PROM", metricsPromExporterPort=str(made.metrics_port))
     yield made
     made.stop()
+
+
+def mismatch_gauge(pair: Pair) -> float:
+    scrape = urllib.request.urlopen(f"http://127.0.0.1:{pair.metrics_port}/metrics",
+                                    timeout=10).read().decode()
+    match = re.search(r"^stratamq_replication_lineage_mismatch\{.*\} (\S+)$", scrape, re.M)
+    assert match, "the slave exports the lineage gauge"
+    return float(match.group(1))
 
 
 def reseed(store, *extra: str, answer: str | None = None) -> Result:
@@ -82,6 +97,7 @@ def test_a_slave_keeps_everything_when_its_master_comes_back_wiped(pair):
     assert TOPIC in _slave_topics(pair)
     assert pair.slave.messages() == N
     assert sorted(pull_all(pair.slave.endpoint)) == sorted(b"acked-%d" % i for i in range(N))
+    assert mismatch_gauge(pair) == 1
     errors = [line for line in pair.slave.log.read_text().splitlines()
               if "ERROR" in line and "lineage" in line]
     assert errors, "the slave logs the refusal at ERROR"
@@ -112,4 +128,5 @@ def test_a_slave_keeps_everything_when_its_master_comes_back_wiped(pair):
     wait_until(pair.caught_up, what="the reseeded slave to copy the new master's log")
     wait_until(lambda: pair.slave.messages() == 100, what="the slave to dispatch")
     assert pair.slave.ha()["lineageMismatch"] is False
+    assert mismatch_gauge(pair) == 0
     assert sorted(pull_all(pair.slave.endpoint)) == sorted(b"new-%d" % i for i in range(100))

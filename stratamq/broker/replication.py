@@ -373,3 +373,8 @@ class _ReplicationCollector:
                                        labels=labels)
             behind.add_metric(list(self.node), client["behindBytes"] or 0)
             yield behind
+            mismatch = GaugeMetricFamily("stratamq_replication_lineage_mismatch",
+                                         "1 while this slave refuses a master whose CommitLog "
+                                         "is of another lineage", labels=labels)
+            mismatch.add_metric(list(self.node), 1 if info.get("lineageMismatch") else 0)
+            yield mismatch
