@@ -113,6 +113,7 @@ def test_a_slave_keeps_everything_when_its_master_comes_back_wiped(pair):
     declined = reseed(pair.slave.store, answer="n\n")
     assert declined.exit_code != 0 and f"{N} messages" in declined.stderr
     assert f"topic {TOPIC}: {N} messages" in declined.stderr
+    assert any((pair.slave.store / "commitlog").iterdir())  # declined: nothing discarded
     done = reseed(pair.slave.store, "--yes")
     assert done.exit_code == 0, done.output
     discarded = json.loads(done.stdout)["discarded"]

@@ -184,7 +184,7 @@ class HAClient:
             try:
                 self._session()
             except _LineageMismatch as exc:
-                wait = LINEAGE_RETRY
+                wait = max(LINEAGE_RETRY, pause)
                 if str(exc) != self.last_error and not self._stop.is_set():
                     log.error("replication from master %s: %s", self.master_address, exc)
                 self.last_error = str(exc)
