@@ -114,9 +114,14 @@ class StoreIdentity:
             if damage:
                 log.error("store identity damaged (%s): read from its backup %s",
                           "; ".join(damage), candidate)
-                if not read_only:  # whole again, so the next change keeps a good .bak
-                    atomic_write(path, render(found))
+            if candidate is backup and not read_only:
+                # Whole again (damaged, or lost between the renames of a replacement), so
+                # the next change keeps a good .bak.
+                atomic_write(path, render(found))
             return cls(path, found, read_only=read_only)
+        if damage and read_only:  # a look at the data needs no identity
+            log.error("store identity unreadable: %s", "; ".join(damage))
+            return None
         if damage:
             raise StoreIdentityError(
                 f"the store identity is damaged ({'; '.join(damage)}); restore the file, or "
