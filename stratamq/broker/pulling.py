@@ -111,6 +111,8 @@ class PullService:
                 return [svc.PullMessageResponse(status=ok_status()),
                         *(svc.PullMessageResponse(message=m) for m in messages),
                         svc.PullMessageResponse(next_offset=got.next_begin_offset)]
+            if st is GetMessageStatus.OFFSET_FOUND_NULL:
+                return self._hole(request.offset, got.next_begin_offset)
             if st is GetMessageStatus.OFFSET_TOO_SMALL:
                 return [svc.PullMessageResponse(status=ok_status(
                     Code.ILLEGAL_OFFSET, f"offset {request.offset} is below the queue's min "
@@ -123,6 +125,22 @@ class PullService:
                     f"{got.max_offset}")),
                     svc.PullMessageResponse(next_offset=got.max_offset)]
         return None  # at the end of the queue (or the queue was never written)
+
+    @staticmethod
+    def _hole(offset: int, next_offset: int) -> list[svc.PullMessageResponse]:
+        """The answer where the queue holds ``offset`` but no source has its message:
+        RocketMQ's broker answers ``OFFSET_FOUND_NULL`` with ``PULL_NOT_FOUND`` and the next
+        offset past the hole (a reader crosses it in one pull); the same offset when the
+        data is there but could not be read now (the tier did not answer)."""
+        if next_offset > offset:
+            why = (f"no message can be read at offsets {offset}..{next_offset - 1} (lost "
+                   f"from the tier, see tier status, or removed before it was tiered); "
+                   f"continue from {next_offset}")
+        else:
+            next_offset = offset
+            why = f"the message at offset {offset} cannot be read now; pull it again later"
+        return [svc.PullMessageResponse(status=ok_status(Code.MESSAGE_NOT_FOUND, why)),
+                svc.PullMessageResponse(next_offset=next_offset)]
 
     def start(self, request: svc.PullMessageRequest, call: Call, records: bool
               ) -> tuple[TopicConfig, int, TagFilter, int, int, _Answer]:

@@ -32,12 +32,14 @@ from typing import Protocol
 from stratamq import record as codec
 from stratamq.config import StoreConfig, TieredStorageLevel
 from stratamq.message import Prop, StoredMessage
+from stratamq.record.copy_check import check_copies
 from stratamq.store.read_chain import QueueOffsets, ReadRequest
 from stratamq.store.results import GetMessageResult, GetMessageStatus, SelectedRecord
 from stratamq.tiered.flat_message_file import FlatFileStore, FlatMessageFile
 from stratamq.tiered.index_service import IndexStoreService
 from stratamq.tiered.metadata import MetadataStore
 from stratamq.tiered.read_ahead import Chunk, ReadAheadCache, memory_limit
+from stratamq.tiered.read_damage import ReadDamage, find_missing
 
 __all__ = ["LocalView", "TierFetcher"]
 
@@ -82,6 +84,10 @@ class TierFetcher:
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="tier-read-ahead")
         self._closed = False
         self.served = 0  # messages handed to readers
+        # Records are checked before they are served (``record.copy_check``); False only for
+        # the benchmark's baseline (bench/tier_reads.py).
+        self.check_records = True
+        self.damage = ReadDamage()
         self._phys_ranges: dict[tuple[str, int], tuple[int, int, int, int]] = {}
 
     def close(self) -> None:
@@ -131,14 +137,35 @@ class TierFetcher:
                 return None
             return self._result(GetMessageStatus.OFFSET_FOUND_NULL, held or high, low, high,
                                 topic, queue_id)
-        try:
-            return self._read_records(flat, request, low, high)
-        except OSError as exc:
-            log.warning("tier read of %s/%d at %d failed: %s", topic, queue_id, offset, exc)
-            if self._local_holds(topic, queue_id, offset):
-                return None  # the local copy serves it (RocketMQ's fallback)
-            return self._result(GetMessageStatus.OFFSET_FOUND_NULL, offset, low, high, topic,
-                                queue_id)
+        for _ in range(3):  # each failure that finds lost data narrows the next attempt
+            lost = self.damage.missing_at(topic, queue_id, offset)
+            if lost is not None:
+                return self._over_gap(topic, queue_id, offset, lost[1], low, high)
+            try:
+                return self._read_records(flat, request, low, high)
+            except OSError as exc:
+                error = exc
+                if not find_missing(flat, offset, self.config.read_ahead_message_count_threshold,
+                                    self.damage):
+                    break  # the tier holds the data but did not answer: not a gap
+        log.warning("tier read of %s/%d at %d failed: %s", topic, queue_id, offset, error)
+        if self._local_holds(topic, queue_id, offset):
+            return None  # the local copy serves it (RocketMQ's fallback)
+        return self._result(GetMessageStatus.OFFSET_FOUND_NULL, offset, low, high, topic,
+                            queue_id)
+
+    def _over_gap(self, topic: str, queue_id: int, offset: int, end: int, low: int,
+                  high: int) -> GetMessageResult | None:
+        """A read at ``offset`` inside data the tier lost, up to ``end``: the local store
+        serves it if it still holds it; otherwise RocketMQ's answer for a hole,
+        ``OFFSET_FOUND_NULL`` with the next offset past it (or where the local queue starts,
+        if that is sooner), so a reader crosses the whole gap in one read."""
+        held = self.local.offsets(topic, queue_id) if self.local is not None else None
+        if held is not None and held[0] <= offset < held[1]:
+            return None
+        if held is not None and offset < held[0] < end and held[1] > held[0]:
+            end = held[0]
+        return self._result(GetMessageStatus.OFFSET_FOUND_NULL, end, low, high, topic, queue_id)
 
     def _result(self, status: GetMessageStatus, next_offset: int, low: int, high: int,
                 topic: str, queue_id: int) -> GetMessageResult:
@@ -154,8 +181,23 @@ class TierFetcher:
         self.tier_reads += 1
         if chunk is None:
             return _empty(offset)
+        chunk = self._checked(flat, chunk)
         self.cache.put(flat.topic, flat.queue_id, chunk)
         return chunk
+
+    def _checked(self, flat: FlatMessageFile, block: Chunk) -> Chunk:
+        """The block with the records that fail their checks marked (``bad``): checked once
+        per read of the tier, not per serve (a cached block is served many times)."""
+        if not self.check_records:
+            return block
+        bad = check_copies(block.buffer, block.starts, block.sizes, flat.topic, flat.queue_id,
+                           block.start)
+        if not bad:
+            return block
+        for i, why in bad.items():
+            self.damage.corrupt(flat.topic, flat.queue_id, block.start + i, why,
+                                flat.file_path)
+        return block._replace(bad=frozenset(bad))
 
     def _chunk_at(self, flat: FlatMessageFile, offset: int, count: int) -> Chunk | None:
         """The cached chunk holding ``offset``, read (or waited for, when a read-ahead of it
@@ -190,7 +232,8 @@ class TierFetcher:
         """Past the middle of a chunk: read the next one in the background."""
         nxt = chunk.end
         if position - chunk.start < chunk.length // 2 or \
-                nxt >= flat.consume_queue.segment_end_queue_offset(chunk.start):
+                nxt >= flat.consume_queue.segment_end_queue_offset(chunk.start) or \
+                self.damage.missing_at(flat.topic, flat.queue_id, nxt) is not None:
             return
         key = (flat.topic, flat.queue_id, nxt)
         with self._flight_lock:
@@ -213,7 +256,9 @@ class TierFetcher:
         self._pool.submit(run)
 
     def _read_records(self, flat: FlatMessageFile, request: ReadRequest, low: int,
-                      high: int) -> GetMessageResult:
+                      high: int) -> GetMessageResult | None:
+        """Records from the request's offset (None: the first is corrupt and the local store
+        holds it); stops before data the tier is known to have lost."""
         cfg = self.config
         topic, queue_id = flat.topic, flat.queue_id
         filt = request.filter
@@ -221,6 +266,10 @@ class TierFetcher:
         # Pop consumers read one message at a time, at random: read less ahead for them.
         count = 32 if request.max_count == 1 else cfg.read_ahead_message_count_threshold
         end = flat.consume_queue.segment_end_queue_offset(request.offset)
+        lost = self.damage.next_missing(topic, queue_id, request.offset)
+        if lost is not None and lost < end:
+            end = lost  # the tier lost what follows: read up to it
+            count = min(count, end - request.offset)
         result = self._result(GetMessageStatus.NO_MATCHED_MESSAGE, request.offset, low, high,
                               topic, queue_id)
         total = 0
@@ -233,20 +282,31 @@ class TierFetcher:
         everything = filt.accepts_all
         while not done and offset < end and offset - request.offset < scan:
             if use_cache:
-                chunk = self._chunk_at(flat, offset, count)
+                chunk = self._chunk_at(flat, offset, min(count, end - offset))
             else:
-                chunk = flat.read_block(offset, max(request.max_count, 1), request.max_bytes)
+                chunk = flat.read_block(offset, min(max(request.max_count, 1), end - offset),
+                                        request.max_bytes)
                 self.tier_reads += 1
+                if chunk is not None:
+                    chunk = self._checked(flat, chunk)
             if chunk is None or not chunk.length:
                 break
             served = 0
             buf, starts, sizes = chunk.buffer, chunk.starts, chunk.sizes
-            codes, physical = chunk.codes, chunk.physical
-            for i in range(offset - chunk.start, chunk.length):
+            codes, physical, bad = chunk.codes, chunk.physical, chunk.bad
+            for i in range(offset - chunk.start, min(chunk.length, end - chunk.start)):
                 size = sizes[i]
                 if offset >= last or len(out) >= max_count or (out and total + size > max_bytes):
                     done = True
                     break
+                if bad and i in bad:  # never served: the local copy, else the next record
+                    if self._local_holds(topic, queue_id, offset):
+                        if offset == request.offset:
+                            return None
+                        done = True
+                        break
+                    offset += 1
+                    continue
                 offset += 1
                 served += 1
                 at = starts[i]

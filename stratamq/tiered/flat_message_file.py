@@ -56,7 +56,8 @@ class RecordBlock(NamedTuple):
     """Consecutive records from queue offset ``start``: record ``i`` is
     ``buffer[starts[i]:starts[i] + sizes[i]]`` (one ranged read's buffer), with tags code
     ``codes[i]``, original CommitLog offset ``physical[i]`` and tier CommitLog offset
-    ``flat_offsets[i]``. Parallel lists, not an object per record: a block holds thousands."""
+    ``flat_offsets[i]``. Parallel lists, not an object per record: a block holds thousands.
+    ``bad``: the ``i`` of records that failed the reader's checks (never served)."""
 
     start: int
     buffer: memoryview
@@ -65,6 +66,7 @@ class RecordBlock(NamedTuple):
     codes: list[int]
     physical: list[int]
     flat_offsets: list[int]
+    bad: frozenset[int] = frozenset()
 
     @property
     def length(self) -> int:

@@ -1,0 +1,143 @@
+"""Checks of record copies read back from somewhere else than the CommitLog they were written
+to (the tier), before they are served: each must be whole, be the record its ConsumeQueue unit
+says (topic, queue id and queue offset in its header) and hold the body its CRC was computed
+over (RocketMQ keeps ``BODYCRC`` in the header: ``docs/formats/commitlog-record.md``).
+
+Many records are checked at once: header fields are gathered with numpy (no step per record),
+only the CRCs are computed one record at a time (ISA-L's CRC-32 where installed). numpy is
+imported lazily, as in ``bulk``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from stratamq.message import RecordCorrupt
+from stratamq.record.codec import _HOST_FLAGS, _crc32, check_record, decode_dispatch_info
+from stratamq.record.layout import (
+    _V4,
+    MESSAGE_MAGIC_CODE_V1,
+    MESSAGE_MAGIC_CODE_V2,
+    MIN_RECORD_SIZE,
+)
+
+if TYPE_CHECKING:
+    from stratamq.record.codec import Buffer
+
+__all__ = ["check_copies"]
+
+# The header fields the checks read, at their offsets in the IPv4 header (the usual layout; a
+# record with an IPv6 host is checked on its own, by the scalar codec).
+_FIELDS = {"total_size": ">i4", "magic_code": ">u4", "body_crc": ">i4", "queue_id": ">i4",
+           "queue_offset": ">i8", "sys_flag": ">i4", "body_length": ">i4"}
+
+
+def check_copies(buf: Buffer, starts: Sequence[int], sizes: Sequence[int], topic: str,
+                 queue_id: int, first_queue_offset: int) -> dict[int, str]:
+    """Record ``i`` is ``buf[starts[i]:starts[i] + sizes[i]]``, the copy a queue's unit at
+    queue offset ``first_queue_offset + i`` points at. Returns ``{i: why}`` for each record
+    that must not be served: not whole (magic code, a total size other than the unit's,
+    lengths that do not add up), another queue's or another offset's record, or a body whose
+    CRC is not the one stored in its header."""
+    import numpy as np
+
+    n = len(starts)
+    if not n:
+        return {}
+    data = np.frombuffer(buf, dtype=np.uint8)
+    pos = np.asarray(starts, dtype=np.int64)
+    size = np.asarray(sizes, dtype=np.int64)
+    end = pos + size
+    width = _V4.header.size
+    fits = (pos >= 0) & (size >= MIN_RECORD_SIZE) & (end <= len(data))
+    if len(data) < width:
+        return dict.fromkeys(range(n), "the record is cut short")
+    at = np.where(fits, pos, 0)  # every gather stays inside the buffer
+    rows = np.lib.stride_tricks.as_strided(data, shape=(len(data) - width + 1, width),
+                                           strides=(1, 1), writeable=False)[at]
+    head = rows.view(np.dtype({"names": list(_FIELDS), "formats": list(_FIELDS.values()),
+                               "offsets": [_V4.offsets[f] for f in _FIELDS],
+                               "itemsize": width})).ravel()
+    magic = head["magic_code"]
+    v1 = magic == MESSAGE_MAGIC_CODE_V1
+    whole = fits & (v1 | (magic == MESSAGE_MAGIC_CODE_V2)) & (head["total_size"] == size)
+    v6 = whole & ((head["sys_flag"] & int(_HOST_FLAGS)) != 0)
+    plain = whole & ~v6
+    body_start = pos + width
+    body_length = head["body_length"].astype(np.int64)
+    topic_at = body_start + body_length
+    plain &= (body_length >= 0) & (topic_at + 3 <= end)
+    topic_at = np.where(plain, topic_at, at)
+    high = data[topic_at].astype(np.int64)
+    topic_length = np.where(v1, high, (high << 8) | data[topic_at + 1])
+    topic_start = topic_at + np.where(v1, 1, 2)
+    props_at = topic_start + topic_length
+    plain &= props_at + 2 <= end
+    props_at = np.where(plain, props_at, at)
+    props_length = (data[props_at].astype(np.int64) << 8) | data[props_at + 1]
+    plain &= props_at + 2 + props_length == end
+    name = topic.encode()
+    mine = plain & (topic_length == len(name))
+    if name and mine.any():
+        rows = np.lib.stride_tricks.as_strided(
+            data, shape=(len(data) - len(name) + 1, len(name)), strides=(1, 1),
+            writeable=False)[np.where(mine, topic_start, 0)]
+        mine &= (rows == np.frombuffer(name, dtype=np.uint8)).all(axis=1)
+    expected = first_queue_offset + np.arange(n, dtype=np.int64)
+    placed = (head["queue_id"] == queue_id) & (head["queue_offset"] == expected)
+    out: dict[int, str] = {}
+    for i in np.flatnonzero(~whole).tolist():
+        out[i] = _why_not_whole(buf, int(pos[i]), int(size[i]), len(data))
+    for i in np.flatnonzero(whole & ~v6 & ~plain).tolist():
+        out[i] = "its field lengths do not add up to its size"
+    for i in np.flatnonzero(plain & (~mine | ~placed)).tolist():
+        out[i] = _whose(head, i, topic_length, topic_start, buf)
+    view = memoryview(buf) if not isinstance(buf, memoryview) else buf
+    good = np.flatnonzero(plain & mine & placed)
+    crcs = head["body_crc"][good].tolist()
+    for i, b0, b1, crc in zip(good.tolist(), body_start[good].tolist(),
+                              topic_at[good].tolist(), crcs, strict=True):
+        if _crc32(view[b0:b1]) & 0x7FFFFFFF != crc:
+            out[i] = "its body does not match the body CRC in its header"
+    for i in np.flatnonzero(v6).tolist():  # rare: one at a time
+        why = _check_one(buf, int(pos[i]), int(size[i]), topic, queue_id,
+                         first_queue_offset + i)
+        if why is not None:
+            out[i] = why
+    return out
+
+
+def _why_not_whole(buf: Buffer, pos: int, size: int, limit: int) -> str:
+    if pos < 0 or pos + size > limit:
+        return "the record is cut short"
+    if size < MIN_RECORD_SIZE:
+        return f"its ConsumeQueue unit gives an impossible size {size}"
+    total, magic = struct.unpack_from(">iI", buf, pos)
+    if magic not in (MESSAGE_MAGIC_CODE_V1, MESSAGE_MAGIC_CODE_V2):
+        return f"no record starts there (magic code {magic:#010x})"
+    return f"its size {total} is not the {size} bytes its ConsumeQueue unit gives"
+
+
+def _whose(head: Any, i: int, topic_length: Any, topic_start: Any, buf: Buffer) -> str:
+    start = int(topic_start[i])
+    found = bytes(memoryview(buf)[start:start + int(topic_length[i])])
+    return (f"it is the record of {found.decode('utf-8', 'replace')}/{int(head['queue_id'][i])}"
+            f" at queue offset {int(head['queue_offset'][i])}")
+
+
+def _check_one(buf: Buffer, pos: int, size: int, topic: str, queue_id: int,
+               queue_offset: int) -> str | None:
+    try:
+        if check_record(buf, pos, pos + size, None, True) != size:
+            return "its size is not the one its ConsumeQueue unit gives"
+        info = decode_dispatch_info(buf, pos)
+    except RecordCorrupt as exc:
+        return exc.reason
+    except (struct.error, IndexError) as exc:
+        return str(exc)
+    if (info.topic, info.queue_id, info.queue_offset) != (topic, queue_id, queue_offset):
+        return (f"it is the record of {info.topic}/{info.queue_id} at queue offset "
+                f"{info.queue_offset}")
+    return None
