@@ -162,7 +162,7 @@ def find_missing(flat: FlatMessageFile, offset: int, count: int, damage: ReadDam
     high = int((units["offset"] + units["size"]).max())
     for gone_from, gone_to, why in _lost_commit_log(cl, low, high):
         # Units point into the CommitLog in order: the lost records are a run of queue offsets.
-        q_from = _first(cq, offset, readable, lambda f, n: f + n > gone_from)
+        q_from = _first(cq, offset, readable, _ends_past(gone_from))
         if q_from >= readable:
             continue  # past this ConsumeQueue file: a later read finds it
         q_to = _loss_end(cq, q_from, gone_to)
@@ -225,6 +225,10 @@ def _loss_end(cq: FlatConsumeQueueFile, first: int, gone_to: int) -> int:
             return found
         at = seg_end
     return at
+
+
+def _ends_past(position: int) -> Callable[[int, int], bool]:
+    return lambda flat_offset, size: flat_offset + size > position
 
 
 def _first(cq: FlatConsumeQueueFile, lo: int, hi: int,
