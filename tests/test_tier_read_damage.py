@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from damage import patch
+from s3_server import S3Server
 from test_tier_store import TOPIC, drop_local, fill, open_tiered, read_all, tier_config
 
 from stratamq import record as codec
@@ -87,6 +88,12 @@ def test_a_flipped_body_byte_is_never_served(tmp_path, caplog, cache):
             for _ in range(2):  # read twice: said once
                 got = read_all(store, 0)
                 assert got == {o: b for o, b in before.items() if o != 40}
+            # Nor by a lookup: by key (the tier index), by offset message id.
+            damaged = codec.decode(before[40])
+            assert store.query_messages(TOPIC, "order-80") == []
+            assert store.look_message_by_msg_id(damaged.msg_id) is None
+            assert store.query_messages(TOPIC, "order-82")[0].body == codec.decode(
+                before[41]).body
         said = [m for m in errors(caplog) if "queue offset 40 is corrupt" in m]
         assert len(said) == 1 and "body CRC" in said[0], errors(caplog)
         row = next(r for r in tier.status(lambda t, q: None) if r["queue_id"] == 0)
@@ -201,3 +208,29 @@ def test_what_the_tier_lost_is_served_by_the_local_store_that_still_holds_it(tmp
     finally:
         store.close()
         tier.close()
+
+
+def test_a_tier_that_does_not_answer_is_not_a_gap(tmp_path):
+    """The S3 server goes away: a read of what only the tier holds is answered with the same
+    offset (try again), nothing is skipped or said missing; once the server is back, every
+    message is served."""
+    server = S3Server().start()
+    try:
+        store, tier = open_tiered(tier_config(tmp_path, "s3", server))
+        try:
+            fill(store, 200)
+            before = read_all(store, 0)
+            assert tier.flush(60)
+            drop_local(store, tier)
+            server.stop()
+            with store.get_messages("g", TOPIC, 0, 0, 8) as got:
+                assert (got.status, got.next_begin_offset) == (
+                    GetMessageStatus.OFFSET_FOUND_NULL, 0)
+            assert tier.fetcher.damage.missing_messages == 0
+            server.start()
+            assert read_all(store, 0) == before
+        finally:
+            store.close()
+            tier.close()
+    finally:
+        server.stop()

@@ -39,7 +39,7 @@ from stratamq.tiered.flat_message_file import FlatFileStore, FlatMessageFile
 from stratamq.tiered.index_service import IndexStoreService
 from stratamq.tiered.metadata import MetadataStore
 from stratamq.tiered.read_ahead import Chunk, ReadAheadCache, memory_limit
-from stratamq.tiered.read_damage import ReadDamage, find_missing
+from stratamq.tiered.read_damage import CHECK_WINDOW, BlockChecks, ReadDamage, find_missing
 
 __all__ = ["LocalView", "TierFetcher"]
 
@@ -181,23 +181,35 @@ class TierFetcher:
         self.tier_reads += 1
         if chunk is None:
             return _empty(offset)
-        chunk = self._checked(flat, chunk)
+        chunk = self._with_checks(chunk)
         self.cache.put(flat.topic, flat.queue_id, chunk)
         return chunk
 
-    def _checked(self, flat: FlatMessageFile, block: Chunk) -> Chunk:
-        """The block with the records that fail their checks marked (``bad``): checked once
-        per read of the tier, not per serve (a cached block is served many times)."""
-        if not self.check_records:
-            return block
-        bad = check_copies(block.buffer, block.starts, block.sizes, flat.topic, flat.queue_id,
-                           block.start)
-        if not bad:
-            return block
-        for i, why in bad.items():
-            self.damage.corrupt(flat.topic, flat.queue_id, block.start + i, why,
-                                flat.file_path)
-        return block._replace(bad=frozenset(bad))
+    def _with_checks(self, block: Chunk) -> Chunk:
+        """The block, with the state of its checks (none when checks are off)."""
+        return block._replace(checks=BlockChecks(block.length)) if self.check_records \
+            else block
+
+    def _check_window(self, flat: FlatMessageFile, block: Chunk, i: int) -> int:
+        """Check the window of records holding record ``i`` of the block (once per block:
+        readers share the cached block), noting those that fail; returns where the window
+        ends. Checked as they are about to be served, a window at a time: the bytes a check
+        reads are then still in the CPU's cache when they are served, and a reader that
+        takes a few records of a block pays for a window, not for the whole block."""
+        checks = block.checks
+        if checks is None:
+            return block.length
+        k = i // CHECK_WINDOW
+        first, end = k * CHECK_WINDOW, min(block.length, (k + 1) * CHECK_WINDOW)
+        if not checks.done[k]:
+            bad = check_copies(block.buffer, block.starts[first:end], block.sizes[first:end],
+                               flat.topic, flat.queue_id, block.start + first)
+            for j, why in bad.items():
+                self.damage.corrupt(flat.topic, flat.queue_id, block.start + first + j, why,
+                                    flat.file_path)
+                checks.bad.add(first + j)
+            checks.done[k] = 1
+        return end
 
     def _chunk_at(self, flat: FlatMessageFile, offset: int, count: int) -> Chunk | None:
         """The cached chunk holding ``offset``, read (or waited for, when a read-ahead of it
@@ -288,17 +300,21 @@ class TierFetcher:
                                         request.max_bytes)
                 self.tier_reads += 1
                 if chunk is not None:
-                    chunk = self._checked(flat, chunk)
+                    chunk = self._with_checks(chunk)
             if chunk is None or not chunk.length:
                 break
             served = 0
             buf, starts, sizes = chunk.buffer, chunk.starts, chunk.sizes
-            codes, physical, bad = chunk.codes, chunk.physical, chunk.bad
+            codes, physical = chunk.codes, chunk.physical
+            bad = chunk.checks.bad if chunk.checks is not None else ()
+            checked_to = 0
             for i in range(offset - chunk.start, min(chunk.length, end - chunk.start)):
                 size = sizes[i]
                 if offset >= last or len(out) >= max_count or (out and total + size > max_bytes):
                     done = True
                     break
+                if i >= checked_to:
+                    checked_to = self._check_window(flat, chunk, i)
                 if bad and i in bad:  # never served: the local copy, else the next record
                     if self._local_holds(topic, queue_id, offset):
                         if offset == request.offset:
@@ -357,7 +373,7 @@ class TierFetcher:
                 continue  # its file expired from the tier
             try:
                 data = flat.commit_log.read(item.offset, item.size)
-                msg = codec.decode(data)
+                msg = self._decode_checked(flat, data)
             except (OSError, ValueError, struct.error) as exc:
                 log.warning("tier index item of %s/%d at %d unreadable: %s", topic,
                             item.queue_id, item.offset, exc)
@@ -389,8 +405,23 @@ class TierFetcher:
                             physical_offset, flat.file_path, exc)
                 continue
             if data is not None:
-                return codec.decode(data)
+                try:
+                    return self._decode_checked(flat, data)
+                except (ValueError, struct.error):
+                    return None
         return None
+
+    def _decode_checked(self, flat: FlatMessageFile, data: bytes) -> StoredMessage:
+        """A record found by a lookup (key, offset message id), decoded once its body matches
+        its CRC; a corrupt one is noted (ERROR once) and raises ``RecordCorrupt``."""
+        try:
+            return codec.decode(data, check_crc=self.check_records)
+        except codec.RecordCorrupt as exc:
+            if len(data) >= codec.QUEUE_OFFSET_POS + 8:
+                queue_offset = codec.record_positions(data, 0)[0]
+                self.damage.corrupt(flat.topic, flat.queue_id, queue_offset, exc.reason,
+                                    flat.file_path)
+            raise
 
     def _physical_bounds(self, flat: FlatMessageFile) -> tuple[int, int] | None:
         if not flat.is_init():

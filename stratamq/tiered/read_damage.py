@@ -30,12 +30,26 @@ if TYPE_CHECKING:
     from stratamq.tiered.flat_file import FlatCommitLogFile, FlatConsumeQueueFile
     from stratamq.tiered.flat_message_file import FlatMessageFile
 
-__all__ = ["ReadDamage", "find_missing"]
+__all__ = ["CHECK_WINDOW", "BlockChecks", "ReadDamage", "find_missing"]
+
+CHECK_WINDOW = 1024  # records of a read-ahead block checked together, as they are served
 
 log = logging.getLogger(__name__)
 
 # Offsets of corrupt records kept per queue for ``tier status`` (the count goes on past it).
 _LISTED = 100
+
+
+class BlockChecks:
+    """The checks of one block read from the tier: which windows of ``CHECK_WINDOW`` records
+    were checked, and the records (by index in the block) that failed. Readers sharing a
+    cached block may check a window twice at the same moment: the same answer, said once."""
+
+    __slots__ = ("bad", "done")
+
+    def __init__(self, length: int) -> None:
+        self.done = bytearray(-(-length // CHECK_WINDOW))
+        self.bad: set[int] = set()
 
 
 class ReadDamage:
