@@ -210,6 +210,34 @@ def test_what_the_tier_lost_is_served_by_the_local_store_that_still_holds_it(tmp
         tier.close()
 
 
+def test_objects_gone_from_s3_are_a_gap_crossed_in_one_read(tmp_path, caplog):
+    """On an object store a file is a directory of parts: all of one file's parts deleted."""
+    server = S3Server().start()
+    try:
+        config = tier_config(tmp_path, "s3", server, **SMALL_FILES)
+        store, tier = open_tiered(config)
+        try:
+            fill(store, 200)
+            before = read_all(store, 0)
+            assert tier.flush(60)
+            drop_local(store, tier)
+            victim = tier.files.get(TOPIC, 0).commit_log.segments[2]
+            fs = server.filesystem()
+            fs.rm(victim.path, recursive=True)
+            with caplog.at_level(logging.ERROR):
+                got, empty = read_following(store, 0)
+            lost = sorted(set(before) - set(got))
+            assert lost and lost == list(range(lost[0], lost[-1] + 1))
+            assert got == {o: b for o, b in before.items() if o not in lost}
+            assert empty == [(lost[0], GetMessageStatus.OFFSET_FOUND_NULL, lost[-1] + 1)]
+            assert len([m for m in errors(caplog) if "is missing" in m]) == 1
+        finally:
+            store.close()
+            tier.close()
+    finally:
+        server.stop()
+
+
 def test_a_tier_that_does_not_answer_is_not_a_gap(tmp_path):
     """The S3 server goes away: a read of what only the tier holds is answered with the same
     offset (try again), nothing is skipped or said missing; once the server is back, every
