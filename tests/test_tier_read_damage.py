@@ -238,6 +238,24 @@ def test_objects_gone_from_s3_are_a_gap_crossed_in_one_read(tmp_path, caplog):
         server.stop()
 
 
+def test_an_unmounted_posix_tier_is_not_a_gap(tmp_path):
+    store, tier = open_tiered(tier_config(tmp_path))
+    try:
+        fill(store, 200)
+        before = read_all(store, 0)
+        assert tier.flush(60)
+        drop_local(store, tier)
+        (tmp_path / "tier").rename(tmp_path / "elsewhere")  # as if its file system went away
+        with store.get_messages("g", TOPIC, 0, 0, 8) as got:
+            assert (got.status, got.next_begin_offset) == (GetMessageStatus.OFFSET_FOUND_NULL, 0)
+        assert tier.fetcher.damage.missing_messages == 0
+        (tmp_path / "elsewhere").rename(tmp_path / "tier")
+        assert read_all(store, 0) == before
+    finally:
+        store.close()
+        tier.close()
+
+
 def test_a_tier_that_does_not_answer_is_not_a_gap(tmp_path):
     """The S3 server goes away: a read of what only the tier holds is answered with the same
     offset (try again), nothing is skipped or said missing; once the server is back, every

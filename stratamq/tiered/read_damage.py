@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -149,7 +150,7 @@ def find_missing(flat: FlatMessageFile, offset: int, count: int, damage: ReadDam
     not answer), so the failure is not a gap and must not be skipped."""
     cq, cl = flat.consume_queue, flat.commit_log
     segment = cq.segment_at(offset * UNIT_SIZE)
-    if segment is None:
+    if segment is None or not _tier_present(flat):
         return False
     try:
         real = segment.get_size()
@@ -184,6 +185,13 @@ def find_missing(flat: FlatMessageFile, offset: int, count: int, damage: ReadDam
             damage.missing(flat.topic, flat.queue_id, q_from, q_to, why)
             found = True
     return found
+
+
+def _tier_present(flat: FlatMessageFile) -> bool:
+    """Whether the tier itself is there: a POSIX tier whose root directory is gone is an
+    unmounted file system (every file would look lost), not lost data."""
+    factory = flat.factory
+    return factory.provider != "posix" or os.path.isdir(factory.root)
 
 
 def _lost_commit_log(cl: FlatCommitLogFile, low: int,
