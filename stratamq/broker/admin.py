@@ -334,11 +334,13 @@ def json_methods_handler(broker: Broker, service: str,
                         else grpc.StatusCode.PERMISSION_DENIED if exc.code == pb.Code.FORBIDDEN
                         else grpc.StatusCode.INVALID_ARGUMENT)
                 message = exc.message
-            except OSError as exc:
-                code, message = grpc.StatusCode.UNAVAILABLE, f"{type(exc).__name__}: {exc}"
-            except Exception as exc:
+            except OSError as exc:  # its text names the file and the system's reason
+                code, message = grpc.StatusCode.UNAVAILABLE, f"{name}: {exc}"
+            except Exception:
                 log.exception("%s/%s failed", service, name)
-                code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+                code, message = grpc.StatusCode.INTERNAL, (
+                    f"{name} failed inside the broker (an internal error, logged with its "
+                    "details at the broker)")
             await context.abort(code, message)
             raise AssertionError("unreachable")  # context.abort raises
 

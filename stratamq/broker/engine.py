@@ -32,6 +32,7 @@ serialises pops and acks of that pair. Acks, invisible-time changes and DLQ move
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -45,7 +46,7 @@ from stratamq.broker.convert import (
     Receipt,
     message_id_of,
 )
-from stratamq.broker.errors import BrokerError
+from stratamq.broker.errors import BrokerError, damage_text
 from stratamq.broker.metadata import (
     GroupConfig,
     MetadataStore,
@@ -55,11 +56,12 @@ from stratamq.broker.metadata import (
 )
 from stratamq.broker.pop_state import InFlight, PopState
 from stratamq.broker.ports import QueueStore
-from stratamq.message import Message, Prop, StoredMessage
+from stratamq.message import Message, Prop, RecordCorrupt, StoredMessage
 from stratamq.store.filter import TagFilter
 from stratamq.store.results import GetMessageStatus
 
 Code = pb.Code
+log = logging.getLogger(__name__)
 
 __all__ = ["PopEngine", "Popped", "now_ms"]
 
@@ -129,6 +131,7 @@ class PopEngine:
             put: dict[tuple[int, int], InFlight] = {}
             delete: list[tuple[int, int]] = []
             cursors: dict[int, int] = {}
+            damage: str | None = None  # a damaged message that stopped a queue, if any
             visible_at = now + invisible_ms
             gen = now
 
@@ -201,16 +204,28 @@ class PopEngine:
                         new_cursor = got.max_offset  # the queue lost its tail (power cut)
                     else:
                         new_cursor = cursor
-                    for msg in got.messages():
-                        key = (qid, msg.queue_offset)
-                        ne = InFlight(visible_at, 1, gen)
-                        put[key] = ne
-                        out.append(Popped(msg, Receipt(qid, msg.queue_offset, gen, visible_at),
-                                          1, invisible_ms))
+                    try:
+                        for msg in got.messages():
+                            key = (qid, msg.queue_offset)
+                            ne = InFlight(visible_at, 1, gen)
+                            put[key] = ne
+                            out.append(Popped(msg, Receipt(qid, msg.queue_offset, gen,
+                                                           visible_at), 1, invisible_ms))
+                    except RecordCorrupt as exc:
+                        # Delivered up to the damaged message; the queue's cursor stays on
+                        # it, and the other queues are still served.
+                        damage = f"{t}/{qid}: {damage_text(exc)}"
+                        log.error("ReceiveMessage of group %r: %s", g, damage)
+                        if exc.queue_offset is not None:
+                            new_cursor = exc.queue_offset
+                        else:
+                            new_cursor = cursor
                 if new_cursor != cursor or self.state.cursor(g, t, qid) is None:
                     cursors[qid] = new_cursor
             if put or delete or cursors:
                 self.state.apply(g, t, cursors=cursors, put=put, delete=delete)
+            if not out and damage is not None:
+                raise BrokerError(Code.INTERNAL_SERVER_ERROR, damage)
             return out
 
     def _read_one(self, group: str, topic: str, qid: int, offset: int) -> StoredMessage | None:
