@@ -12,6 +12,7 @@ from stratamq.cli import (  # noqa: F401
     broker,  # broker start
     compaction,  # compaction run, compaction status
     config,  # config show
+    console,  # console (the web console)
     cq,  # store migrate-cq, bench cq
     demo,
     ha,  # ha status
