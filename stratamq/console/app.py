@@ -222,9 +222,11 @@ class Console:
 
     async def messages(self, request: Request) -> Response:
         q = request.query_params
-        topic, rows, searched = q.get("topic", "").strip(), [], False
-        if topic:
-            searched = True
+        topic, rows = q.get("topic", "").strip(), []
+        # A topic alone (a link from a topic's page, the page after a send) fills the forms.
+        searched = bool(topic) and any(
+            q.get(f, "").strip() for f in ("key", "msg_id", "begin", "end", "queue", "offset"))
+        if searched:
             if q.get("queue", "").strip() and q.get("offset", "").strip():
                 got = await self.rpc(self.broker.get, topic, int(q["queue"]), int(q["offset"]))
                 rows = [got] if got is not None else []
@@ -248,8 +250,8 @@ class Console:
         keys = [k for k in str(form.get("keys", "")).split() if k]
         sent = await self.rpc(self.broker.send, topic, str(form.get("body", "")).encode(),
                               tag=str(form.get("tag", "")).strip() or None, keys=keys)
-        return _to("/messages", f"sent to {topic}: message id {sent['message_id']}",
-                   topic=topic, msg_id=sent["message_id"])
+        return _to("/messages", f"sent to {topic}: message id {sent['message_id']}, queue "
+                   f"offset {sent['offset']}", topic=topic)
 
     async def dlq(self, request: Request) -> Response:
         group = request.query_params.get("group", "").strip()
