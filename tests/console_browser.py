@@ -9,10 +9,10 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 

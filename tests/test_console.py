@@ -156,7 +156,7 @@ def test_a_message_sent_by_the_official_client_is_found_and_its_body_shown(
     assert not driver.find_element(By.CSS_SELECTOR, "pre.body-json").is_displayed()
     if not _has_query(broker):
         pytest.skip("the broker has no QueryMessage yet (the usability branch adds it)")
-    for search in (f"key=order-77", f"msg_id={msg_id}"):
+    for search in ("key=order-77", f"msg_id={msg_id}"):
         _open(driver, f"{console.url}/messages?topic=Found&{search}")
         assert _text(driver, ".msg-id") == msg_id, search
         assert json.loads(_text(driver, "pre.body-json")) == {"hello": "console"}

@@ -7,6 +7,7 @@ Every call is blocking gRPC; the app runs them in a worker thread. Errors are ``
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -82,7 +83,7 @@ class ConsoleBroker:
                             group="stratamq-console")
         return None if m is None else message_view(m)
 
-    def send(self, topic: str, body: bytes, *, tag: str | None = None, keys: list[str] = (),
+    def send(self, topic: str, body: bytes, *, tag: str | None = None, keys: Sequence[str] = (),
              properties: dict[str, str] | None = None) -> dict[str, Any]:
         return self._messaging(self.messaging.send, topic, body, tag=tag, keys=list(keys),
                                properties=properties)
