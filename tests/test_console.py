@@ -266,3 +266,30 @@ def test_console_listen_port_serves_the_console_inside_the_broker(tmp_path):
         wait_until(up, 30, "the console inside the broker")
     finally:
         assert b.terminate() == 0
+
+
+def test_charts_sample_the_brokers_traffic_and_lag(broker):
+    from stratamq.client.connection import BrokerEndpoint
+    from stratamq.console.broker_api import ConsoleBroker
+    from stratamq.console.charts import Sampler, svg_chart
+
+    create_topic(broker, "Charted", 1)
+    client = ConsoleBroker(BrokerEndpoint(broker.endpoint))
+    try:
+        client.send("Charted", b"first")
+        assert _consume(broker, "ChartedGroup", "Charted", 1) == [b"first"]
+        sampler = Sampler(client, interval_s=1)
+        sampler.sample()
+        for i in range(5):
+            client.send("Charted", f"c{i}".encode())
+        sampler.sample()
+    finally:
+        client.close()
+    assert sampler.last_error is None
+    charts = {title: points for title, _unit, points in sampler.series()}
+    (_, rate_in), = charts["Messages in"]
+    assert rate_in > 0
+    assert charts["Bytes in"][0][1] > 0
+    lag = charts["Consumer lag (all groups)"]
+    assert lag[-1][1] - lag[0][1] == 5  # the five sent since ChartedGroup consumed
+    assert "<polyline" in svg_chart(charts["Consumer lag (all groups)"], "messages")
