@@ -97,8 +97,9 @@ def main() -> None:
                     admin.call("TopicRoute", topic="Topic0000"),
                     admin.call("TopicStatus", topic="Topic0000"), admin.call("ListTopics"))),
                 ("groups", "/groups", lambda: admin.call("ListGroups")),
-                ("group", "/groups/Group0000", lambda: admin.call("GroupProgress",
-                                                                  group="Group0000")),
+                ("group", "/groups/Group0000", lambda: (
+                    admin.call("GroupProgress", group="Group0000"),
+                    _optional(admin, "TopicStatus", topic="%DLQ%Group0000"))),
                 ("message", "/messages?topic=Topic0000&queue=0&offset=0",
                  lambda: messaging.get("Topic0000", 0, 0, group="stratamq-console")),
                 ("dlq", "/dlq?group=Group0000", lambda: (

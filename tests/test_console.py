@@ -97,6 +97,8 @@ def _consume(broker, group: str, topic: str, want: int, *, ack: bool = True) -> 
 
 
 def test_every_page_loads_with_no_error_and_a_screenshot(broker, console, driver, tmp_path):
+    from selenium.webdriver.common.by import By
+
     create_topic(broker, "Pages", 2)
     _send(broker, "Pages", b'{"order": 1, "items": ["a", "b"]}', "page-key")
     assert _consume(broker, "PagesGroup", "Pages", 1) == [b'{"order": 1, "items": ["a", "b"]}']
@@ -105,6 +107,8 @@ def test_every_page_loads_with_no_error_and_a_screenshot(broker, console, driver
                        ("messages", "/messages?topic=Pages&queue=0&offset=0"),
                        ("dlq", "/dlq?group=PagesGroup"), ("charts", "/charts")]:
         _open(driver, console.url + path, tmp_path, name)
+    _open(driver, console.url + "/topics?q=pag")  # the list's filter
+    assert [a.text for a in driver.find_elements(By.CSS_SELECTOR, "#topics a")] == ["Pages"]
     driver.get(console.url + "/favicon.ico")
     assert problems(driver) == []
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(
@@ -184,6 +188,8 @@ def test_a_dead_letter_resent_from_the_console_reaches_the_consumer(broker, cons
         return status.returncode == 0 and json.loads(status.stdout)["messages"] == 1
 
     wait_until(dead, 60, "the message in the DLQ")
+    _open(driver, console.url + "/groups/DoomedGroup")
+    assert _text(driver, "#dead-letters") == "1"
     _open(driver, console.url + "/dlq?group=DoomedGroup")
     assert _text(driver, "#dlq-count").startswith("1 dead letter")
     _submit(driver, "resend", pick="0:0")

@@ -157,7 +157,7 @@ class Console:
 
     async def topics(self, request: Request) -> Response:
         topics = (await self.rpc(self.broker.call, "ListTopics"))["topics"]
-        return self.render(request, "topics.html", topics=topics)
+        return self.render(request, "topics.html", **_paged(request, topics, "topic"))
 
     async def topic(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -199,13 +199,15 @@ class Console:
 
     async def groups(self, request: Request) -> Response:
         groups = (await self.rpc(self.broker.call, "ListGroups"))["groups"]
-        return self.render(request, "groups.html", groups=groups)
+        return self.render(request, "groups.html", **_paged(request, groups, "group"))
 
     async def group(self, request: Request) -> Response:
         name = request.path_params["name"]
         progress = await self.rpc(self.broker.call, "GroupProgress", group=name)
         topics = sorted({q["topic"] for q in progress["queues"]})
-        return self.render(request, "group.html", name=name, progress=progress, topics=topics)
+        dead = await self.rpc(self.broker.dead_letter_count, name)
+        return self.render(request, "group.html", name=name, progress=progress, topics=topics,
+                           dead=dead)
 
     async def reset_group(self, request: Request, form: dict[str, Any]) -> str:
         name = request.path_params["name"]
@@ -314,6 +316,25 @@ class Console:
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
         return Starlette(routes=routes, lifespan=lifespan)
+
+
+PAGE_ROWS = 100  # rows a list page shows: a broker's thousands of topics in pages
+
+
+def _paged(request: Request, rows: list[dict[str, Any]], field: str) -> dict[str, Any]:
+    """One page of ``rows`` whose ``field`` contains the ``q`` filter (case-insensitive):
+    ``rows``, ``total`` (matching), ``first`` (1-based), ``page_no``, ``pages``, ``q``."""
+    q = request.query_params.get("q", "").strip()
+    if q:
+        rows = [r for r in rows if q.lower() in str(r[field]).lower()]
+    pages = max(1, -(-len(rows) // PAGE_ROWS))
+    try:
+        page = min(max(1, int(request.query_params.get("page", "1"))), pages)
+    except ValueError:
+        page = 1
+    start = (page - 1) * PAGE_ROWS
+    return {"rows": rows[start:start + PAGE_ROWS], "total": len(rows), "first": start + 1,
+            "page_no": page, "pages": pages, "q": q}
 
 
 def _int(form: dict[str, Any], name: str, default: int | None = None) -> int | None:

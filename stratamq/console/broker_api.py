@@ -111,6 +111,15 @@ class ConsoleBroker:
                 out.append(m)
         return out
 
+    def dead_letter_count(self, group: str) -> int:
+        """Messages held in the group's ``%DLQ%`` topic (0 when it has none)."""
+        try:
+            return int(self.call("TopicStatus", topic=DLQ_PREFIX + group)["messages"])
+        except AdminError as exc:
+            if exc.code == "NOT_FOUND":
+                return 0
+            raise
+
     def dead_letters(self, group: str) -> list[dict[str, Any]]:
         """The group's ``%DLQ%`` messages, newest last (at most MAX_LISTED, the newest)."""
         topic = DLQ_PREFIX + group
