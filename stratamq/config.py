@@ -26,9 +26,9 @@ from stratamq.message import Host
 from stratamq.store.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
 from stratamq.store.index_file import file_size as index_file_size
 
-__all__ = ["BrokerConfig", "BrokerRole", "DiskFullPolicy", "FlushDiskType", "InvalidSetting", "StoreConfig",
-           "TieredStorageLevel", "UnknownSettings", "load_broker_conf", "settings_table",
-           "tier_provider"]
+__all__ = ["BrokerConfig", "BrokerRole", "DiskFullPolicy", "FlushDiskType", "InvalidSetting",
+           "StoreConfig", "TieredStorageLevel", "UnknownSettings", "load_broker_conf",
+           "settings_table", "tier_provider"]
 
 # The broker sizes gRPC's (int32) message limits at maxMessageSize + 1 MiB of headroom.
 MAX_MESSAGE_SIZE_LIMIT = 1024 * 1024 * 1024

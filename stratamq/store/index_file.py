@@ -502,7 +502,10 @@ class IndexFile(RefCountedMap):
         into its slot before the header counts it (put_keys): step over such entries to the
         counted ones they link to, rather than miss the whole list."""
         m = self._map
-        (number,) = _SLOT_UNPACK(m, HEADER_SIZE + (hash_ % self.hash_slot_num) * SLOT_SIZE)
+        # Through the descriptor, not the map: a slot no key has reached is a hole, and a read
+        # fault in a hole of a full tmpfs is a SIGBUS (pread of a hole allocates nothing).
+        raw = os.pread(self._fd, SLOT_SIZE, HEADER_SIZE + (hash_ % self.hash_slot_num) * SLOT_SIZE)
+        (number,) = _SLOT_UNPACK(raw) if len(raw) == SLOT_SIZE else (0,)
         skipped = 0
         while count <= number < self.index_num and skipped < _MAX_UNCOUNTED:
             number = _PREV.unpack_from(m, self.entry_pos(number) + _PREV_AT)[0]
