@@ -16,8 +16,17 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+import grpc
 import pytest
+from broker_proc import create_topics, free_port, start_broker
+from pulling import pull_queue
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc
+from test_broker_metrics import _scrape
+from waiting import wait_until
 
+from stratamq.client.admin import AdminClient
 from stratamq.config import DiskFullPolicy, InvalidSetting, StoreConfig
 from stratamq.message import Message
 from stratamq.store.cleanup import statvfs_used_ratio
@@ -239,3 +248,87 @@ def test_a_store_reopened_on_a_full_tmpfs_serves_reads_or_says_why_never_dies(tm
         assert got["error"] == "StoreDiskFull" and "file system is full" in got["text"]
     else:
         assert got["read"] == 1200
+
+
+# -- a broker process: the groups' progress is what clean-up keeps files for ---------------------
+
+
+@pytest.fixture
+def tmpfs64(tmp_path):
+    """A 64 MiB tmpfs: room for a broker's own state (pop state, metadata) besides the store."""
+    mnt = tmp_path / "fs64"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def update_offset(endpoint: str, group: str, topic: str, queue_id: int, offset: int) -> None:
+    with grpc.insecure_channel(endpoint) as channel:
+        reply = service_pb2_grpc.MessagingServiceStub(channel).UpdateOffset(
+            svc.UpdateOffsetRequest(
+                group=pb.Resource(name=group), offset=offset,
+                message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), id=queue_id)),
+            timeout=30)
+    assert reply.status.code == pb.OK, reply.status
+
+
+def test_a_broker_keeps_what_its_groups_have_not_consumed_until_they_have(tmpfs64, tmp_path):
+    store_dir = tmpfs64 / "store"
+    segment = 1024 * 1024
+    cfg = StoreConfig(store_path_root_dir=str(store_dir), mapped_file_size_commit_log=segment,
+                      mapped_file_size_consume_queue=10_000 * 20)
+    create_topics(store_dir, [("T", 2, "NORMAL"), ("U", 1, "NORMAL")])
+    with MessageStore(cfg).open() as store:  # history written before the broker starts
+        for i in range(5000):  # ~20 MiB of T
+            assert store.put_message(Message("T", b"t" * 4000, i % 2)).ok
+        for i in range(20):  # U: a topic no group ever consumes
+            assert store.put_message(Message("U", b"u%05d" % i * 600, 0)).ok
+        for i in range(5000, 6000):
+            assert store.put_message(Message("T", b"t" * 4000, i % 2)).ok
+        assert store.wait_dispatched()
+        t_max = [store.get_max_offset_in_queue("T", q) for q in (0, 1)]
+    port = free_port()
+    broker = start_broker(tmp_path, {"mappedFileSizeCommitLog": str(segment),
+                                     "metricsPrometheusPort": str(port),
+                                     "cleanResourceInterval": "100",
+                                     "deleteCommitLogFilesInterval": "0"}, store=store_dir)
+    try:
+        ballast = tmpfs64 / "ballast"
+        with ballast.open("wb") as f:  # fill the disk past diskSpaceWarningLevelRatio
+            while statvfs_used_ratio(tmpfs64) < 0.93:
+                f.write(bytes(256 * 1024))
+                f.flush()
+        with AdminClient(broker.endpoint) as admin:
+            wait_until(lambda: admin.call("BrokerStatus")["disk_full"], what="disk full")
+            # Past diskSpaceCleanForciblyRatio, nothing consumed: nothing deleted.
+            wait_until(lambda: any("holds messages not yet consumed" in line
+                                   for line in list(broker.output)), what="the hold-back log")
+            status = admin.call("BrokerStatus")
+            assert status["disk_full_policy"] == "REFUSE_PUTS"
+            assert status["commitlog"]["min_offset"] == 0 and status["disk_full"]
+            node = (("cluster", "DefaultCluster"), ("node_id", "broker-a"),
+                    ("node_type", "broker"))
+            metrics = _scrape(port)
+            assert metrics[("stratamq_disk_full", node)] == 1
+            assert metrics[("stratamq_unconsumed_deleted_files_total", node)] == 0
+
+            # A pull consumer group consumes all of T: its files go, U's are kept.
+            for q in (0, 1):
+                update_offset(broker.endpoint, "g", "T", q, t_max[q])
+            wait_until(lambda: not admin.call("BrokerStatus")["disk_full"],
+                       what="puts accepted again")
+            status = admin.call("BrokerStatus")
+        assert status["commitlog"]["min_offset"] > 0
+        assert status["unconsumed_deleted"] == {"files": 0, "messages": 0}
+        got = pull_queue(broker.endpoint, "U", 0)
+        assert [m.body for m in got] == [b"u%05d" % i * 600 for i in range(20)]
+        assert statvfs_used_ratio(tmpfs64) < 0.90
+    finally:
+        assert broker.stop() == 0
