@@ -19,6 +19,7 @@ from typing import NamedTuple
 import grpc
 import pytest
 from broker_proc import create_topics, free_port, start_broker
+from conftest import mounted_tmpfs
 from pulling import pull_queue
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
@@ -256,17 +257,8 @@ def test_a_store_reopened_on_a_full_tmpfs_serves_reads_or_says_why_never_dies(tm
 @pytest.fixture
 def tmpfs64(tmp_path):
     """A 64 MiB tmpfs: room for a broker's own state (pop state, metadata) besides the store."""
-    mnt = tmp_path / "fs64"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "fs64", "64m") as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def update_offset(endpoint: str, group: str, topic: str, queue_id: int, offset: int) -> None:
