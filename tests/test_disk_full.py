@@ -188,8 +188,9 @@ cfg = StoreConfig(store_path_root_dir=root, mapped_file_size_commit_log=1024 * 1
 if phase == "fill":
     store = MessageStore(cfg).open()
     store.cleanup.usage_probe = lambda path: 0.0
-    for i in range(1200):
-        assert store.put_message(Message(f"T{i % 10}", b"x" * 2000, i % 4)).ok
+    for i in range(1200):  # ten keys: the index reserves the slot pages they land in only
+        keys = {"KEYS": f"key{i}"} if i < 10 else {}
+        assert store.put_message(Message(f"T{i % 10}", b"x" * 2000, i % 4, properties=keys)).ok
     assert store.wait_dispatched()
     store.close()
     print(json.dumps({"filled": 1200}))
@@ -204,9 +205,11 @@ else:
         for q in queue_ids:
             with store.get_messages("g", topic, q, 0, 1000) as got:
                 read += len(got.records)
+    # Index lookups read slots: one a key landed in, and one no key reached (a hole).
+    found = [len(store.query_messages("T0", k)) for k in ("key0", "a-key-nobody-used")]
     r = store.put_message(Message("T0", b"y", 0))
     store.close()
-    print(json.dumps({"read": read, "put": r.status.value}))
+    print(json.dumps({"read": read, "found": found, "put": r.status.value}))
 """
 
 
@@ -237,7 +240,8 @@ def test_a_store_reopened_on_a_full_tmpfs_serves_reads_or_says_why_never_dies(tm
     opened = child(root, "open")
     assert opened.returncode == 0, (opened.returncode, opened.stderr[-2000:])
     got = json.loads(opened.stdout.strip().splitlines()[-1])
-    assert got == {"read": 1200, "put": "SERVICE_NOT_AVAILABLE"}  # reads served, puts refused
+    # Reads and lookups served, puts refused.
+    assert got == {"read": 1200, "found": [1, 0], "put": "SERVICE_NOT_AVAILABLE"}
 
     # Full to the last block: a clear error, or reads again; never a signal.
     ballast.unlink()
