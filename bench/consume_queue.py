@@ -12,7 +12,8 @@ one per target with its ratio:
 Then many queues of one message each (10,000 queues, ``--many-queues N`` to change): the time
 to dispatch them (every queue's first ConsumeQueue file created, ``put_s``) and to reopen the
 store (``restart_s``), files vs RocksDB in the same run (target: files within 3x of RocksDB;
-``--many-queues-only`` runs just this part).
+``--many-queues-only`` runs just this part), in wall time and in the process's CPU time
+(``put_cpu_s``, ``restart_cpu_s``; wall time on a shared machine mostly measures its disk).
 
 Then a throughput run per store (1,000 queues x 100 messages of 1 KiB) whose put and get rates
 are given as ratios of Apache RocketMQ's RocksDB mode on this machine (about 65,000 puts/s and
@@ -169,7 +170,8 @@ def many_queues(queues: int, timeout: float) -> list[dict]:
         runs[store_type] = run_one(queues, 1, store_type, timeout)
         print(json.dumps(runs[store_type]), flush=True)
     out = []
-    for what, field in (("dispatch", "put_s"), ("reopen", "restart_s")):
+    for what, field in (("dispatch", "put_s"), ("reopen", "restart_s"),
+                        ("dispatch_cpu", "put_cpu_s"), ("reopen_cpu", "restart_cpu_s")):
         rocks, files = runs["defaultRocksDB"].get(field), runs["default"].get(field)
         ratio = round(files / rocks, 2) if files and rocks else None
         line = target(f"files_vs_rocksdb_{what}_{queues}_queues_1_msg", ratio,
