@@ -327,6 +327,12 @@ class Broker:
                                max_per_group=cfg.pop_polling_size,
                                max_per_client=cfg.pop_polling_size_per_client)
         self.engine = PopEngine(self.store, self.meta, self.state, self.polls.notify)
+        # Forced clean-up (diskFullPolicy) keeps what these groups have not consumed, unless
+        # the tier holds it.
+        self.store.set_consumed_offsets(self.engine.consumed_offsets)
+        uploader = getattr(self.tiered, "uploader", None)
+        if uploader is not None:
+            self.store.add_record_holder(uploader.durable_offset)
         self._install_extensions()
         self.store.add_dispatch_listener(self._on_dispatch)
         self._executor = ThreadPoolExecutor(max_workers=cfg.grpc_thread_pool_nums,
