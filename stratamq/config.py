@@ -867,6 +867,22 @@ class BrokerConfig:
         "whether clients must present a certificate signed by tls.server.trustCertPath",
         check=_one_of("none", "optional", "require", fold_case=True),
     )  # fmt: skip
+    # -- RocketMQ 4.x remoting (stratamq/remoting/) --
+    remoting_listen_port: int = _setting(
+        "remotingListenPort", -1, "port",
+        "port serving RocketMQ 4.x remoting clients (StrataMQ's own key; -1: off, 0: any free "
+        "port); the address registered with namesrvAddr",
+        minimum=-1, maximum=65535,
+    )  # fmt: skip
+    namesrv_addr: str = _setting(
+        "namesrvAddr", "", "host:port;...",
+        "NameServers the broker registers its remoting address and topics with (at start, "
+        "when a topic is created, every registerNameServerPeriod)",
+    )  # fmt: skip
+    register_name_server_period: int = _setting(
+        "registerNameServerPeriod", 30_000, "ms", "how often the broker registers with namesrvAddr",
+        minimum=10_000, maximum=60_000,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -122,6 +122,7 @@ class Broker:
         self._executor: ThreadPoolExecutor | None = None
         self.writer: GroupWriter | None = None
         self.servicer: MessagingServicer | None = None
+        self.remoting: Any = None  # remoting.broker.RemotingFrontend when remotingListenPort
 
     @property
     def endpoint(self) -> str:
@@ -358,6 +359,25 @@ class Broker:
         self._on_loop(self._serve(self.servicer, admin_handler(self, self.run),
                                   tier_admin_handler(self), replication_handler(self, self.run),
                                   compaction_admin_handler(self)))
+        if cfg.remoting_listen_port >= 0:  # RocketMQ 4.x clients (stratamq/remoting/)
+            self._on_loop(self._start_remoting(timer))
+
+    async def _start_remoting(self, timer: Any) -> None:
+        from stratamq.remoting.broker import RemotingFrontend, registered_host
+
+        cfg = self.config
+        assert self.writer is not None
+        self.remoting = RemotingFrontend(
+            lookup=self.lookup, writer=self.writer, reader=self.store, state=self.state,
+            polls=self.polls, timer=timer, run=self.run,
+            max_message_size=self.store_config.max_message_size,
+            identity={"clusterName": cfg.broker_cluster_name, "brokerName": cfg.broker_name,
+                      "brokerId": "0", "haServerAddr": ""})
+        await self.remoting.start(
+            self.listen_host, cfg.remoting_listen_port,
+            registered_host(self.store_config.broker_ip, self.listen_host), cfg.namesrv_addr,
+            cfg.register_name_server_period, self.store_config.max_message_size)
+        log.info("broker %s serving remoting on port %d", cfg.broker_name, self.remoting.port)
 
     def _on_dispatch(self, info: DispatchInfo) -> None:
         self.polls.notify(info.topic)
@@ -447,6 +467,8 @@ class Broker:
             if done.is_alive() or not self._stop_loop():
                 stopped = False
 
+        if self.remoting is not None:  # unregisters from the NameServers first
+            step("stopping remoting", lambda: self._on_loop(self.remoting.close(), 30.0))
         step("stopping the gRPC server", stop_server)
         self.server = None
         if self.replication is not None:

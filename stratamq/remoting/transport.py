@@ -69,7 +69,7 @@ class Connection:
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    # -- sending ----------------------------------------------------------------------------------
+    # -- sending --------------------------------------------------------------------------------
 
     def send(self, cmd: RemotingCommand) -> None:
         if self.closed.is_set() or self.writer.is_closing():
@@ -101,7 +101,7 @@ class Connection:
         self.send(cmd)
         await self.writer.drain()
 
-    # -- receiving --------------------------------------------------------------------------------
+    # -- receiving ------------------------------------------------------------------------------
 
     async def run(self, first: bytes = b"") -> None:
         """Read until the peer closes or breaks the stream; then close. ``first``: bytes

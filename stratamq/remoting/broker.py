@@ -1,0 +1,124 @@
+"""The broker's remoting front end: the request codes RocketMQ 4.x clients use, served on
+``remotingListenPort`` over the same services as the gRPC adapter, and the NameServer
+registration (``namesrvAddr``).
+
+``RemotingFrontend`` is handed the narrow parts it uses (lookups, the single writer, a queue
+reader, the offsets, the long polls, the timer, the executor's ``run``), never the broker.
+The address it registers is the one clients reach: ``brokerIP1`` when set to something other
+than loopback or when the broker listens on every interface, else the listen host; with the
+remoting port.
+
+Thread-safety: ``start``/``close`` on the broker's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+from stratamq.broker.lookup import Lookup
+from stratamq.broker.polling import LongPolls
+from stratamq.broker.pop_state import PopState
+from stratamq.broker.ports import Call, MessageReader
+from stratamq.broker.writer import GroupWriter
+from stratamq.remoting.broker_consume import ConsumeHandlers
+from stratamq.remoting.broker_send import SendHandlers
+from stratamq.remoting.clients import ConsumerTable
+from stratamq.remoting.codec import DEFAULT_MAX_FRAME, RemotingCommand
+from stratamq.remoting.codes import RequestCode
+from stratamq.remoting.registration import BrokerRegistrar, parse_namesrv_addr
+from stratamq.remoting.transport import Connection, Handler, RemotingServer
+
+__all__ = ["RemotingFrontend", "registered_host"]
+
+_EXPIRY_SCAN_S = 10.0  # RocketMQ's ClientHousekeepingService period
+
+
+def registered_host(broker_ip: str, listen_host: str) -> str:
+    """The host clients reach (see the module docstring)."""
+    if listen_host in ("0.0.0.0", "::", "") or broker_ip not in ("127.0.0.1", ""):
+        return broker_ip or "127.0.0.1"
+    return listen_host
+
+
+def _call_of(request: RemotingCommand, conn: Connection) -> Call:
+    return Call(metadata=request.ext_fields, peer=conn.peer)
+
+
+class RemotingFrontend:
+    """The broker's remoting server and its NameServer registration."""
+
+    def __init__(self, *, lookup: Lookup, writer: GroupWriter, reader: MessageReader,
+                 state: PopState, polls: LongPolls, timer: Any, run: Callable[..., Any],
+                 max_message_size: int, identity: dict[str, str]) -> None:
+        self.lookup = lookup
+        self.consumers = ConsumerTable()
+        self.identity = identity  # clusterName, brokerName, brokerId, haServerAddr
+        self.send = SendHandlers(lookup, writer, max_message_size, timer, _call_of, run)
+        self.consume = ConsumeHandlers(lookup, reader, state, polls, self.consumers, _call_of,
+                                       run)
+        self.server: RemotingServer | None = None
+        self.registrar: BrokerRegistrar | None = None
+        self.port = 0
+        self._started_ms = int(time.time() * 1000)
+        self._housekeeping: asyncio.Task[None] | None = None
+
+    @property
+    def handlers(self) -> dict[int, Handler]:
+        s, c = self.send, self.consume
+        return {RequestCode.SEND_MESSAGE: s.send, RequestCode.SEND_MESSAGE_V2: s.send,
+                RequestCode.SEND_BATCH_MESSAGE: s.send_batch,
+                RequestCode.PULL_MESSAGE: c.pull,
+                RequestCode.QUERY_CONSUMER_OFFSET: c.query_offset,
+                RequestCode.UPDATE_CONSUMER_OFFSET: c.update_offset,
+                RequestCode.GET_MAX_OFFSET: c.max_offset,
+                RequestCode.GET_MIN_OFFSET: c.min_offset,
+                RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: c.search_offset,
+                RequestCode.HEART_BEAT: c.heartbeat,
+                RequestCode.UNREGISTER_CLIENT: c.unregister_client,
+                RequestCode.GET_CONSUMER_LIST_BY_GROUP: c.consumer_list}
+
+    def topic_table(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The topic table and data version a registration carries."""
+        meta = self.lookup.meta
+        table = {t.name: t.to_json() for t in meta.topics()}
+        return table, {"counter": meta.topics_version, "stateVersion": 0,
+                       "timestamp": self._started_ms}
+
+    def _topics_changed(self) -> None:
+        if self.registrar is not None:
+            self.registrar.changed()
+
+    async def start(self, host: str, port: int, advertised_host: str, namesrv_addr: str,
+                    register_period_ms: int, max_message_size: int) -> int:
+        self.server = RemotingServer(self.handlers,
+                                     max(DEFAULT_MAX_FRAME, max_message_size + (1 << 20)),
+                                     on_close=self.consume.connection_closed)
+        self.port = await self.server.start(host, port)
+        self._housekeeping = asyncio.get_running_loop().create_task(self._expire_clients())
+        addresses = parse_namesrv_addr(namesrv_addr)
+        if addresses:
+            identity = dict(self.identity, brokerAddr=f"{advertised_host}:{self.port}")
+            self.registrar = BrokerRegistrar(addresses, identity, self.topic_table,
+                                             register_period_ms / 1000)
+            self.lookup.meta.add_topics_listener(self._topics_changed)
+            self.registrar.start()
+        return self.port
+
+    async def _expire_clients(self) -> None:
+        while True:
+            await asyncio.sleep(_EXPIRY_SCAN_S)
+            self.consumers.expire()
+
+    async def close(self) -> None:
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+            with contextlib.suppress(BaseException):
+                await self._housekeeping
+        if self.registrar is not None:
+            await self.registrar.close()
+        if self.server is not None:
+            await self.server.close()

@@ -1,0 +1,128 @@
+"""The NameServer: the route table as RocketMQ's RouteInfoManager keeps it (registration,
+120 s expiry, slaves, deleted topics), and ``stratamq namesrv start`` with a real broker
+registering through ``namesrvAddr``: routes name the broker's remoting address, a topic the
+broker creates is routed without waiting for the 30 s re-registration, and a killed broker's
+routes are gone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from remoting_env import invoke, remoting_broker, start_namesrv
+from waiting import wait_until
+
+from stratamq.broker.metadata import MetadataStore
+from stratamq.remoting.codes import RequestCode, ResponseCode
+from stratamq.remoting.routes import Registration, RouteTable
+
+T0 = 1_000_000
+
+
+def _master(topics: dict, counter: int = 1, addr: str = "10.0.0.1:10911") -> Registration:
+    return Registration("DefaultCluster", addr, "broker-a", 0, "10.0.0.1:10912",
+                        {t: {"topicName": t, "readQueueNums": q, "writeQueueNums": q,
+                             "perm": 6} for t, q in topics.items()},
+                        {"counter": counter, "timestamp": 5})
+
+
+def test_routes_expire_after_120_seconds_of_silence() -> None:
+    table = RouteTable()
+    table.register(_master({"T": 4}), T0)
+    route = table.topic_route("T")
+    assert route == {
+        "brokerDatas": [{"cluster": "DefaultCluster", "brokerName": "broker-a",
+                         "brokerAddrs": {"0": "10.0.0.1:10911"}, "enableActingMaster": False}],
+        "filterServerTable": {},
+        "queueDatas": [{"brokerName": "broker-a", "readQueueNums": 4, "writeQueueNums": 4,
+                        "perm": 6, "topicSysFlag": 0}]}
+    assert table.expire(T0 + 120_000) == []  # RocketMQ drops it only past the timeout
+    table.touch("DefaultCluster", "10.0.0.1:10911", T0 + 60_000)  # QUERY_DATA_VERSION
+    assert table.expire(T0 + 170_000) == []
+    assert table.expire(T0 + 180_001) == [("DefaultCluster", "10.0.0.1:10911")]
+    assert table.topic_route("T") is None
+    assert table.cluster_info() == {"brokerAddrTable": {}, "clusterAddrTable": {}}
+
+
+def test_slave_learns_its_master_and_deleted_topics_lose_their_route() -> None:
+    table = RouteTable()
+    table.register(_master({"T": 4, "U": 2}), T0)
+    slave = Registration("DefaultCluster", "10.0.0.2:10911", "broker-a", 1, "", {}, {})
+    assert table.register(slave, T0) == {"masterAddr": "10.0.0.1:10911",
+                                         "haServerAddr": "10.0.0.1:10912"}
+    assert table.topic_route("T")["brokerDatas"][0]["brokerAddrs"] == {
+        "0": "10.0.0.1:10911", "1": "10.0.0.2:10911"}
+    # The master re-registers without U (deleted on the broker): U has no route any more.
+    table.register(_master({"T": 4}, counter=2), T0 + 1)
+    assert table.topic_route("U") is None and table.topic_route("T") is not None
+    assert table.topic_list() == {"topicList": ["T"]}
+    # Same data version: the topic table is not re-read (RocketMQ's isBrokerTopicConfigChanged).
+    table.register(_master({}, counter=2), T0 + 2)
+    assert table.topic_route("T") is not None
+
+
+@pytest.fixture
+def namesrv():
+    ns = start_namesrv()
+    yield ns
+    ns.stop()
+
+
+def _route(namesrv: str, topic: str) -> dict | None:
+    got = invoke(namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic})
+    if got.code == ResponseCode.TOPIC_NOT_EXIST:
+        assert f"No topic route info in name server for the topic: {topic}" in got.remark
+        return None
+    assert got.code == ResponseCode.SUCCESS, got.remark
+    return json.loads(got.body)
+
+
+def test_broker_registers_its_remoting_address_and_new_topics(tmp_path, namesrv) -> None:
+    store = tmp_path / "store"
+    MetadataStore(store).create_topic("Orders", 3)
+    broker, remoting = remoting_broker(store, namesrv.address)
+    try:
+        wait_until(lambda: _route(namesrv.address, "Orders") is not None, 60, "Orders routed")
+        route = _route(namesrv.address, "Orders")
+        assert route["brokerDatas"][0]["brokerAddrs"] == {"0": remoting}
+        assert route["queueDatas"][0]["readQueueNums"] == 3
+        info = invoke(namesrv.address, RequestCode.GET_BROKER_CLUSTER_INFO)
+        assert json.loads(info.body)["clusterAddrTable"] == {"DefaultCluster": ["broker-a"]}
+        topics = invoke(namesrv.address, RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+        assert "Orders" in json.loads(topics.body)["topicList"]
+
+        # A consumer's heartbeat creates its retry topic on the broker; the broker registers
+        # it at once, not at its next 30 s registration.
+        heartbeat = {"clientID": "c1", "producerDataSet": [], "consumerDataSet": [
+            {"groupName": "G1", "consumeType": "CONSUME_PASSIVELY",
+             "messageModel": "CLUSTERING", "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+             "subscriptionDataSet": [{"topic": "Orders", "subString": "*"}]}]}
+        got = invoke(remoting, RequestCode.HEART_BEAT, body=json.dumps(heartbeat).encode())
+        assert got.code == ResponseCode.SUCCESS, got.remark
+        wait_until(lambda: _route(namesrv.address, "%RETRY%G1") is not None, 20,
+                   "the retry topic routed before the periodic registration")
+
+        # A broker killed without unregistering: its connection closes, its routes go.
+        broker.kill()
+        wait_until(lambda: _route(namesrv.address, "Orders") is None, 30, "routes dropped")
+    finally:
+        if broker.proc.poll() is None:
+            broker.terminate()
+
+
+def test_kv_config_and_unknown_codes(namesrv) -> None:
+    got = invoke(namesrv.address, RequestCode.GET_KV_CONFIG,
+                 {"namespace": "ORDER_TOPIC_CONFIG", "key": "T"})
+    assert got.code == ResponseCode.QUERY_NOT_FOUND
+    assert got.remark == "No config item, Namespace: ORDER_TOPIC_CONFIG Key: T"
+    assert invoke(namesrv.address, 100, {"namespace": "ORDER_TOPIC_CONFIG", "key": "T",
+                                         "value": "broker-a:4"}).code == ResponseCode.SUCCESS
+    got = invoke(namesrv.address, RequestCode.GET_KV_CONFIG,
+                 {"namespace": "ORDER_TOPIC_CONFIG", "key": "T"})
+    assert (got.code, got.ext_fields["value"]) == (ResponseCode.SUCCESS, "broker-a:4")
+    got = invoke(namesrv.address, RequestCode.SEND_MESSAGE_V2)  # a broker's code
+    assert got.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+    bad = invoke(namesrv.address, RequestCode.REGISTER_BROKER,
+                 {"clusterName": "C", "brokerAddr": "a:1", "brokerName": "b", "brokerId": "0",
+                  "bodyCrc32": "12345"}, body=b"{}")
+    assert (bad.code, bad.remark) == (ResponseCode.SYSTEM_ERROR, "crc32 not match")
