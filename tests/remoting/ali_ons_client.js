@@ -6,7 +6,7 @@
 // `consume` prints each message and exits once COUNT messages were consumed (and the offsets
 // persisted); with RETRY_FIRST it answers ACTION_RETRY to each message's first delivery.
 const path = require('path');
-const ons = require(path.join(process.env.ALI_ONS_DIR, 'node_modules', 'ali-ons'));
+const ons = require(path.join(process.env.ALI_ONS_DIR || __dirname, 'node_modules', 'ali-ons'));
 
 const [mode, nameSrv, topic, ...rest] = process.argv.slice(2);
 const common = {
