@@ -363,14 +363,16 @@ class Broker:
             self._on_loop(self._start_remoting(timer))
 
     async def _start_remoting(self, timer: Any) -> None:
+        from stratamq.config import parse_delay_levels
         from stratamq.remoting.broker import RemotingFrontend, registered_host
 
         cfg = self.config
         assert self.writer is not None
         self.remoting = RemotingFrontend(
-            lookup=self.lookup, writer=self.writer, reader=self.store, state=self.state,
-            polls=self.polls, timer=timer, run=self.run,
-            max_message_size=self.store_config.max_message_size,
+            lookup=self.lookup, writer=self.writer, reader=self.store,
+            look_up=self.store.look_message_by_offset, state=self.state, polls=self.polls,
+            timer=timer, run=self.run, max_message_size=self.store_config.max_message_size,
+            delay_levels_ms=parse_delay_levels(cfg.message_delay_level),
             identity={"clusterName": cfg.broker_cluster_name, "brokerName": cfg.broker_name,
                       "brokerId": "0", "haServerAddr": ""})
         await self.remoting.start(

@@ -24,11 +24,14 @@ from stratamq.broker.polling import LongPolls
 from stratamq.broker.pop_state import PopState
 from stratamq.broker.ports import Call, MessageReader
 from stratamq.broker.writer import GroupWriter
+from stratamq.message import StoredMessage
 from stratamq.remoting.broker_consume import ConsumeHandlers
+from stratamq.remoting.broker_retry import SendBackHandler
 from stratamq.remoting.broker_send import SendHandlers
 from stratamq.remoting.clients import ConsumerTable
 from stratamq.remoting.codec import DEFAULT_MAX_FRAME, RemotingCommand
 from stratamq.remoting.codes import RequestCode
+from stratamq.remoting.locks import QueueLocks
 from stratamq.remoting.registration import BrokerRegistrar, parse_namesrv_addr
 from stratamq.remoting.transport import Connection, Handler, RemotingServer
 
@@ -52,12 +55,17 @@ class RemotingFrontend:
     """The broker's remoting server and its NameServer registration."""
 
     def __init__(self, *, lookup: Lookup, writer: GroupWriter, reader: MessageReader,
-                 state: PopState, polls: LongPolls, timer: Any, run: Callable[..., Any],
-                 max_message_size: int, identity: dict[str, str]) -> None:
+                 look_up: Callable[[int], StoredMessage | None], state: PopState,
+                 polls: LongPolls, timer: Any, run: Callable[..., Any],
+                 max_message_size: int, delay_levels_ms: list[int],
+                 identity: dict[str, str]) -> None:
         self.lookup = lookup
         self.consumers = ConsumerTable()
         self.identity = identity  # clusterName, brokerName, brokerId, haServerAddr
-        self.send = SendHandlers(lookup, writer, max_message_size, timer, _call_of, run)
+        self.send = SendHandlers(lookup, writer, max_message_size, timer, _call_of, run,
+                                 delay_levels_ms)
+        self.send_back = SendBackHandler(lookup, look_up, self.send, _call_of, run)
+        self.locks = QueueLocks()
         self.consume = ConsumeHandlers(lookup, reader, state, polls, self.consumers, _call_of,
                                        run)
         self.server: RemotingServer | None = None
@@ -79,7 +87,10 @@ class RemotingFrontend:
                 RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: c.search_offset,
                 RequestCode.HEART_BEAT: c.heartbeat,
                 RequestCode.UNREGISTER_CLIENT: c.unregister_client,
-                RequestCode.GET_CONSUMER_LIST_BY_GROUP: c.consumer_list}
+                RequestCode.GET_CONSUMER_LIST_BY_GROUP: c.consumer_list,
+                RequestCode.CONSUMER_SEND_MSG_BACK: self.send_back.send_back,
+                RequestCode.LOCK_BATCH_MQ: self.locks.lock_batch,
+                RequestCode.UNLOCK_BATCH_MQ: self.locks.unlock_batch}
 
     def topic_table(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The topic table and data version a registration carries."""

@@ -32,13 +32,8 @@ from stratamq.remoting.errors import RemotingError, error_response
 from stratamq.remoting.transport import Connection
 from stratamq.store.results import PutMessageStatus
 
-__all__ = ["DELAY_LEVELS_MS", "SendHandlers", "decode_batch", "v2_to_v1"]
+__all__ = ["SendHandlers", "decode_batch", "v2_to_v1"]
 
-# RocketMQ's messageDelayLevel default: "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m
-# 1h 2h"; level n (1-based) waits DELAY_LEVELS_MS[n - 1].
-DELAY_LEVELS_MS = (1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000,
-                   360_000, 420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000,
-                   3_600_000, 7_200_000)
 
 # SendMessageRequestHeaderV2's one-letter names (RocketMQ keeps them short on the wire).
 _V2_NAMES = {"a": "producerGroup", "b": "topic", "c": "defaultTopic",
@@ -111,8 +106,9 @@ class SendHandlers:
 
     def __init__(self, lookup: Lookup, writer: GroupWriter, max_message_size: int,
                  timer: Any, call_of: Callable[[RemotingCommand, Connection], Call],
-                 run: Callable[..., Any]) -> None:
+                 run: Callable[..., Any], delay_levels_ms: list[int]) -> None:
         self.lookup = lookup
+        self.delay_levels_ms = delay_levels_ms  # messageDelayLevel: level n waits [n - 1]
         self.writer = writer
         self.max_message_size = max_message_size
         self.timer = timer
@@ -169,15 +165,15 @@ class SendHandlers:
                                   f"the message body size over max value, MAX: "
                                   f"{self.max_message_size}")
             msg = Message(name, body, qid, props, flag, sys_flag, born, host, reconsume)
-            out.append(self._delayed(msg))
+            out.append(self.delayed(msg))
         return out
 
-    def _delayed(self, msg: Message) -> Message:
+    def delayed(self, msg: Message) -> Message:
         level_text = msg.properties.get(Prop.DELAY_LEVEL)
         if not level_text:
             return msg
         try:
-            level = min(int(level_text), len(DELAY_LEVELS_MS))
+            level = min(int(level_text), len(self.delay_levels_ms))
         except ValueError:
             raise RemotingError(ResponseCode.MESSAGE_ILLEGAL,
                               f"DELAY level {level_text!r} is not a number") from None
@@ -186,7 +182,7 @@ class SendHandlers:
         if self.timer is None:
             raise RemotingError(ResponseCode.SERVICE_NOT_AVAILABLE,
                               "delay levels need the timer service (timerWheelEnable)")
-        return self.timer.hold(msg, int(time.time() * 1000) + DELAY_LEVELS_MS[level - 1])
+        return self.timer.hold(msg, int(time.time() * 1000) + self.delay_levels_ms[level - 1])
 
     @staticmethod
     def _answer(request: RemotingCommand, messages: list[Message],

@@ -1,0 +1,270 @@
+"""The broker's remoting codes through a raw-frame client built from the protocol description
+(the paths ali-ons does not take): the three send codes in both header encodings, compressed
+bodies, tag filtering at the broker, long-polled pulls, consumer offsets shared with gRPC,
+send-back to the retry topic and on to the DLQ, queue locks, heartbeats and consumer lists."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import zlib
+
+import grpc
+import pytest
+from pulling import pull_queue
+from remoting_env import invoke, remoting_broker
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc
+from waiting import wait_until
+
+from stratamq import record
+from stratamq.broker.metadata import MetadataStore
+from stratamq.remoting.codec import RemotingCommand
+from stratamq.remoting.codes import RequestCode, ResponseCode, SerializeType
+from stratamq.remoting.locks import QueueLocks
+from stratamq.remoting.transport import RemotingClient
+
+SUBSCRIBED = 4 | 2  # PullSysFlag: subscription in the request, suspend
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    store = tmp_path_factory.mktemp("remoting-broker") / "store"
+    MetadataStore(store).create_topic("Raw", 2)
+    MetadataStore(store).create_topic("Poll", 1)
+    b, address = remoting_broker(store, extra="messageDelayLevel=1s 1s 1s 1s 1s\n")
+    yield b, address
+    b.terminate()
+
+
+def _props(**kv: str) -> str:
+    return "".join(f"{k}\x01{v}\x02" for k, v in kv.items())
+
+
+def _batch(*entries: tuple[bytes, dict[str, str]]) -> bytes:
+    out = b""
+    for body, props in entries:
+        p = _props(**props).encode()
+        size = 20 + len(body) + 2 + len(p)
+        out += struct.pack(">iiIii", size, 0, zlib.crc32(body), 0, len(body)) + body
+        out += struct.pack(">h", len(p)) + p
+    return out
+
+
+def _pull(address: str, topic: str, qid: int, offset: int, expression: str = "*",
+          group: str = "G", suspend_ms: int = 0) -> tuple[RemotingCommand, list]:
+    got = invoke(address, RequestCode.PULL_MESSAGE, {
+        "consumerGroup": group, "topic": topic, "queueId": str(qid),
+        "queueOffset": str(offset), "maxMsgNums": "32", "sysFlag": str(SUBSCRIBED),
+        "commitOffset": "-1", "suspendTimeoutMillis": str(suspend_ms),
+        "subscription": expression, "subVersion": "0"})
+    records, pos = [], 0
+    while pos < len(got.body):
+        m = record.decode(got.body, pos)
+        records.append(m)
+        pos += m.total_size
+    return got, records
+
+
+def test_sends_in_both_encodings_compressed_bodies_and_broker_side_tag_filter(broker):
+    b, address = broker
+    one = invoke(address, RequestCode.SEND_MESSAGE, {
+        "producerGroup": "P", "topic": "Raw", "queueId": "0", "sysFlag": "0",
+        "bornTimestamp": "1700000000000", "flag": "0", "reconsumeTimes": "0",
+        "properties": _props(TAGS="TagA", KEYS="k1 k2", color="red")}, b"one")
+    assert one.code == ResponseCode.SUCCESS, one.remark
+    assert (one.ext_fields["queueId"], one.ext_fields["queueOffset"]) == ("0", "0")
+    zipped = zlib.compress(b"zipped " * 200)
+    two = invoke(address, RequestCode.SEND_MESSAGE_V2, {
+        "a": "P", "b": "Raw", "e": "0", "f": "1", "g": "1700000000001", "h": "0",
+        "i": _props(TAGS="TagB")}, zipped, kind=SerializeType.ROCKETMQ)
+    assert (two.code, two.serialize_type) == (ResponseCode.SUCCESS, SerializeType.ROCKETMQ)
+    batch = invoke(address, RequestCode.SEND_BATCH_MESSAGE, {
+        "a": "P", "b": "Raw", "e": "1", "f": "0", "g": "1700000000002", "h": "0", "m": "true"},
+        _batch((b"b0", {"TAGS": "TagA"}), (b"b1", {"KEYS": "kb1"}), (b"b2", {"x": "y"})))
+    assert batch.code == ResponseCode.SUCCESS, batch.remark
+    assert len(batch.ext_fields["msgId"].split(",")) == 3
+
+    # The broker filters by tag: a TagA pull of queue 0 skips the TagB message.
+    got, records = _pull(address, "Raw", 0, 0, "TagA")
+    assert got.code == ResponseCode.SUCCESS
+    assert [(m.body, m.properties["TAGS"], m.properties["KEYS"]) for m in records] == [
+        (b"one", "TagA", "k1 k2")]
+    assert records[0].born_timestamp == 1700000000000
+    _, records = _pull(address, "Raw", 0, 0, "TagB")
+    assert records[0].body == zipped and records[0].sys_flag & 1  # stored as sent
+
+    # gRPC readers see the same messages; the compressed body arrives decompressed.
+    by_queue = {q: pull_queue(b.endpoint, "Raw", q) for q in (0, 1)}
+    assert [m.body for m in by_queue[0]] == [b"one", b"zipped " * 200]
+    assert by_queue[0][0].system_properties.tag == "TagA"
+    assert set(by_queue[0][0].system_properties.keys) == {"k1", "k2"}
+    assert by_queue[0][0].user_properties["color"] == "red"
+    assert [m.body for m in by_queue[1]] == [b"b0", b"b1", b"b2"]
+
+    unknown = invoke(address, RequestCode.SEND_MESSAGE_V2, {"a": "P", "b": "Nope", "e": "0"},
+                     b"x")
+    assert unknown.code == ResponseCode.TOPIC_NOT_EXIST
+    bad_queue = invoke(address, RequestCode.SEND_MESSAGE_V2, {"a": "P", "b": "Raw", "e": "9"},
+                       b"x")
+    assert bad_queue.code == ResponseCode.SYSTEM_ERROR and "queueId[9]" in bad_queue.remark
+
+
+def test_a_suspended_pull_answers_when_a_message_arrives(broker):
+    _, address = broker
+
+    async def scenario() -> RemotingCommand:
+        puller = RemotingClient(address)
+        try:
+            pull = asyncio.ensure_future(puller.invoke(RemotingCommand(
+                RequestCode.PULL_MESSAGE, ext_fields={
+                    "consumerGroup": "G", "topic": "Poll", "queueId": "0",
+                    "queueOffset": "0", "maxMsgNums": "32", "sysFlag": str(SUBSCRIBED),
+                    "commitOffset": "-1", "suspendTimeoutMillis": "20000",
+                    "subscription": "*"}), 30))
+            await asyncio.sleep(0)  # the pull's frame is written before the send's
+            sender = RemotingClient(address)
+            try:
+                sent = await sender.invoke(RemotingCommand(
+                    RequestCode.SEND_MESSAGE_V2, ext_fields={"a": "P", "b": "Poll", "e": "0"},
+                    body=b"woken"), 30)
+                assert sent.code == ResponseCode.SUCCESS
+            finally:
+                await sender.close()
+            return await pull
+        finally:
+            await puller.close()
+
+    got = asyncio.run(scenario())
+    assert got.code == ResponseCode.SUCCESS, got.remark
+    assert record.decode(got.body).body == b"woken"
+    assert got.ext_fields["nextBeginOffset"] == "1"
+    # At the end of the queue without suspending: PULL_NOT_FOUND at once.
+    empty, _ = _pull(address, "Poll", 0, 1)
+    assert empty.code == ResponseCode.PULL_NOT_FOUND
+
+
+def test_consumer_offsets_are_shared_with_grpc_and_queue_offsets(broker):
+    b, address = broker
+    got = invoke(address, RequestCode.UPDATE_CONSUMER_OFFSET, {
+        "consumerGroup": "Shared", "topic": "Raw", "queueId": "0", "commitOffset": "1"})
+    assert got.code == ResponseCode.SUCCESS
+    with grpc.insecure_channel(b.endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        queue = pb.MessageQueue(topic=pb.Resource(name="Raw"), id=0)
+        reply = stub.GetOffset(svc.GetOffsetRequest(group=pb.Resource(name="Shared"),
+                                                    message_queue=queue), timeout=10)
+        assert (reply.status.code, reply.offset) == (pb.OK, 1)
+        stub.UpdateOffset(svc.UpdateOffsetRequest(
+            group=pb.Resource(name="Shared"), offset=2,
+            message_queue=pb.MessageQueue(topic=pb.Resource(name="Raw"), id=1)), timeout=10)
+    got = invoke(address, RequestCode.QUERY_CONSUMER_OFFSET,
+                 {"consumerGroup": "Shared", "topic": "Raw", "queueId": "1"})
+    assert (got.code, got.ext_fields["offset"]) == (ResponseCode.SUCCESS, "2")
+
+    def offset(code: int, **extra: str) -> int:
+        reply = invoke(address, code, {"topic": "Raw", "queueId": "1", **extra})
+        assert reply.code == ResponseCode.SUCCESS, reply.remark
+        return int(reply.ext_fields["offset"])
+
+    assert offset(RequestCode.GET_MIN_OFFSET) == 0
+    assert offset(RequestCode.GET_MAX_OFFSET) == 3
+    assert offset(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, timestamp="0") == 0
+
+
+def test_send_back_goes_to_the_retry_topic_then_the_dlq(broker):
+    _, address = broker
+    assert invoke(address, RequestCode.HEART_BEAT, body=json.dumps({
+        "clientID": "c-retry", "producerDataSet": [], "consumerDataSet": [{
+            "groupName": "GR", "subscriptionDataSet": [{"topic": "Raw", "subString": "*"}]}]
+    }).encode()).code == ResponseCode.SUCCESS
+    _, records = _pull(address, "Raw", 0, 0, "TagA")
+    original = records[0]
+    back = invoke(address, RequestCode.CONSUMER_SEND_MSG_BACK, {
+        "offset": str(original.physical_offset), "group": "GR", "delayLevel": "0",
+        "originMsgId": "ORIG-1", "originTopic": "Raw", "maxReconsumeTimes": "1"})
+    assert back.code == ResponseCode.SUCCESS, back.remark
+
+    retried: list = []
+
+    def in_retry_topic() -> bool:
+        got, found = _pull(address, "%RETRY%GR", 0, 0)
+        retried[:] = found
+        return bool(found)
+
+    wait_until(in_retry_topic, 30, "the message in %RETRY%GR after its delay level")
+    again = retried[0]
+    assert (again.body, again.reconsume_times) == (b"one", 1)
+    assert again.properties["RETRY_TOPIC"] == "Raw"
+    assert again.properties["ORIGIN_MESSAGE_ID"] == "ORIG-1"
+    assert again.properties["TAGS"] == "TagA"
+
+    # Its reconsume times reached the client's maxReconsumeTimes: dead letter.
+    dead = invoke(address, RequestCode.CONSUMER_SEND_MSG_BACK, {
+        "offset": str(again.physical_offset), "group": "GR", "delayLevel": "0",
+        "originMsgId": "ORIG-1", "originTopic": "Raw", "maxReconsumeTimes": "1"})
+    assert dead.code == ResponseCode.SUCCESS, dead.remark
+    _, letters = _pull(address, "%DLQ%GR", 0, 0)
+    assert [(m.body, m.reconsume_times, m.properties["RETRY_TOPIC"]) for m in letters] == [
+        (b"one", 2, "Raw")]
+    missing = invoke(address, RequestCode.CONSUMER_SEND_MSG_BACK, {
+        "offset": "0", "group": "NoSuchGroup", "delayLevel": "0"})
+    assert missing.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+
+
+def test_queue_locks_and_consumer_lists(broker):
+    _, address = broker
+    queues = [{"topic": "Raw", "brokerName": "broker-a", "queueId": q} for q in (0, 1)]
+
+    def lock(client: str, code: int = RequestCode.LOCK_BATCH_MQ, mqs: list = queues) -> list:
+        got = invoke(address, code, body=json.dumps(
+            {"consumerGroup": "GL", "clientId": client, "mqSet": mqs}).encode())
+        assert got.code == ResponseCode.SUCCESS, got.remark
+        return sorted(q["queueId"] for q in json.loads(got.body)["lockOKMQSet"]) \
+            if got.body else []
+
+    assert lock("A") == [0, 1]
+    assert lock("B") == []
+    lock("A", RequestCode.UNLOCK_BATCH_MQ, queues[:1])
+    assert lock("B") == [0]
+    # An unrenewed lock expires after 60 s (RebalanceLockManager), here with a given clock.
+    locks = QueueLocks()
+    assert locks.lock("g", "A", [("T", "b", 0)], 0) == [("T", "b", 0)]
+    assert locks.lock("g", "B", [("T", "b", 0)], 60_000) == []
+    assert locks.lock("g", "B", [("T", "b", 0)], 60_001) == [("T", "b", 0)]
+
+    async def two_consumers() -> tuple[list[str], list[RemotingCommand]]:
+        notified: list[RemotingCommand] = []
+
+        async def on_notify(cmd: RemotingCommand, conn: object) -> None:
+            notified.append(cmd)
+
+        first = RemotingClient(address, {RequestCode.NOTIFY_CONSUMER_IDS_CHANGED: on_notify})
+        second = RemotingClient(address)
+        try:
+            for client, cid in ((first, "c1"), (second, "c2")):
+                got = await client.invoke(RemotingCommand(RequestCode.HEART_BEAT, body=json.dumps(
+                    {"clientID": cid, "consumerDataSet": [{"groupName": "GC",
+                                                           "subscriptionDataSet": []}]}
+                ).encode()))
+                assert got.code == ResponseCode.SUCCESS
+            listed = await first.invoke(RemotingCommand(RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                                        ext_fields={"consumerGroup": "GC"}))
+            for _ in range(100):  # the notification is a oneway frame after the heartbeat
+                if notified:
+                    break
+                await asyncio.sleep(0.05)
+            return json.loads(listed.body)["consumerIdList"], notified
+        finally:
+            await first.close()
+            await second.close()
+
+    ids, notified = asyncio.run(two_consumers())
+    assert ids == ["c1", "c2"]
+    assert notified and notified[0].ext_fields == {"consumerGroup": "GC"}
+    # Both connections closed: the group has no consumer left.
+    wait_until(lambda: invoke(address, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                              {"consumerGroup": "GC"}).code == ResponseCode.SYSTEM_ERROR,
+               10, "the closed connections' consumers forgotten")
