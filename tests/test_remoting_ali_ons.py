@@ -38,10 +38,11 @@ def ali_ons() -> Path:
 def cluster(tmp_path_factory):
     store = tmp_path_factory.mktemp("remoting") / "store"
     meta = MetadataStore(store)
-    for name in ("AliT", "AliToGrpc", "GrpcToAli"):
+    for name in ("AliT", "AliToGrpc", "GrpcToAli", "AliRetry"):
         meta.create_topic(name, 4)
     namesrv = start_namesrv()
-    broker, remoting = remoting_broker(store, namesrv.address)
+    broker, remoting = remoting_broker(store, namesrv.address,
+                                       extra="messageDelayLevel=1s 1s 1s 1s 1s\n")
     yield namesrv, broker, remoting
     broker.terminate()
     namesrv.stop()
@@ -62,8 +63,8 @@ def _produce(node: Path, namesrv: str, topic: str, count: int, tag: str,
 
 
 def _consume(node: Path, namesrv: str, topic: str, group: str, expression: str,
-             count: int) -> list[dict]:
-    out = _node(node, "consume", namesrv, topic, group, expression, str(count))
+             count: int, *retry_first: str) -> list[dict]:
+    out = _node(node, "consume", namesrv, topic, group, expression, str(count), *retry_first)
     return [m for m in out if "body" in m]
 
 
@@ -133,3 +134,17 @@ def test_interop_with_the_grpc_client_both_ways(ali_ons, cluster) -> None:
     for i in range(2):
         m = by_body[f"py-{i}"]
         assert (m["tags"], m["keys"], m["props"]["n"]) == ("TagY", f"pk-{i}", str(i))
+
+
+def test_a_message_the_consumer_retries_comes_back_through_the_retry_topic(ali_ons, cluster):
+    namesrv, _broker, _remoting = cluster
+    wait_until(lambda: _routed(namesrv.address, "AliRetry"), 60, "AliRetry routed")
+    _produce(ali_ons, namesrv.address, "AliRetry", 2, "TagR", "again")
+    # The consumer answers ACTION_RETRY to each first delivery: ali-ons sends it back
+    # (CONSUMER_SEND_MSG_BACK), the broker stores it in %RETRY%<group> after delay level 3.
+    got = _consume(ali_ons, namesrv.address, "AliRetry", "GID_retry", "TagR", 2, "retry")
+    assert {m["body"] for m in got} == {"again-0", "again-1"}
+    for m in got:
+        assert m["reconsumeTimes"] == 1
+        assert m["props"]["RETRY_TOPIC"] == "AliRetry"
+        assert m["tags"] == "TagR"
