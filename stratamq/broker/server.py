@@ -374,7 +374,7 @@ class Broker:
             timer=timer, run=self.run, max_message_size=self.store_config.max_message_size,
             delay_levels_ms=parse_delay_levels(cfg.message_delay_level),
             identity={"clusterName": cfg.broker_cluster_name, "brokerName": cfg.broker_name,
-                      "brokerId": "0", "haServerAddr": ""})
+                      "brokerId": "0", "haServerAddr": ""}, acl=self.acl)
         await self.remoting.start(
             self.listen_host, cfg.remoting_listen_port,
             registered_host(self.store_config.broker_ip, self.listen_host), cfg.namesrv_addr,

@@ -19,18 +19,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from stratamq.broker.acl import AclChecker
 from stratamq.broker.lookup import Lookup
 from stratamq.broker.polling import LongPolls
 from stratamq.broker.pop_state import PopState
 from stratamq.broker.ports import Call, MessageReader
 from stratamq.broker.writer import GroupWriter
 from stratamq.message import StoredMessage
+from stratamq.remoting.acl import VERIFIED_KEY, RemotingAcl
 from stratamq.remoting.broker_consume import ConsumeHandlers
 from stratamq.remoting.broker_retry import SendBackHandler
 from stratamq.remoting.broker_send import SendHandlers
 from stratamq.remoting.clients import ConsumerTable
 from stratamq.remoting.codec import DEFAULT_MAX_FRAME, RemotingCommand
 from stratamq.remoting.codes import RequestCode
+from stratamq.remoting.errors import RemotingError
 from stratamq.remoting.locks import QueueLocks
 from stratamq.remoting.registration import BrokerRegistrar, parse_namesrv_addr
 from stratamq.remoting.transport import Connection, Handler, RemotingServer
@@ -47,10 +50,6 @@ def registered_host(broker_ip: str, listen_host: str) -> str:
     return listen_host
 
 
-def _call_of(request: RemotingCommand, conn: Connection) -> Call:
-    return Call(metadata=request.ext_fields, peer=conn.peer)
-
-
 class RemotingFrontend:
     """The broker's remoting server and its NameServer registration."""
 
@@ -58,15 +57,20 @@ class RemotingFrontend:
                  look_up: Callable[[int], StoredMessage | None], state: PopState,
                  polls: LongPolls, timer: Any, run: Callable[..., Any],
                  max_message_size: int, delay_levels_ms: list[int],
-                 identity: dict[str, str]) -> None:
+                 identity: dict[str, str], acl: AclChecker | None = None) -> None:
+        # With ACL on, the remoting adapter verifies RocketMQ 4 signatures itself and checks
+        # permissions through the same accounts (its own Lookup over the same metadata).
+        self.acl = RemotingAcl(acl) if acl is not None else None
+        if self.acl is not None:
+            lookup = Lookup(lookup.meta, lookup.config, self.acl)
         self.lookup = lookup
         self.consumers = ConsumerTable()
         self.identity = identity  # clusterName, brokerName, brokerId, haServerAddr
-        self.send = SendHandlers(lookup, writer, max_message_size, timer, _call_of, run,
+        self.send = SendHandlers(lookup, writer, max_message_size, timer, self.call_of, run,
                                  delay_levels_ms)
-        self.send_back = SendBackHandler(lookup, look_up, self.send, _call_of, run)
+        self.send_back = SendBackHandler(lookup, look_up, self.send, self.call_of, run)
         self.locks = QueueLocks()
-        self.consume = ConsumeHandlers(lookup, reader, state, polls, self.consumers, _call_of,
+        self.consume = ConsumeHandlers(lookup, reader, state, polls, self.consumers, self.call_of,
                                        run)
         self.server: RemotingServer | None = None
         self.registrar: BrokerRegistrar | None = None
@@ -74,8 +78,34 @@ class RemotingFrontend:
         self._started_ms = int(time.time() * 1000)
         self._housekeeping: asyncio.Task[None] | None = None
 
+    def call_of(self, request: RemotingCommand, conn: Connection) -> Call:
+        """The request as the shared logic sees it: its peer and (ACL on) the access key
+        ``guarded`` verified."""
+        if self.acl is None:
+            return Call(peer=conn.peer)
+        return Call(metadata={VERIFIED_KEY: request.ext_fields.get("AccessKey", "")},
+                    peer=conn.peer)
+
+    def _guarded(self, handler: Handler) -> Handler:
+        acl = self.acl
+        if acl is None:
+            return handler
+
+        async def verified(request: RemotingCommand, conn: Connection
+                           ) -> RemotingCommand | None:
+            try:
+                acl.verify(request)
+            except RemotingError as exc:
+                return request.response(exc.code, exc.message)
+            return await handler(request, conn)
+
+        return verified
+
     @property
     def handlers(self) -> dict[int, Handler]:
+        return {code: self._guarded(h) for code, h in self._handlers().items()}
+
+    def _handlers(self) -> dict[int, Handler]:
         s, c = self.send, self.consume
         return {RequestCode.SEND_MESSAGE: s.send, RequestCode.SEND_MESSAGE_V2: s.send,
                 RequestCode.SEND_BATCH_MESSAGE: s.send_batch,
