@@ -268,3 +268,31 @@ def test_queue_locks_and_consumer_lists(broker):
     wait_until(lambda: invoke(address, RequestCode.GET_CONSUMER_LIST_BY_GROUP,
                               {"consumerGroup": "GC"}).code == ResponseCode.SYSTEM_ERROR,
                10, "the closed connections' consumers forgotten")
+
+
+def test_lookups_by_commitlog_offset_and_by_key(broker):
+    _, address = broker
+    sent = invoke(address, RequestCode.SEND_MESSAGE_V2, {
+        "a": "P", "b": "Raw", "e": "1", "i": _props(TAGS="TagK", KEYS="order-77 cust-9")},
+        b"looked up")
+    assert sent.code == ResponseCode.SUCCESS
+    _host, offset = record.parse_offset_msg_id(sent.ext_fields["msgId"])
+    view = invoke(address, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": str(offset)})
+    assert view.code == ResponseCode.SUCCESS, view.remark
+    found = record.decode(view.body)
+    assert (found.body, found.physical_offset, found.properties["KEYS"]) == (
+        b"looked up", offset, "order-77 cust-9")
+
+    def by_key() -> RemotingCommand:
+        return invoke(address, RequestCode.QUERY_MESSAGE, {
+            "topic": "Raw", "key": "cust-9", "maxNum": "32", "beginTimestamp": "0",
+            "endTimestamp": str(2**62)})
+
+    wait_until(lambda: by_key().code == ResponseCode.SUCCESS, 10, "the key indexed")
+    assert record.decode(by_key().body).body == b"looked up"
+    missing = invoke(address, RequestCode.QUERY_MESSAGE, {
+        "topic": "Raw", "key": "no-such-key", "maxNum": "32", "beginTimestamp": "0",
+        "endTimestamp": str(2**62)})
+    assert missing.code == ResponseCode.QUERY_NOT_FOUND
+    wrong = invoke(address, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": str(offset + 1)})
+    assert wrong.code == ResponseCode.SYSTEM_ERROR

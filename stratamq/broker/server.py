@@ -370,7 +370,8 @@ class Broker:
         assert self.writer is not None
         self.remoting = RemotingFrontend(
             lookup=self.lookup, writer=self.writer, reader=self.store,
-            look_up=self.store.look_message_by_offset, state=self.state, polls=self.polls,
+            look_up=self.store.look_message_by_offset, query=self.store.query_messages,
+            state=self.state, polls=self.polls,
             timer=timer, run=self.run, max_message_size=self.store_config.max_message_size,
             delay_levels_ms=parse_delay_levels(cfg.message_delay_level),
             identity={"clusterName": cfg.broker_cluster_name, "brokerName": cfg.broker_name,

@@ -28,6 +28,7 @@ from stratamq.broker.writer import GroupWriter
 from stratamq.message import StoredMessage
 from stratamq.remoting.acl import VERIFIED_KEY, RemotingAcl
 from stratamq.remoting.broker_consume import ConsumeHandlers
+from stratamq.remoting.broker_lookup import LookupHandlers, Query
 from stratamq.remoting.broker_retry import SendBackHandler
 from stratamq.remoting.broker_send import SendHandlers
 from stratamq.remoting.clients import ConsumerTable
@@ -54,7 +55,8 @@ class RemotingFrontend:
     """The broker's remoting server and its NameServer registration."""
 
     def __init__(self, *, lookup: Lookup, writer: GroupWriter, reader: MessageReader,
-                 look_up: Callable[[int], StoredMessage | None], state: PopState,
+                 look_up: Callable[[int], StoredMessage | None], query: Query,
+                 state: PopState,
                  polls: LongPolls, timer: Any, run: Callable[..., Any],
                  max_message_size: int, delay_levels_ms: list[int],
                  identity: dict[str, str], acl: AclChecker | None = None) -> None:
@@ -70,6 +72,7 @@ class RemotingFrontend:
                                  delay_levels_ms)
         self.send_back = SendBackHandler(lookup, look_up, self.send, self.call_of, run)
         self.locks = QueueLocks()
+        self.lookups = LookupHandlers(lookup, reader, look_up, query, self.call_of, run)
         self.consume = ConsumeHandlers(lookup, reader, state, polls, self.consumers, self.call_of,
                                        run)
         self.server: RemotingServer | None = None
@@ -119,6 +122,8 @@ class RemotingFrontend:
                 RequestCode.UNREGISTER_CLIENT: c.unregister_client,
                 RequestCode.GET_CONSUMER_LIST_BY_GROUP: c.consumer_list,
                 RequestCode.CONSUMER_SEND_MSG_BACK: self.send_back.send_back,
+                RequestCode.VIEW_MESSAGE_BY_ID: self.lookups.view_by_id,
+                RequestCode.QUERY_MESSAGE: self.lookups.query_message,
                 RequestCode.LOCK_BATCH_MQ: self.locks.lock_batch,
                 RequestCode.UNLOCK_BATCH_MQ: self.locks.unlock_batch}
 
