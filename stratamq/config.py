@@ -871,7 +871,8 @@ class BrokerConfig:
     remoting_listen_port: int = _setting(
         "remotingListenPort", -1, "port",
         "port serving RocketMQ 4.x remoting clients (StrataMQ's own key; -1: off, 0: any free "
-        "port); the address registered with namesrvAddr",
+        "port; the broker's listen port: one port for both, gRPC relayed to loopback); the "
+        "address registered with namesrvAddr",
         minimum=-1, maximum=65535,
     )  # fmt: skip
     namesrv_addr: str = _setting(

@@ -296,3 +296,29 @@ def test_lookups_by_commitlog_offset_and_by_key(broker):
     assert missing.code == ResponseCode.QUERY_NOT_FOUND
     wrong = invoke(address, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": str(offset + 1)})
     assert wrong.code == ResponseCode.SYSTEM_ERROR
+
+
+def test_one_port_serves_both_protocols(tmp_path):
+    from broker_proc import free_port
+    from test_broker_harness import FAST_CONF, BrokerProcess
+
+    store = tmp_path / "store"
+    MetadataStore(store).create_topic("Shared", 1)
+    port = free_port()
+    b = BrokerProcess(store, FAST_CONF + f"remotingListenPort={port}\nhaListenPort=0\n",
+                      listen=f"127.0.0.1:{port}").start()
+    try:
+        assert b.endpoint == f"127.0.0.1:{port}"
+        sent = invoke(b.endpoint, RequestCode.SEND_MESSAGE_V2,
+                      {"a": "P", "b": "Shared", "e": "0", "i": _props(TAGS="One")}, b"one port")
+        assert sent.code == ResponseCode.SUCCESS, sent.remark
+        # The offset message id names this port, where remoting clients look the message up.
+        host, offset = record.parse_offset_msg_id(sent.ext_fields["msgId"])
+        assert f"{host.ip}:{host.port}" == b.endpoint
+        view = invoke(b.endpoint, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": str(offset)})
+        assert record.decode(view.body).body == b"one port"
+        # gRPC (HTTP/2) on the same port reads what remoting wrote.
+        got = pull_queue(b.endpoint, "Shared", 0)
+        assert [(m.body, m.system_properties.tag) for m in got] == [(b"one port", "One")]
+    finally:
+        b.terminate()

@@ -123,6 +123,7 @@ class Broker:
         self.writer: GroupWriter | None = None
         self.servicer: MessagingServicer | None = None
         self.remoting: Any = None  # remoting.broker.RemotingFrontend when remotingListenPort
+        self.grpc_port = 0  # where gRPC listens: the listen port, unless remoting shares it
 
     @property
     def endpoint(self) -> str:
@@ -266,14 +267,20 @@ class Broker:
                    else f"{self.listen_host}:{self.listen_port}")
         self.server_credentials = self._tls_credentials()
         loop = self._start_loop()
+        # remotingListenPort = the listen port: one port for both protocols. The remoting
+        # front door takes it and relays gRPC's connections to gRPC on a loopback port.
+        shared = 0 < cfg.remoting_listen_port == self.listen_port
         try:
-            port = self._on_loop(self._bind(address))
+            port = self._on_loop(self._bind("127.0.0.1:0" if shared else address))
             if not port:
                 raise OSError(f"cannot listen on {address}")
         except BaseException:
             self.server = None
             self._stop_loop()
             raise
+        self.grpc_port = port
+        if shared:
+            port = self.listen_port
         advertised = self.listen_host
         if advertised in ("0.0.0.0", "::", ""):
             advertised = self.store_config.broker_ip
@@ -376,8 +383,10 @@ class Broker:
             delay_levels_ms=parse_delay_levels(cfg.message_delay_level),
             identity={"clusterName": cfg.broker_cluster_name, "brokerName": cfg.broker_name,
                       "brokerId": "0", "haServerAddr": ""}, acl=self.acl)
+        shared = self.grpc_port != self.advertised[1]
         await self.remoting.start(
             self.listen_host, cfg.remoting_listen_port,
+            ("127.0.0.1", self.grpc_port) if shared else None,
             registered_host(self.store_config.broker_ip, self.listen_host), cfg.namesrv_addr,
             cfg.register_name_server_period, self.store_config.max_message_size)
         log.info("broker %s serving remoting on port %d", cfg.broker_name, self.remoting.port)

@@ -138,12 +138,16 @@ class RemotingFrontend:
         if self.registrar is not None:
             self.registrar.changed()
 
-    async def start(self, host: str, port: int, advertised_host: str, namesrv_addr: str,
-                    register_period_ms: int, max_message_size: int) -> int:
+    async def start(self, host: str, port: int, forward: tuple[str, int] | None,
+                    advertised_host: str, namesrv_addr: str, register_period_ms: int,
+                    max_message_size: int) -> int:
+        """Serve remoting on ``host:port``; ``forward``: the port is the broker's listen port,
+        shared with gRPC, which listens at ``forward`` (connections not speaking remoting are
+        relayed there)."""
         self.server = RemotingServer(self.handlers,
                                      max(DEFAULT_MAX_FRAME, max_message_size + (1 << 20)),
                                      on_close=self.consume.connection_closed)
-        self.port = await self.server.start(host, port)
+        self.port = await self.server.start(host, port, forward)
         self._housekeeping = asyncio.get_running_loop().create_task(self._expire_clients())
         addresses = parse_namesrv_addr(namesrv_addr)
         if addresses:

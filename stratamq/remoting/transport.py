@@ -34,7 +34,8 @@ from stratamq.remoting.codes import ResponseCode
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Connection", "Handler", "RemotingClient", "RemotingServer", "RemotingTimeout"]
+__all__ = ["Connection", "Handler", "RemotingClient", "RemotingServer", "RemotingTimeout",
+           "is_remoting"]
 
 Handler = Callable[[RemotingCommand, "Connection"], Awaitable[RemotingCommand | None]]
 
@@ -43,6 +44,24 @@ _READ_CHUNK = 256 * 1024
 # broker's memory without bound (a client that writes and never reads).
 _MAX_UNSENT = 64 * 1024 * 1024
 _opaques = itertools.count(1)
+
+
+def is_remoting(first: bytes) -> bool:
+    """Whether a connection's first byte starts a remoting frame: its length field, below
+    the 16 MiB frame limit, begins with a zero byte, where HTTP/2's preface begins with the
+    "P" of "PRI * HTTP/2.0" and TLS with its record type 0x16 (both go to gRPC)."""
+    return first[:1] == b"\x00"
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(_READ_CHUNK):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        writer.close()
 
 
 class RemotingTimeout(TimeoutError):
@@ -184,11 +203,42 @@ class RemotingServer:
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen; returns the port bound (``port`` 0: any free one)."""
-        self._server = await asyncio.start_server(self.serve, host, port,
-                                                  reuse_address=True)
+    async def start(self, host: str, port: int,
+                    forward: tuple[str, int] | None = None) -> int:
+        """Listen; returns the port bound (``port`` 0: any free one). ``forward``: the port
+        is shared, and connections that do not start with a remoting frame (gRPC's HTTP/2 or
+        TLS) are relayed to this address, byte for byte."""
+        serve = self.serve if forward is None else self._sharing(forward)
+        self._server = await asyncio.start_server(serve, host, port, reuse_address=True)
         return int(self._server.sockets[0].getsockname()[1])
+
+    def _sharing(self, forward: tuple[str, int]) -> Callable[..., Awaitable[None]]:
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                first = await reader.read(1)
+            except (ConnectionError, OSError):
+                first = b""
+            if not first:
+                writer.close()
+                return
+            if is_remoting(first):
+                await self.serve(reader, writer, first)
+                return
+            try:
+                up_reader, up_writer = await asyncio.open_connection(*forward)
+            except OSError as exc:
+                log.error("remoting: cannot relay %s to gRPC at %s:%d: %s",
+                          writer.get_extra_info("peername"), *forward, exc)
+                writer.close()
+                return
+            up_writer.write(first)
+            try:
+                await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+            finally:
+                up_writer.close()
+                writer.close()
+
+        return accept
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     first: bytes = b"") -> None:
