@@ -322,3 +322,35 @@ def test_one_port_serves_both_protocols(tmp_path):
         assert [(m.body, m.system_properties.tag) for m in got] == [(b"one port", "One")]
     finally:
         b.terminate()
+
+
+def test_admin_codes_for_mqadmin(broker):
+    _, address = broker
+    made = invoke(address, RequestCode.UPDATE_AND_CREATE_TOPIC, {
+        "topic": "AdminMade", "defaultTopic": "TBW102", "readQueueNums": "3",
+        "writeQueueNums": "2", "perm": "6", "topicFilterType": "SINGLE_TAG",
+        "topicSysFlag": "0", "order": "false"})
+    assert made.code == ResponseCode.SUCCESS, made.remark
+    table = json.loads(invoke(address, RequestCode.GET_ALL_TOPIC_CONFIG).body)
+    assert {k: table["topicConfigTable"]["AdminMade"][k] for k in (
+        "readQueueNums", "writeQueueNums", "perm")} == {
+        "readQueueNums": 3, "writeQueueNums": 2, "perm": 6}
+    group = invoke(address, 200, body=json.dumps(
+        {"groupName": "AdminGroup", "retryMaxTimes": 3, "consumeEnable": True}).encode())
+    assert group.code == ResponseCode.SUCCESS, group.remark
+    groups = json.loads(invoke(address, 201).body)["subscriptionGroupTable"]
+    assert groups["AdminGroup"]["retryMaxTimes"] == 3
+    runtime = json.loads(invoke(address, RequestCode.GET_BROKER_RUNTIME_INFO).body)["table"]
+    assert runtime["brokerVersionDesc"].startswith("V4_")
+
+    # Maps keyed by a MessageQueue, written as fastjson writes them (object keys).
+    assert invoke(address, RequestCode.UPDATE_CONSUMER_OFFSET, {
+        "consumerGroup": "AdminGroup", "topic": "AdminMade", "queueId": "0",
+        "commitOffset": "0"}).code == ResponseCode.SUCCESS
+    stats = invoke(address, 202, {"topic": "AdminMade"}).body.decode()
+    assert stats.startswith('{"offsetTable":{{"brokerName":"broker-a","queueId":0,'
+                            '"topic":"AdminMade"}:{"lastUpdateTimestamp":0,"maxOffset":0,')
+    consume = invoke(address, 208, {"consumerGroup": "AdminGroup", "topic": "AdminMade"})
+    assert '"consumerOffset":0' in consume.body.decode()
+    offline = invoke(address, 203, {"consumerGroup": "AdminGroup"})
+    assert offline.code == ResponseCode.CONSUMER_NOT_ONLINE

@@ -27,6 +27,7 @@ from stratamq.broker.ports import Call, MessageReader
 from stratamq.broker.writer import GroupWriter
 from stratamq.message import StoredMessage
 from stratamq.remoting.acl import VERIFIED_KEY, RemotingAcl
+from stratamq.remoting.broker_admin import AdminHandlers
 from stratamq.remoting.broker_consume import ConsumeHandlers
 from stratamq.remoting.broker_lookup import LookupHandlers, Query
 from stratamq.remoting.broker_retry import SendBackHandler
@@ -79,6 +80,9 @@ class RemotingFrontend:
         self.registrar: BrokerRegistrar | None = None
         self.port = 0
         self._started_ms = int(time.time() * 1000)
+        self.admin = AdminHandlers(lookup, reader, state, self.consumers,
+                                   identity.get("brokerName", ""), self._started_ms,
+                                   self.call_of, run)
         self._housekeeping: asyncio.Task[None] | None = None
 
     def call_of(self, request: RemotingCommand, conn: Connection) -> Call:
@@ -106,7 +110,8 @@ class RemotingFrontend:
 
     @property
     def handlers(self) -> dict[int, Handler]:
-        return {code: self._guarded(h) for code, h in self._handlers().items()}
+        return {code: self._guarded(h)
+                for code, h in {**self.admin.handlers(), **self._handlers()}.items()}
 
     def _handlers(self) -> dict[int, Handler]:
         s, c = self.send, self.consume

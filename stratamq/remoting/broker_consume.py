@@ -242,7 +242,12 @@ class ConsumeHandlers:
             if self.lookup.meta.topic(retry) is None:
                 # (the NameServer registration hears of it through the metadata's listener)
                 self.lookup.meta.create_topic(retry, 1, exist_ok=True)
-            if self.consumers.register(group, client_id, conn, subs):
+            info = {"clientAddr": conn.address, "language": request.language,
+                    "version": request.version,
+                    **{k: consumer.get(k) for k in ("consumeType", "messageModel",
+                                                    "consumeFromWhere")},
+                    "subscriptionDataSet": list(consumer.get("subscriptionDataSet") or [])}
+            if self.consumers.register(group, client_id, conn, subs, info):
                 self._notify_changed(group)
         return request.response(ResponseCode.SUCCESS)
 

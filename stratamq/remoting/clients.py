@@ -26,6 +26,7 @@ class _Client:
     connection: Any
     subscriptions: dict[str, str]
     last_seen: float = field(default_factory=time.monotonic)
+    info: dict[str, Any] = field(default_factory=dict)  # address, language, consumer data
 
 
 class ConsumerTable:
@@ -34,12 +35,17 @@ class ConsumerTable:
         self._lock = threading.Lock()
 
     def register(self, group: str, client_id: str, connection: Any,
-                 subscriptions: dict[str, str]) -> bool:
+                 subscriptions: dict[str, str], info: dict[str, Any] | None = None) -> bool:
         with self._lock:
             clients = self._groups.setdefault(group, {})
             known = client_id in clients
-            clients[client_id] = _Client(connection, subscriptions)
+            clients[client_id] = _Client(connection, subscriptions, info=info or {})
             return not known
+
+    def describe(self, group: str) -> list[tuple[str, dict[str, Any]]]:
+        """Each client id of the group with what its heartbeat said (admin listings)."""
+        with self._lock:
+            return sorted((cid, dict(c.info)) for cid, c in self._groups.get(group, {}).items())
 
     def unregister(self, group: str, client_id: str) -> bool:
         with self._lock:
