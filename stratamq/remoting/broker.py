@@ -166,7 +166,8 @@ class RemotingFrontend:
     async def _expire_clients(self) -> None:
         while True:
             await asyncio.sleep(_EXPIRY_SCAN_S)
-            self.consumers.expire()
+            for group in self.consumers.expire():
+                self.consume.notify_changed(group)
 
     async def close(self) -> None:
         if self._housekeeping is not None:

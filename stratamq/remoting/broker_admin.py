@@ -25,7 +25,6 @@ from collections.abc import Callable
 from typing import Any
 
 from stratamq import __version__
-from stratamq.broker.errors import BrokerError
 from stratamq.broker.lookup import Lookup
 from stratamq.broker.metadata import MetadataError
 from stratamq.broker.pop_state import PopState
@@ -34,7 +33,7 @@ from stratamq.remoting.broker_send import _int
 from stratamq.remoting.clients import ConsumerTable
 from stratamq.remoting.codec import RemotingCommand
 from stratamq.remoting.codes import ResponseCode
-from stratamq.remoting.errors import RemotingError, error_response
+from stratamq.remoting.errors import RemotingError, answer_in
 from stratamq.remoting.namesrv import to_json
 from stratamq.remoting.transport import Connection
 
@@ -71,13 +70,14 @@ class AdminHandlers:
 
     def handlers(self) -> dict[int, Any]:
         def guarded(fn: Callable[[RemotingCommand, Connection], RemotingCommand]) -> Any:
-            async def handler(request: RemotingCommand, conn: Connection) -> RemotingCommand:
+            def checked(request: RemotingCommand, conn: Connection) -> RemotingCommand:
                 try:
-                    return await self.run(fn, request, conn)
-                except (BrokerError, RemotingError) as exc:
-                    return error_response(request, exc)
+                    return fn(request, conn)
                 except MetadataError as exc:
                     return request.response(ResponseCode.SYSTEM_ERROR, str(exc))
+
+            async def handler(request: RemotingCommand, conn: Connection) -> RemotingCommand:
+                return await answer_in(self.run, checked, request, conn)
             return handler
 
         return {17: guarded(self._update_topic), 21: guarded(self._all_topics),

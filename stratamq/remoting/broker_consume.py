@@ -35,7 +35,7 @@ from stratamq.remoting.broker_send import _int
 from stratamq.remoting.clients import ConsumerTable
 from stratamq.remoting.codec import FLAG_ONEWAY, RemotingCommand
 from stratamq.remoting.codes import RequestCode, ResponseCode
-from stratamq.remoting.errors import RemotingError, error_response
+from stratamq.remoting.errors import RemotingError, answer_in, error_response
 from stratamq.remoting.namesrv import to_json
 from stratamq.remoting.transport import Connection
 from stratamq.store.filter import TagFilter
@@ -76,12 +76,9 @@ class ConsumeHandlers:
         self.call_of = call_of
         self.run = run
 
-    async def _guard(self, request: RemotingCommand, fn: Callable[..., Any],
+    async def _guard(self, request: RemotingCommand, fn: Callable[..., RemotingCommand],
                      *args: Any) -> RemotingCommand:
-        try:
-            return await self.run(fn, request, *args)
-        except (BrokerError, RemotingError) as exc:
-            return error_response(request, exc)
+        return await answer_in(self.run, fn, request, *args)
 
     # -- pulls ----------------------------------------------------------------------------------
 
@@ -248,13 +245,13 @@ class ConsumeHandlers:
                                                     "consumeFromWhere")},
                     "subscriptionDataSet": list(consumer.get("subscriptionDataSet") or [])}
             if self.consumers.register(group, client_id, conn, subs, info):
-                self._notify_changed(group)
+                self.notify_changed(group)
         return request.response(ResponseCode.SUCCESS)
 
     async def heartbeat(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         return await self._guard(request, self._heartbeat, conn)
 
-    def _notify_changed(self, group: str) -> None:
+    def notify_changed(self, group: str) -> None:
         """NOTIFY_CONSUMER_IDS_CHANGED (oneway) to the group's consumers: they rebalance."""
         for conn in self.consumers.connections(group):
             conn.send(RemotingCommand(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, flag=FLAG_ONEWAY,
@@ -265,7 +262,7 @@ class ConsumeHandlers:
         h = request.ext_fields
         group = h.get("consumerGroup", "")
         if group and self.consumers.unregister(group, h.get("clientID", "")):
-            self._notify_changed(group)
+            self.notify_changed(group)
         return request.response(ResponseCode.SUCCESS)
 
     async def consumer_list(self, request: RemotingCommand, conn: Connection
@@ -279,4 +276,4 @@ class ConsumeHandlers:
 
     def connection_closed(self, conn: Connection) -> None:
         for group in self.consumers.drop_connection(conn):
-            self._notify_changed(group)
+            self.notify_changed(group)

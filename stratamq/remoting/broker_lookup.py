@@ -15,14 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from stratamq.broker.errors import BrokerError
 from stratamq.broker.lookup import Lookup
 from stratamq.broker.ports import Call, MessageReader
 from stratamq.message import StoredMessage
 from stratamq.remoting.broker_send import _int
 from stratamq.remoting.codec import RemotingCommand
 from stratamq.remoting.codes import ResponseCode
-from stratamq.remoting.errors import RemotingError, error_response
+from stratamq.remoting.errors import RemotingError, answer_in
 from stratamq.remoting.transport import Connection
 
 __all__ = ["LookupHandlers"]
@@ -81,14 +80,8 @@ class LookupHandlers:
             b"".join(records))
 
     async def view_by_id(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
-        try:
-            return await self.run(self._view, request, conn)
-        except (BrokerError, RemotingError) as exc:
-            return error_response(request, exc)
+        return await answer_in(self.run, self._view, request, conn)
 
     async def query_message(self, request: RemotingCommand, conn: Connection
                             ) -> RemotingCommand:
-        try:
-            return await self.run(self._query, request, conn)
-        except (BrokerError, RemotingError) as exc:
-            return error_response(request, exc)
+        return await answer_in(self.run, self._query, request, conn)

@@ -7,13 +7,16 @@ the same refusal. Remoting-only checks raise ``RemotingError`` with a response c
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from stratamq.broker.errors import BrokerError
 from stratamq.remoting.codec import RemotingCommand
 from stratamq.remoting.codes import ResponseCode
 
-__all__ = ["RemotingError", "error_response"]
+__all__ = ["RemotingError", "answer_in", "error_response"]
 
 Code = pb.Code
 
@@ -46,3 +49,13 @@ def error_response(request: RemotingCommand,
         return request.response(exc.code, exc.message)
     return request.response(_BY_GRPC_CODE.get(int(exc.code), ResponseCode.SYSTEM_ERROR),
                             exc.message)
+
+
+async def answer_in(run: Callable[..., Any], fn: Callable[..., RemotingCommand],
+                    request: RemotingCommand, *args: Any) -> RemotingCommand:
+    """``fn(request, *args)`` through ``run`` (the broker's executor), a refusal it raises
+    answered with its response code."""
+    try:
+        return await run(fn, request, *args)
+    except (BrokerError, RemotingError) as exc:
+        return error_response(request, exc)
