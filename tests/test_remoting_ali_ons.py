@@ -56,8 +56,8 @@ def _node(node: Path, *args: str, timeout: float = 120) -> list[dict]:
 
 
 def _produce(node: Path, namesrv: str, topic: str, count: int, tag: str,
-             prefix: str) -> list[dict]:
-    sent = _node(node, "produce", namesrv, topic, str(count), tag, prefix)
+             prefix: str, pad: int = 0) -> list[dict]:
+    sent = _node(node, "produce", namesrv, topic, str(count), tag, prefix, str(pad))
     assert [s["status"] for s in sent] == ["SEND_OK"] * count
     return sent
 
@@ -75,6 +75,26 @@ def _routed(namesrv: str, topic: str) -> bool:
 
     return invoke(namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}).code \
         == ResponseCode.SUCCESS
+
+
+def _stored_compressed(remoting: str, topic: str) -> list[bool]:
+    """Per stored message of ``topic``: whether its record carries the compressed flag."""
+    from remoting_env import invoke
+
+    from stratamq import record
+    from stratamq.remoting.codes import RequestCode
+
+    flags = []
+    for qid in range(4):
+        got = invoke(remoting, RequestCode.PULL_MESSAGE, {
+            "consumerGroup": "inspect", "topic": topic, "queueId": str(qid),
+            "queueOffset": "0", "maxMsgNums": "32", "sysFlag": "0", "commitOffset": "-1"})
+        pos = 0
+        while pos < len(got.body):
+            m = record.decode(got.body, pos)
+            flags.append(bool(m.sys_flag & 1))
+            pos += m.total_size
+    return flags
 
 
 def test_producer_and_push_consumer_keep_offsets_across_a_restart(ali_ons, cluster) -> None:
@@ -101,11 +121,13 @@ def test_producer_and_push_consumer_keep_offsets_across_a_restart(ali_ons, clust
 def test_interop_with_the_grpc_client_both_ways(ali_ons, cluster) -> None:
     from rocketmq import FilterExpression, Producer, SimpleConsumer
 
-    namesrv, broker, _remoting = cluster
+    namesrv, broker, remoting = cluster
     wait_until(lambda: _routed(namesrv.address, "GrpcToAli"), 60, "GrpcToAli routed")
 
-    # ali-ons sends, a gRPC SimpleConsumer receives.
-    _produce(ali_ons, namesrv.address, "AliToGrpc", 2, "TagX", "js")
+    # ali-ons sends (bodies of 6 KB, which it compresses), a gRPC SimpleConsumer receives
+    # them decompressed.
+    _produce(ali_ons, namesrv.address, "AliToGrpc", 2, "TagX", "js", 6000)
+    assert _stored_compressed(remoting, "AliToGrpc") == [True, True]  # as ali-ons sent them
     consumer = SimpleConsumer(config(broker.endpoint), "GID_grpc_reader",
                               {"AliToGrpc": FilterExpression("TagX")}, await_duration=2)
     consumer.startup()
@@ -113,9 +135,9 @@ def test_interop_with_the_grpc_client_both_ways(ali_ons, cluster) -> None:
         got = receive_until(consumer, 2)
     finally:
         consumer.shutdown()
-    assert sorted(m.body for m in got) == [b"js-0", b"js-1"]
+    assert sorted(m.body for m in got) == [b"js-0" + b"." * 6000, b"js-1" + b"." * 6000]
     for m in got:
-        i = int(m.body.decode().split("-")[1])
+        i = int(m.body.decode().split("-")[1].rstrip("."))
         assert (m.tag, m.keys, m.properties.get("color")) == (
             "TagX", {f"key-{i}"}, "red" if i % 2 else "blue")
 

@@ -1,7 +1,7 @@
 'use strict';
 // Drives the npm package ali-ons (a pure JavaScript RocketMQ 4.x remoting client) for the
 // tests in tests/test_remoting_ali_ons.py. One JSON line per event on stdout.
-//   node ali_ons_client.js produce NAMESRV TOPIC COUNT [TAG] [PREFIX]
+//   node ali_ons_client.js produce NAMESRV TOPIC COUNT [TAG] [PREFIX] [PAD]
 //   node ali_ons_client.js consume NAMESRV TOPIC GROUP EXPRESSION COUNT [RETRY_FIRST]
 // `consume` prints each message and exits once COUNT messages were consumed (and the offsets
 // persisted); with RETRY_FIRST it answers ACTION_RETRY to each message's first delivery.
@@ -21,11 +21,12 @@ const common = {
 const out = obj => process.stdout.write(JSON.stringify(obj) + '\n');
 
 async function produce() {
-  const [count, tag, prefix] = rest;
+  const [count, tag, prefix, pad] = rest;  // PAD: bytes of '.' after the body (ali-ons
+  // compresses bodies of 4 KiB and more)
   const producer = new ons.Producer({ ...common, producerGroup: 'GID_ali_ons_producer' });
   await producer.ready();
   for (let i = 0; i < Number(count); i++) {
-    const msg = new ons.Message(topic, tag || 'TagA', Buffer.from(`${prefix || 'ali'}-${i}`));
+    const msg = new ons.Message(topic, tag || 'TagA', Buffer.from(`${prefix || 'ali'}-${i}` + '.'.repeat(Number(pad || 0))));
     msg.keys = [ `key-${i}` ];
     msg.properties.color = i % 2 ? 'red' : 'blue';
     const result = await producer.send(msg);
