@@ -382,7 +382,9 @@ class Broker:
             timer=timer, run=self.run, max_message_size=self.store_config.max_message_size,
             delay_levels_ms=parse_delay_levels(cfg.message_delay_level),
             identity={"clusterName": cfg.broker_cluster_name, "brokerName": cfg.broker_name,
-                      "brokerId": "0", "haServerAddr": ""}, acl=self.acl)
+                      # RocketMQ's ids: 0 the master, a slave's above (clients send to 0).
+                      "brokerId": "1" if self.store_config.broker_role is BrokerRole.SLAVE
+                      else "0", "haServerAddr": ""}, acl=self.acl)
         shared = self.grpc_port != self.advertised[1]
         await self.remoting.start(
             self.listen_host, cfg.remoting_listen_port,
