@@ -386,11 +386,16 @@ class Broker:
                       "brokerId": "1" if self.store_config.broker_role is BrokerRole.SLAVE
                       else "0", "haServerAddr": ""}, acl=self.acl)
         shared = self.grpc_port != self.advertised[1]
-        await self.remoting.start(
-            self.listen_host, cfg.remoting_listen_port,
-            ("127.0.0.1", self.grpc_port) if shared else None,
-            registered_host(self.store_config.broker_ip, self.listen_host), cfg.namesrv_addr,
-            cfg.register_name_server_period, self.store_config.max_message_size)
+        try:
+            await self.remoting.start(
+                self.listen_host, cfg.remoting_listen_port,
+                ("127.0.0.1", self.grpc_port) if shared else None,
+                registered_host(self.store_config.broker_ip, self.listen_host),
+                cfg.namesrv_addr, cfg.register_name_server_period,
+                self.store_config.max_message_size)
+        except OSError as exc:  # (no errno: the CLI prints it as it is)
+            raise OSError(f"cannot listen on {self.listen_host}:{cfg.remoting_listen_port} "
+                          f"(remotingListenPort): {exc.strerror or exc}") from None
         log.info("broker %s serving remoting on port %d", cfg.broker_name, self.remoting.port)
 
     def _on_dispatch(self, info: DispatchInfo) -> None:
