@@ -182,3 +182,29 @@ def test_server_answers_unknown_codes_and_survives_broken_streams() -> None:
             await server.close()
 
     asyncio.run(scenario())
+
+
+def test_a_connection_past_its_in_flight_limit_is_answered_system_busy() -> None:
+    async def scenario() -> list[int]:
+        release = asyncio.Event()
+
+        async def slow(cmd: RemotingCommand, conn: object) -> RemotingCommand:
+            await release.wait()
+            return cmd.response(ResponseCode.SUCCESS)
+
+        server = RemotingServer({1: slow}, max_in_flight=2)
+        port = await server.start("127.0.0.1", 0)
+        client = RemotingClient(f"127.0.0.1:{port}")
+        try:
+            conn = await client.connect()
+            calls = [asyncio.ensure_future(conn.invoke(RemotingCommand(1), 10))
+                     for _ in range(3)]
+            busy = await asyncio.wait_for(asyncio.shield(calls[2]), 10)  # answered at once
+            release.set()
+            return [busy.code] + [(await c).code for c in calls[:2]]
+        finally:
+            await client.close()
+            await server.close()
+
+    assert asyncio.run(scenario()) == [ResponseCode.SYSTEM_BUSY, ResponseCode.SUCCESS,
+                                       ResponseCode.SUCCESS]

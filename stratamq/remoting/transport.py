@@ -8,7 +8,9 @@ calls by their opaque. A request whose code has no handler is answered
 error's text (RocketMQ's ``NettyRemotingAbstract.processRequestCommand``); a oneway request
 gets no answer either way. A frame that does not decode closes the connection
 (``NettyDecoder``), and so does a peer that sends faster than its answers are read
-(the write buffer's high-water mark): nothing crashes the server.
+(the write buffer's high-water mark): nothing crashes the server. A connection with
+``MAX_IN_FLIGHT`` requests being handled has the next answered ``SYSTEM_BUSY`` at once, as
+RocketMQ answers when a processor's thread pool is full.
 
 Thread-safety: everything here on its one event loop.
 """
@@ -43,6 +45,10 @@ _READ_CHUNK = 256 * 1024
 # Answers a peer leaves unread past this close its connection, rather than growing the
 # broker's memory without bound (a client that writes and never reads).
 _MAX_UNSENT = 64 * 1024 * 1024
+# Requests of one connection being handled at once; past it a request is answered
+# SYSTEM_BUSY at once, as RocketMQ answers when its processor's thread pool rejects one.
+MAX_IN_FLIGHT = 4096
+_OVERLOAD = "[OVERLOAD]system busy, start flow control for a while"
 _opaques = itertools.count(1)
 
 
@@ -73,8 +79,9 @@ class Connection:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  handlers: Mapping[int, Handler] | None = None,
-                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
+                 max_frame: int = DEFAULT_MAX_FRAME, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.reader, self.writer = reader, writer
+        self.max_in_flight = max_in_flight
         self.handlers = handlers or {}
         self.decoder = FrameDecoder(max_frame)
         peer = writer.get_extra_info("peername") or ("127.0.0.1", 0)
@@ -147,6 +154,10 @@ class Connection:
             if future is not None and not future.done():
                 future.set_result(cmd)
             return
+        if len(self._tasks) >= self.max_in_flight:
+            if not cmd.is_oneway:
+                self.send(cmd.response(ResponseCode.SYSTEM_BUSY, _OVERLOAD))
+            return
         task = asyncio.get_running_loop().create_task(self._serve(cmd))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -196,9 +207,11 @@ class RemotingServer:
     can hand connections over."""
 
     def __init__(self, handlers: Mapping[int, Handler], max_frame: int = DEFAULT_MAX_FRAME,
-                 on_close: Callable[[Connection], None] | None = None) -> None:
+                 on_close: Callable[[Connection], None] | None = None,
+                 max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.handlers = dict(handlers)
         self.max_frame = max_frame
+        self.max_in_flight = max_in_flight
         self.on_close = on_close
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
@@ -242,7 +255,7 @@ class RemotingServer:
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     first: bytes = b"") -> None:
-        conn = Connection(reader, writer, self.handlers, self.max_frame)
+        conn = Connection(reader, writer, self.handlers, self.max_frame, self.max_in_flight)
         self.connections.add(conn)
         try:
             await conn.run(first)
