@@ -6,6 +6,7 @@ routes are gone."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -13,8 +14,10 @@ from remoting_env import invoke, remoting_broker, start_namesrv
 from waiting import wait_until
 
 from stratamq.broker.metadata import MetadataStore
+from stratamq.remoting.codec import RemotingCommand
 from stratamq.remoting.codes import RequestCode, ResponseCode
 from stratamq.remoting.routes import Registration, RouteTable
+from stratamq.remoting.transport import RemotingClient
 
 T0 = 1_000_000
 
@@ -126,3 +129,43 @@ def test_kv_config_and_unknown_codes(namesrv) -> None:
                  {"clusterName": "C", "brokerAddr": "a:1", "brokerName": "b", "brokerId": "0",
                   "bodyCrc32": "12345"}, body=b"{}")
     assert (bad.code, bad.remark) == (ResponseCode.SYSTEM_ERROR, "crc32 not match")
+
+
+
+def test_register_query_data_version_and_unregister(namesrv) -> None:
+    version = {"counter": 7, "stateVersion": 0, "timestamp": 1}
+    body = json.dumps({"filterServerList": [], "topicConfigSerializeWrapper": {
+        "dataVersion": version, "topicConfigTable": {"T": {
+            "topicName": "T", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6}}}}).encode()
+    header = {"clusterName": "C", "brokerAddr": "10.1.1.1:10911", "brokerName": "b1",
+              "brokerId": "0", "compressed": "false"}
+
+    async def as_a_broker() -> list[RemotingCommand]:
+        # One connection, as a broker keeps: its close would drop the registration.
+        client = RemotingClient(namesrv.address)
+        try:
+            out = [await client.invoke(RemotingCommand(
+                RequestCode.REGISTER_BROKER, ext_fields=header, body=body))]
+            out.append(await asyncio.to_thread(invoke, namesrv.address,
+                                               RequestCode.GET_ROUTEINFO_BY_TOPIC,
+                                               {"topic": "T"}))
+            for v in (version, {**version, "counter": 8}):
+                out.append(await client.invoke(RemotingCommand(
+                    RequestCode.QUERY_DATA_VERSION, ext_fields=header,
+                    body=json.dumps(v).encode())))
+            out.append(await client.invoke(RemotingCommand(RequestCode.UNREGISTER_BROKER,
+                                                           ext_fields=header)))
+            return out
+        finally:
+            await client.close()
+
+    registered, route, same, newer, unregistered = asyncio.run(as_a_broker())
+    assert registered.code == ResponseCode.SUCCESS, registered.remark
+    assert json.loads(route.body)["brokerDatas"][0]["brokerAddrs"] == {"0": "10.1.1.1:10911"}
+    assert (same.ext_fields["changed"], newer.ext_fields["changed"]) == ("false", "true")
+    assert json.loads(same.body) == version  # the NameServer's copy
+    assert unregistered.code == ResponseCode.SUCCESS
+    assert _route(namesrv.address, "T") is None
+    compressed = invoke(namesrv.address, RequestCode.REGISTER_BROKER,
+                        {**header, "compressed": "true"}, b"\x00")
+    assert compressed.code == ResponseCode.SYSTEM_ERROR and "compressed" in compressed.remark
