@@ -170,3 +170,4 @@ def test_a_message_the_consumer_retries_comes_back_through_the_retry_topic(ali_o
         assert m["reconsumeTimes"] == 1
         assert m["props"]["RETRY_TOPIC"] == "AliRetry"
         assert m["tags"] == "TagR"
+

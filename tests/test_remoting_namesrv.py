@@ -169,3 +169,22 @@ def test_register_query_data_version_and_unregister(namesrv) -> None:
     compressed = invoke(namesrv.address, RequestCode.REGISTER_BROKER,
                         {**header, "compressed": "true"}, b"\x00")
     assert compressed.code == ResponseCode.SYSTEM_ERROR and "compressed" in compressed.remark
+
+
+def test_auto_created_topics_through_tbw102(tmp_path, namesrv) -> None:
+    # With autoCreateTopicEnable the broker registers TBW102 (perm inherit|read|write), where
+    # a 4.x producer finds a route for a topic nobody created; its send creates the topic,
+    # which the broker registers at once.
+    broker, remoting = remoting_broker(tmp_path / "store", namesrv.address,
+                                       extra="autoCreateTopicEnable=true\n")
+    try:
+        wait_until(lambda: _route(namesrv.address, "TBW102") is not None, 60, "TBW102")
+        assert _route(namesrv.address, "TBW102")["queueDatas"][0]["perm"] == 7
+        assert _route(namesrv.address, "AutoMade") is None
+        sent = invoke(remoting, RequestCode.SEND_MESSAGE_V2,
+                      {"a": "P", "b": "AutoMade", "c": "TBW102", "d": "4", "e": "0"}, b"x")
+        assert sent.code == ResponseCode.SUCCESS, sent.remark
+        wait_until(lambda: _route(namesrv.address, "AutoMade") is not None, 20,
+                   "the new topic routed")
+    finally:
+        broker.terminate()

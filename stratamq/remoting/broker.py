@@ -42,6 +42,7 @@ from stratamq.remoting.transport import Connection, Handler, RemotingServer
 
 __all__ = ["RemotingFrontend", "registered_host"]
 
+AUTO_CREATE_TOPIC = "TBW102"  # TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC
 _EXPIRY_SCAN_S = 10.0  # RocketMQ's ClientHousekeepingService period
 
 
@@ -134,8 +135,17 @@ class RemotingFrontend:
 
     def topic_table(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The topic table and data version a registration carries."""
-        meta = self.lookup.meta
+        meta, config = self.lookup.meta, self.lookup.config
         table = {t.name: t.to_json() for t in meta.topics()}
+        if config.auto_create_topic_enable:
+            # RocketMQ's TBW102: with autoCreateTopicEnable the broker registers this topic
+            # (perm inherit|read|write), so 4.x producers find a route for a topic nobody
+            # created yet and send; the send creates it (defaultTopicQueueNums queues).
+            queues = config.default_topic_queue_nums
+            table[AUTO_CREATE_TOPIC] = {
+                "topicName": AUTO_CREATE_TOPIC, "readQueueNums": queues,
+                "writeQueueNums": queues, "perm": 7, "topicFilterType": "SINGLE_TAG",
+                "topicSysFlag": 0, "order": False}
         return table, {"counter": meta.topics_version, "stateVersion": 0,
                        "timestamp": self._started_ms}
 
