@@ -62,6 +62,12 @@ def test_slave_learns_its_master_and_deleted_topics_lose_their_route() -> None:
     # Same data version: the topic table is not re-read (RocketMQ's isBrokerTopicConfigChanged).
     table.register(_master({}, counter=2), T0 + 2)
     assert table.topic_route("T") is not None
+    assert table.topics_of_cluster("DefaultCluster") == {"topicList": ["T"]}
+    assert table.topics_of_cluster("Other") == {"topicList": []}
+    table.delete_topic("T", "Other")  # another cluster's: nothing goes
+    assert table.topic_route("T") is not None
+    table.delete_topic("T")  # mqadmin deleteTopic
+    assert table.topic_route("T") is None
 
 
 @pytest.fixture
@@ -123,6 +129,8 @@ def test_kv_config_and_unknown_codes(namesrv) -> None:
     got = invoke(namesrv.address, RequestCode.GET_KV_CONFIG,
                  {"namespace": "ORDER_TOPIC_CONFIG", "key": "T"})
     assert (got.code, got.ext_fields["value"]) == (ResponseCode.SUCCESS, "broker-a:4")
+    listed = invoke(namesrv.address, 219, {"namespace": "ORDER_TOPIC_CONFIG"})
+    assert json.loads(listed.body) == {"table": {"T": "broker-a:4"}}
     got = invoke(namesrv.address, RequestCode.SEND_MESSAGE_V2)  # a broker's code
     assert got.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
     bad = invoke(namesrv.address, RequestCode.REGISTER_BROKER,

@@ -3,10 +3,11 @@
 Handlers after RocketMQ's ``DefaultRequestProcessor`` / ``ClientRequestProcessor`` over a
 ``routes.RouteTable``: ``REGISTER_BROKER``, ``UNREGISTER_BROKER``, ``QUERY_DATA_VERSION``,
 ``GET_ROUTEINFO_BY_TOPIC``, ``GET_BROKER_CLUSTER_INFO``,
-``GET_ALL_TOPIC_LIST_FROM_NAMESERVER``, ``GET_KV_CONFIG`` (plus ``PUT_KV_CONFIG`` /
-``DELETE_KV_CONFIG``, which mqadmin uses; held in memory only). Brokers silent for their
-timeout (120 s) are dropped by a scan every 5 s, and so are brokers whose registering
-connection closes, as RocketMQ's ``BrokerHousekeepingService`` does.
+``GET_ALL_TOPIC_LIST_FROM_NAMESERVER``, ``GET_KV_CONFIG`` (plus ``PUT_KV_CONFIG``,
+``DELETE_KV_CONFIG``, ``GET_KVLIST_BY_NAMESPACE``, ``GET_TOPICS_BY_CLUSTER`` and
+``DELETE_TOPIC_IN_NAMESRV``, which mqadmin uses; KV config held in memory only). Brokers
+silent for their timeout (120 s) are dropped by a scan every 5 s, and so are brokers whose
+registering connection closes, as RocketMQ's ``BrokerHousekeepingService`` does.
 
 Registrations must be uncompressed JSON (``compressed=false``, RocketMQ's
 ``compressedRegister`` default); a compressed one is refused with SYSTEM_ERROR saying so.
@@ -36,6 +37,7 @@ __all__ = ["DEFAULT_NAMESRV_PORT", "NameServer", "to_json"]
 DEFAULT_NAMESRV_PORT = 9876
 _SCAN_INTERVAL_S = 5.0  # RocketMQ's scanNotActiveBroker period
 PUT_KV_CONFIG, DELETE_KV_CONFIG = 100, 102
+DELETE_TOPIC_IN_NAMESRV, GET_KVLIST_BY_NAMESPACE, GET_TOPICS_BY_CLUSTER = 216, 219, 224
 _APPLY_TOPIC_URL = "\nSee http://rocketmq.apache.org/docs/faq/ for further details."
 
 
@@ -66,7 +68,10 @@ class NameServer:
                 RequestCode.GET_BROKER_CLUSTER_INFO: self.cluster_info,
                 RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self.topic_list,
                 RequestCode.GET_KV_CONFIG: self.get_kv,
-                PUT_KV_CONFIG: self.put_kv, DELETE_KV_CONFIG: self.delete_kv}
+                PUT_KV_CONFIG: self.put_kv, DELETE_KV_CONFIG: self.delete_kv,
+                GET_KVLIST_BY_NAMESPACE: self.kv_list,
+                DELETE_TOPIC_IN_NAMESRV: self.delete_topic,
+                GET_TOPICS_BY_CLUSTER: self.topics_of_cluster}
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -181,3 +186,22 @@ class NameServer:
         h = request.ext_fields
         self.kv.get(h.get("namespace", ""), {}).pop(h.get("key", ""), None)
         return request.response(ResponseCode.SUCCESS)
+
+    async def kv_list(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        namespace = request.ext_fields.get("namespace", "")
+        table = self.kv.get(namespace)
+        if not table:
+            return request.response(ResponseCode.QUERY_NOT_FOUND,
+                                    f"No config item, Namespace: {namespace}")
+        return request.response(ResponseCode.SUCCESS, body=to_json({"table": table}))
+
+    async def delete_topic(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        self.routes.delete_topic(request.ext_fields.get("topic", ""),
+                                 request.ext_fields.get("clusterName", ""))
+        return request.response(ResponseCode.SUCCESS)
+
+    async def topics_of_cluster(self, request: RemotingCommand, conn: Connection
+                                ) -> RemotingCommand:
+        cluster = request.ext_fields.get("cluster", "")
+        return request.response(ResponseCode.SUCCESS,
+                                body=to_json(self.routes.topics_of_cluster(cluster)))

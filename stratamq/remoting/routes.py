@@ -184,6 +184,19 @@ class RouteTable:
                 "clusterAddrTable": {cluster: sorted(names)
                                      for cluster, names in sorted(self.clusters.items())}}
 
+    def topics_of_cluster(self, cluster: str) -> dict[str, Any]:
+        """``TopicList`` of the topics some broker of ``cluster`` serves."""
+        names = self.clusters.get(cluster, set())
+        return {"topicList": sorted(t for t, q in self.topic_queues.items()
+                                    if any(n in names for n in q))}
+
+    def delete_topic(self, topic: str, cluster: str = "") -> None:
+        """Forget a topic's queues (of ``cluster``'s brokers only, when named)."""
+        queues = self.topic_queues.get(topic, {})
+        names = self.clusters.get(cluster, set()) if cluster else set(queues)
+        for name in [n for n in queues if n in names]:
+            self._drop_queues(topic, name)
+
     def topic_list(self) -> dict[str, Any]:
         """``TopicList``: every topic some live broker serves."""
         return {"topicList": sorted(self.topic_queues)}
