@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
+import urllib.request
 import zlib
 
 import grpc
 import pytest
+from broker_proc import free_port
 from pulling import pull_queue
 from remoting_env import invoke, remoting_broker
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -34,9 +36,21 @@ def broker(tmp_path_factory):
     store = tmp_path_factory.mktemp("remoting-broker") / "store"
     MetadataStore(store).create_topic("Raw", 2)
     MetadataStore(store).create_topic("Poll", 1)
-    b, address = remoting_broker(store, extra="messageDelayLevel=1s 1s 1s 1s 1s\n")
+    metrics_port = free_port()
+    b, address = remoting_broker(store, extra="messageDelayLevel=1s 1s 1s 1s 1s\n"
+                                 f"metricsExporterType=PROM\nmetricsPromExporterPort={metrics_port}\n")
+    b.metrics_port = metrics_port
     yield b, address
     b.terminate()
+
+
+def _metric(b, name: str, **labels: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{b.metrics_port}/metrics", timeout=10).read()
+    total = 0.0
+    for line in text.decode().splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def _props(**kv: str) -> str:
@@ -103,6 +117,8 @@ def test_sends_in_both_encodings_compressed_bodies_and_broker_side_tag_filter(br
     assert set(by_queue[0][0].system_properties.keys) == {"k1", "k2"}
     assert by_queue[0][0].user_properties["color"] == "red"
     assert [m.body for m in by_queue[1]] == [b"b0", b"b1", b"b2"]
+    # Counted in the broker's metrics as gRPC sends are.
+    assert _metric(b, "rocketmq_messages_in_total", topic="Raw") == 5
 
     unknown = invoke(address, RequestCode.SEND_MESSAGE_V2, {"a": "P", "b": "Nope", "e": "0"},
                      b"x")
@@ -209,6 +225,7 @@ def test_send_back_goes_to_the_retry_topic_then_the_dlq(broker):
     _, letters = _pull(address, "%DLQ%GR", 0, 0)
     assert [(m.body, m.reconsume_times, m.properties["RETRY_TOPIC"]) for m in letters] == [
         (b"one", 2, "Raw")]
+    assert _metric(broker[0], "rocketmq_send_to_dlq_messages_total", consumer_group="GR") == 1
     missing = invoke(address, RequestCode.CONSUMER_SEND_MSG_BACK, {
         "offset": "0", "group": "NoSuchGroup", "delayLevel": "0"})
     assert missing.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
@@ -299,7 +316,6 @@ def test_lookups_by_commitlog_offset_and_by_key(broker):
 
 
 def test_one_port_serves_both_protocols(tmp_path):
-    from broker_proc import free_port
     from test_broker_harness import FAST_CONF, BrokerProcess
 
     store = tmp_path / "store"

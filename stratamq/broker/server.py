@@ -384,7 +384,8 @@ class Broker:
             identity={"clusterName": cfg.broker_cluster_name, "brokerName": cfg.broker_name,
                       # RocketMQ's ids: 0 the master, a slave's above (clients send to 0).
                       "brokerId": "1" if self.store_config.broker_role is BrokerRole.SLAVE
-                      else "0", "haServerAddr": ""}, acl=self.acl)
+                      else "0", "haServerAddr": ""}, acl=self.acl,
+            metrics=lambda: self.metrics)
         shared = self.grpc_port != self.advertised[1]
         try:
             await self.remoting.start(

@@ -61,7 +61,8 @@ class RemotingFrontend:
                  state: PopState,
                  polls: LongPolls, timer: Any, run: Callable[..., Any],
                  max_message_size: int, delay_levels_ms: list[int],
-                 identity: dict[str, str], acl: AclChecker | None = None) -> None:
+                 identity: dict[str, str], acl: AclChecker | None = None,
+                 metrics: Callable[[], Any] | None = None) -> None:
         # With ACL on, the remoting adapter verifies RocketMQ 4 signatures itself and checks
         # permissions through the same accounts (its own Lookup over the same metadata).
         self.acl = RemotingAcl(acl) if acl is not None else None
@@ -71,8 +72,10 @@ class RemotingFrontend:
         self.consumers = ConsumerTable()
         self.identity = identity  # clusterName, brokerName, brokerId, haServerAddr
         self.send = SendHandlers(lookup, writer, max_message_size, timer, self.call_of, run,
-                                 delay_levels_ms)
-        self.send_back = SendBackHandler(lookup, look_up, self.send, self.call_of, run)
+                                 delay_levels_ms, metrics)
+        self.send_back = SendBackHandler(
+            lookup, look_up, self.send, self.call_of, run,
+            (lambda group, topic: metrics().on_dlq(group, topic)) if metrics else None)
         self.locks = QueueLocks()
         self.lookups = LookupHandlers(lookup, reader, look_up, query, self.call_of, run)
         self.consume = ConsumeHandlers(lookup, reader, state, polls, self.consumers, self.call_of,

@@ -43,8 +43,10 @@ class SendBackHandler:
 
     def __init__(self, lookup: Lookup, look_up: Callable[[int], StoredMessage | None],
                  sending: SendHandlers, call_of: Callable[[RemotingCommand, Connection], Call],
-                 run: Callable[..., Any]) -> None:
+                 run: Callable[..., Any],
+                 on_dlq: Callable[[str, str], None] | None = None) -> None:
         self.lookup = lookup
+        self.on_dlq = on_dlq  # the metrics' dead-letter count (group, original topic)
         self.look_up = look_up
         self.sending = sending
         self.call_of = call_of
@@ -100,4 +102,7 @@ class SendBackHandler:
             log.error("message %s of group %s moved to %s after %d consume attempts",
                       msg.properties.get(ORIGIN_MESSAGE_ID), request.ext_fields.get("group"),
                       msg.topic, msg.reconsume_times)
+            if self.on_dlq is not None:
+                self.on_dlq(request.ext_fields.get("group", ""),
+                            msg.properties.get(RETRY_TOPIC, ""))
         return request.response(ResponseCode.SUCCESS)

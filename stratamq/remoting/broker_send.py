@@ -106,8 +106,10 @@ class SendHandlers:
 
     def __init__(self, lookup: Lookup, writer: GroupWriter, max_message_size: int,
                  timer: Any, call_of: Callable[[RemotingCommand, Connection], Call],
-                 run: Callable[..., Any], delay_levels_ms: list[int]) -> None:
+                 run: Callable[..., Any], delay_levels_ms: list[int],
+                 metrics: Callable[[], Any] | None = None) -> None:
         self.lookup = lookup
+        self.metrics = metrics  # the broker's metrics sink (on_send), as gRPC sends count
         self.delay_levels_ms = delay_levels_ms  # messageDelayLevel: level n waits [n - 1]
         self.writer = writer
         self.max_message_size = max_message_size
@@ -120,20 +122,34 @@ class SendHandlers:
         try:
             # On the loop, as the gRPC adapter's SendService.prepare: CPU only (an executor
             # hop per send cost more than the checks).
+            started = time.perf_counter()
             messages = self._prepare(request, fields, conn)
             results = await self._put(messages)
         except (BrokerError, RemotingError) as exc:
             return error_response(request, exc)
+        self._count(fields.get("topic", ""), messages, results, started)
         return self._answer(request, messages, results)
 
     async def send_batch(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         fields = v2_to_v1(request.ext_fields)
         try:
+            started = time.perf_counter()
             messages = self._prepare(request, fields, conn, True)
             results = await self._put(messages)
         except (BrokerError, RemotingError) as exc:
             return error_response(request, exc)
+        self._count(fields.get("topic", ""), messages, results, started)
         return self._answer(request, messages, results)
+
+    def _count(self, topic: str, messages: list[Message], results: list[EntryResult],
+               started: float) -> None:
+        if self.metrics is None:
+            return
+        sizes = [len(m.body) for m, r in zip(messages, results, strict=True) if r.ok]
+        if sizes:
+            cfg = self.lookup.meta.topic(topic)
+            self.metrics().on_send(topic, sizes, time.perf_counter() - started,
+                                   cfg.message_type if cfg is not None else "NORMAL")
 
     async def _put(self, messages: list[Message]) -> list[EntryResult]:
         """As the gRPC adapter puts: at once when this is the loop turn's first put and
