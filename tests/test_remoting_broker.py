@@ -370,3 +370,23 @@ def test_admin_codes_for_mqadmin(broker):
     assert '"consumerOffset":0' in consume.body.decode()
     offline = invoke(address, 203, {"consumerGroup": "AdminGroup"})
     assert offline.code == ResponseCode.CONSUMER_NOT_ONLINE
+
+
+def test_bad_requests_get_rocketmq_errors_and_the_broker_serves_on(broker):
+    _, address = broker
+    cases = [
+        (RequestCode.PULL_MESSAGE, {"consumerGroup": "G", "topic": "Raw", "queueId": "0",
+                                    "queueOffset": "abc"}, b"", ResponseCode.INVALID_PARAMETER),
+        (RequestCode.HEART_BEAT, {}, b"{not json", ResponseCode.SYSTEM_ERROR),
+        (RequestCode.SEND_BATCH_MESSAGE, {"a": "P", "b": "Raw", "e": "0"},
+         struct.pack(">iiiii", 1000, 0, 0, 0, 5) + b"short", ResponseCode.MESSAGE_ILLEGAL),
+        (RequestCode.LOCK_BATCH_MQ, {}, b"[1, 2]", ResponseCode.SYSTEM_ERROR),
+        (9999, {}, b"", ResponseCode.REQUEST_CODE_NOT_SUPPORTED),
+        (RequestCode.SEND_MESSAGE_V2, {"a": "P", "b": "%bad topic%", "e": "0"}, b"x",
+         ResponseCode.INVALID_PARAMETER),
+    ]
+    for code, fields, body, expected in cases:
+        got = invoke(address, code, fields, body)
+        assert (code, got.code) == (code, expected), got.remark
+    ok = invoke(address, RequestCode.SEND_MESSAGE_V2, {"a": "P", "b": "Raw", "e": "0"}, b"fine")
+    assert ok.code == ResponseCode.SUCCESS

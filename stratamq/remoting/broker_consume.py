@@ -138,7 +138,10 @@ class ConsumeHandlers:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         polls = self.polls
-        waiter = polls.register(topic, None, conn.address)
+        try:
+            waiter = polls.register(topic, None, conn.address)
+        except BrokerError as exc:  # polling full (maxPopPollingSize): SYSTEM_BUSY
+            return error_response(request, exc)
         try:
             while response.code == ResponseCode.PULL_NOT_FOUND and not polls.closing:
                 remaining = deadline - loop.time()

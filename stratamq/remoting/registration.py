@@ -71,7 +71,10 @@ class BrokerRegistrar:
         assert self._wake is not None
         while True:
             self._wake.clear()
-            await self.register_all()
+            try:
+                await self.register_all()
+            except Exception:  # keep registering: a NameServer must not lose this broker
+                log.exception("registering with the NameServers failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.period_s)
 
