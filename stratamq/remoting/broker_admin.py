@@ -29,6 +29,7 @@ from stratamq.broker.lookup import Lookup
 from stratamq.broker.metadata import MetadataError
 from stratamq.broker.pop_state import PopState
 from stratamq.broker.ports import Call, MessageReader
+from stratamq.broker.pulling import consumer_offset
 from stratamq.remoting.broker_send import _int
 from stratamq.remoting.clients import ConsumerTable
 from stratamq.remoting.codec import RemotingCommand
@@ -181,9 +182,7 @@ class AdminHandlers:
         rows = []
         for topic in topics:
             for q, _low, high in self._queues(topic):
-                done = self.state.offset(group, topic, q)
-                if done is None:
-                    done = self.state.committed(group, topic, q)
+                done = consumer_offset(self.state, group, topic, q)
                 rows.append((topic, self.broker_name, q, {
                     "brokerOffset": high, "consumerOffset": -1 if done is None else done,
                     "pullOffset": -1 if done is None else done, "lastTimestamp": 0}))

@@ -31,6 +31,7 @@ from stratamq.broker.metadata import retry_topic
 from stratamq.broker.polling import LongPolls
 from stratamq.broker.pop_state import PopState
 from stratamq.broker.ports import Call, MessageReader
+from stratamq.broker.pulling import consumer_offset
 from stratamq.remoting.broker_send import _int
 from stratamq.remoting.clients import ConsumerTable
 from stratamq.remoting.codec import FLAG_ONEWAY, RemotingCommand
@@ -164,9 +165,7 @@ class ConsumeHandlers:
         self.lookup.authorize(self.call_of(request, conn), f"Group:{group}", "Get")
         topic = self.lookup.topic(name)
         Lookup.queue_id(topic, qid)
-        offset = self.state.offset(group, name, qid)
-        if offset is None:
-            offset = self.state.committed(group, name, qid)
+        offset = consumer_offset(self.state, group, name, qid)
         if offset is None and self.reader.get_min_offset_in_queue(name, qid) <= 0:
             offset = 0  # a new group on a queue that still has its first message: from 0
         if offset is None:
