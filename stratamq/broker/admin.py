@@ -34,8 +34,10 @@ Methods (request -> response):
 * ``BrokerStatus {}`` -> ``{"version", "broker_name", "cluster", "role", "endpoint", "store",
   "uptime_s", "disk": {"total", "used", "free", "used_ratio"}, "commitlog": {"min_offset",
   "max_offset"}, "dispatch_behind_bytes", "connections", "topics", "groups", "long_polls",
-  "telemetry_streams"}``: ``long_polls`` receives and pulls waiting for messages now,
-  ``telemetry_streams`` clients' open Telemetry streams
+  "telemetry_streams", "store_identity": {"storeId", "createdTimestamp", "lineage",
+  "lineageTimestamp"}}``: ``long_polls`` receives and pulls waiting for messages now,
+  ``telemetry_streams`` clients' open Telemetry streams, ``store_identity`` the store's id and
+  its CommitLog's lineage (docs/formats/store-identity.md)
 
 TOPIC is ``{"topic", "queues", "read_queues", "write_queues", "perm", "type", "attributes",
 "messages"}``;
@@ -270,7 +272,9 @@ class AdminService:
                 "dispatch_behind_bytes": self.b.store.dispatch_behind_bytes(),
                 "connections": len(self.b.clients), "topics": len(self.b.meta.topics()),
                 "groups": len(self.b.meta.groups()), "long_polls": self.b.polls.total,
-                "telemetry_streams": self.b.telemetry_streams}
+                "telemetry_streams": self.b.telemetry_streams,
+                "store_identity": (self.b.store.identity.as_dict()
+                                   if self.b.store.identity is not None else None)}
 
     def BrokerInfo(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"broker_name": self.b.config.broker_name,

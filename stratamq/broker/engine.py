@@ -192,6 +192,11 @@ class PopEngine:
                                   GetMessageStatus.MESSAGE_WAS_REMOVING,
                                   GetMessageStatus.OFFSET_TOO_SMALL):
                         new_cursor = got.next_begin_offset
+                    elif status is GetMessageStatus.OFFSET_FOUND_NULL:
+                        # A hole (data lost from the tier): past it, to what exists. Its
+                        # next offset is the cursor itself when the data is there but could
+                        # not be read now: the cursor stays.
+                        new_cursor = max(cursor, got.next_begin_offset)
                     elif status is GetMessageStatus.OFFSET_OVERFLOW_BADLY:
                         new_cursor = got.max_offset  # the queue lost its tail (power cut)
                     else:

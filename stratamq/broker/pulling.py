@@ -118,6 +118,12 @@ class PullService:
                 return [svc.PullMessageResponse(status=ok_status()),
                         *(svc.PullMessageResponse(message=m) for m in messages),
                         svc.PullMessageResponse(next_offset=got.next_begin_offset)]
+            if st is GetMessageStatus.OFFSET_FOUND_NULL:
+                if got.next_begin_offset <= request.offset:
+                    # Held, but it could not be read now (the tier did not answer): wait as
+                    # at the end of the queue and read again, rather than spin the caller.
+                    return None
+                return self._hole(request.offset, got.next_begin_offset)
             if st is GetMessageStatus.OFFSET_TOO_SMALL:
                 return [svc.PullMessageResponse(status=ok_status(
                     Code.ILLEGAL_OFFSET, f"offset {request.offset} is below the queue's min "
@@ -130,6 +136,18 @@ class PullService:
                     f"{got.max_offset}")),
                     svc.PullMessageResponse(next_offset=got.max_offset)]
         return None  # at the end of the queue (or the queue was never written)
+
+    @staticmethod
+    def _hole(offset: int, next_offset: int) -> list[svc.PullMessageResponse]:
+        """The answer where the queue holds ``offset`` but no source has its message (a hole:
+        lost from the tier, or removed locally before it was tiered): RocketMQ's broker
+        answers ``OFFSET_FOUND_NULL`` with ``PULL_NOT_FOUND`` and the next offset past the
+        hole, so a reader crosses all of it in one pull."""
+        why = (f"no message can be read at offsets {offset}..{next_offset - 1} (lost from the "
+               f"tier, see tier status, or removed before it was tiered); continue from "
+               f"{next_offset}")
+        return [svc.PullMessageResponse(status=ok_status(Code.MESSAGE_NOT_FOUND, why)),
+                svc.PullMessageResponse(next_offset=next_offset)]
 
     def start(self, request: svc.PullMessageRequest, call: Call, records: bool
               ) -> tuple[TopicConfig, int, TagFilter, int, int, _Answer]:

@@ -43,10 +43,13 @@ Offset-based reads, for replaying a queue from any offset (what the Spark source
   offset to pull from next (it moves past messages the tag filter skipped). Status ``OK`` when
   the pull read something (possibly zero messages after filtering, with ``next_offset``
   advanced); ``MESSAGE_NOT_FOUND`` when ``offset`` is the end of the queue and nothing arrived
-  within ``long_polling_timeout``; ``ILLEGAL_OFFSET`` when ``offset`` is below the min offset
-  (retention removed it) or past the end, with ``next_offset`` set to the min / max offset to
-  resume from. A reader replays ``[start, end)`` by pulling from ``start`` and following
-  ``next_offset`` until it reaches ``end`` (from ``QueryOffset END`` taken at the start).
+  within ``long_polling_timeout``, or (at once, with ``next_offset`` past it) when ``offset``
+  is in a hole the queue's sources no longer hold (data lost from the tier: RocketMQ's
+  ``OFFSET_FOUND_NULL`` -> ``PULL_NOT_FOUND``; the whole hole in one answer);
+  ``ILLEGAL_OFFSET`` when ``offset`` is below the min offset (retention removed it) or past
+  the end, with ``next_offset`` set to the min / max offset to resume from. A reader replays
+  ``[start, end)`` by pulling from ``start`` and following ``next_offset`` until it reaches
+  ``end`` (from ``QueryOffset END`` taken at the start).
   Pulls keep no state and need no consumer group registration (the group name is only used
   for logging and access control).
   With request metadata ``x-stratamq-pull-format: records`` (StrataMQ's Spark source) the

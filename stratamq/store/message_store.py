@@ -37,6 +37,7 @@ from stratamq.store.flush import (
     GroupCommitService,
     Wake,
 )
+from stratamq.store.identity import StoreIdentity
 from stratamq.store.index_service import IndexService
 from stratamq.store.layout import StoreLayout
 from stratamq.store.loader import (
@@ -74,6 +75,22 @@ class StoreLocked(RuntimeError):
     """Another process has the store open."""
 
 
+def lock_store(layout: StoreLayout) -> int:
+    """Take the store directory's lock; the descriptor holds it until closed. StoreLocked
+    when another process (or store) holds it."""
+    fd = os.open(layout.lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        # flock excludes other StrataMQ stores, even in this process; a POSIX record lock on
+        # byte 0 is what Apache RocketMQ takes (FileChannel.tryLock(0, 1, false)), so a
+        # RocketMQ broker and StrataMQ never open one directory together either.
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+    except OSError:
+        os.close(fd)
+        raise StoreLocked(f"store {layout.root} is open in another process") from None
+    return fd
+
+
 class MessageStore:
     """An embedded, RocketMQ-compatible message store rooted at ``config.store_path_root_dir``.
 
@@ -94,6 +111,7 @@ class MessageStore:
         self.layout = StoreLayout(config.root)
         self.cq_stores: list[ConsumeQueueStore] = []  # the primary first; two with double write
         self.recovery: RecoveryReport | None = None
+        self.identity: StoreIdentity | None = None
         self.checkpoint = StoreCheckpoint()
         self._lock_fd: int | None = None
         self._opened = False
@@ -145,6 +163,10 @@ class MessageStore:
         files = MappedFileQueue(self.layout.commitlog_dir, segment_size,
                                 allocator=self._allocator, read_only=self.read_only)
         files.load()
+        # Made with the store (before its first segment), kept for its life; replication
+        # compares lineages (identity.py). None only for a read-only look at an old directory.
+        self.identity = StoreIdentity.open(self.layout.identity, has_data=bool(files.files),
+                                           read_only=self.read_only)
         self.store_type, self.cq_stores = open_consume_queue_stores(
             cfg, self.layout, has_data=bool(files.files), read_only=self.read_only,
             force=self.force_store_type)
@@ -363,17 +385,7 @@ class MessageStore:
         self.checkpoint.write(self.layout.checkpoint)
 
     def _take_lock(self) -> None:
-        fd = os.open(self.layout.lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            # flock excludes other StrataMQ stores, even in this process; a POSIX record lock
-            # on byte 0 is what Apache RocketMQ takes (FileChannel.tryLock(0, 1, false)), so a
-            # RocketMQ broker and StrataMQ never open one directory together either.
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
-        except OSError:
-            os.close(fd)
-            raise StoreLocked(f"store {self.layout.root} is open in another process") from None
-        self._lock_fd = fd
+        self._lock_fd = lock_store(self.layout)
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
@@ -693,5 +705,5 @@ class MessageStore:
         return self.reput.behind_bytes()
 
 
-__all__ = ["MAX_TOPIC_NAME_BYTES", "MessageStore", "StoreLocked",
+__all__ = ["MAX_TOPIC_NAME_BYTES", "MessageStore", "StoreLocked", "lock_store",
            "topic_name_problem"]
