@@ -36,6 +36,9 @@ def broker(tmp_path_factory):
     store = tmp_path_factory.mktemp("remoting-broker") / "store"
     MetadataStore(store).create_topic("Raw", 2)
     MetadataStore(store).create_topic("Poll", 1)
+    MetadataStore(store).create_topic("Offsets", 2)
+    MetadataStore(store).create_topic("Retried", 1)
+    MetadataStore(store).create_topic("Misc", 2)
     metrics_port = free_port()
     b, address = remoting_broker(store, extra="messageDelayLevel=1s 1s 1s 1s 1s\n"
                                  f"metricsExporterType=PROM\nmetricsPromExporterPort={metrics_port}\n")
@@ -84,6 +87,7 @@ def _pull(address: str, topic: str, qid: int, offset: int, expression: str = "*"
 
 def test_sends_in_both_encodings_compressed_bodies_and_broker_side_tag_filter(broker):
     b, address = broker
+    counted = _metric(b, "rocketmq_messages_in_total", topic="Raw")
     one = invoke(address, RequestCode.SEND_MESSAGE, {
         "producerGroup": "P", "topic": "Raw", "queueId": "0", "sysFlag": "0",
         "bornTimestamp": "1700000000000", "flag": "0", "reconsumeTimes": "0",
@@ -118,7 +122,7 @@ def test_sends_in_both_encodings_compressed_bodies_and_broker_side_tag_filter(br
     assert by_queue[0][0].user_properties["color"] == "red"
     assert [m.body for m in by_queue[1]] == [b"b0", b"b1", b"b2"]
     # Counted in the broker's metrics as gRPC sends are.
-    assert _metric(b, "rocketmq_messages_in_total", topic="Raw") == 5
+    assert _metric(b, "rocketmq_messages_in_total", topic="Raw") - counted == 5
 
     unknown = invoke(address, RequestCode.SEND_MESSAGE_V2, {"a": "P", "b": "Nope", "e": "0"},
                      b"x")
@@ -164,43 +168,54 @@ def test_a_suspended_pull_answers_when_a_message_arrives(broker):
 
 def test_consumer_offsets_are_shared_with_grpc_and_queue_offsets(broker):
     b, address = broker
+    for body in (b"o1", b"o2", b"o3"):
+        assert invoke(address, RequestCode.SEND_MESSAGE_V2, {"a": "P", "b": "Offsets", "e": "1"},
+                      body).code == ResponseCode.SUCCESS
     got = invoke(address, RequestCode.UPDATE_CONSUMER_OFFSET, {
-        "consumerGroup": "Shared", "topic": "Raw", "queueId": "0", "commitOffset": "1"})
+        "consumerGroup": "Shared", "topic": "Offsets", "queueId": "0", "commitOffset": "1"})
     assert got.code == ResponseCode.SUCCESS
     with grpc.insecure_channel(b.endpoint) as channel:
         stub = service_pb2_grpc.MessagingServiceStub(channel)
-        queue = pb.MessageQueue(topic=pb.Resource(name="Raw"), id=0)
+        queue = pb.MessageQueue(topic=pb.Resource(name="Offsets"), id=0)
         reply = stub.GetOffset(svc.GetOffsetRequest(group=pb.Resource(name="Shared"),
                                                     message_queue=queue), timeout=10)
         assert (reply.status.code, reply.offset) == (pb.OK, 1)
         stub.UpdateOffset(svc.UpdateOffsetRequest(
             group=pb.Resource(name="Shared"), offset=2,
-            message_queue=pb.MessageQueue(topic=pb.Resource(name="Raw"), id=1)), timeout=10)
+            message_queue=pb.MessageQueue(topic=pb.Resource(name="Offsets"), id=1)), timeout=10)
     got = invoke(address, RequestCode.QUERY_CONSUMER_OFFSET,
-                 {"consumerGroup": "Shared", "topic": "Raw", "queueId": "1"})
+                 {"consumerGroup": "Shared", "topic": "Offsets", "queueId": "1"})
     assert (got.code, got.ext_fields["offset"]) == (ResponseCode.SUCCESS, "2")
 
     def offset(code: int, **extra: str) -> int:
-        reply = invoke(address, code, {"topic": "Raw", "queueId": "1", **extra})
+        reply = invoke(address, code, {"topic": "Offsets", "queueId": "1", **extra})
         assert reply.code == ResponseCode.SUCCESS, reply.remark
         return int(reply.ext_fields["offset"])
 
     assert offset(RequestCode.GET_MIN_OFFSET) == 0
     assert offset(RequestCode.GET_MAX_OFFSET) == 3
     assert offset(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, timestamp="0") == 0
+    earliest = invoke(address, RequestCode.GET_EARLIEST_MSG_STORETIME,
+                      {"topic": "Offsets", "queueId": "1"})
+    first = pull_queue(b.endpoint, "Offsets", 1)[0]
+    stored = first.system_properties.store_timestamp.ToMilliseconds()
+    assert int(earliest.ext_fields["timestamp"]) == stored
 
 
 def test_send_back_goes_to_the_retry_topic_then_the_dlq(broker):
     _, address = broker
     assert invoke(address, RequestCode.HEART_BEAT, body=json.dumps({
         "clientID": "c-retry", "producerDataSet": [], "consumerDataSet": [{
-            "groupName": "GR", "subscriptionDataSet": [{"topic": "Raw", "subString": "*"}]}]
+            "groupName": "GR", "subscriptionDataSet": [{"topic": "Retried", "subString": "*"}]}]
     }).encode()).code == ResponseCode.SUCCESS
-    _, records = _pull(address, "Raw", 0, 0, "TagA")
+    assert invoke(address, RequestCode.SEND_MESSAGE_V2, {
+        "a": "P", "b": "Retried", "e": "0", "i": _props(TAGS="TagA")}, b"one"
+    ).code == ResponseCode.SUCCESS
+    _, records = _pull(address, "Retried", 0, 0, "TagA")
     original = records[0]
     back = invoke(address, RequestCode.CONSUMER_SEND_MSG_BACK, {
         "offset": str(original.physical_offset), "group": "GR", "delayLevel": "0",
-        "originMsgId": "ORIG-1", "originTopic": "Raw", "maxReconsumeTimes": "1"})
+        "originMsgId": "ORIG-1", "originTopic": "Retried", "maxReconsumeTimes": "1"})
     assert back.code == ResponseCode.SUCCESS, back.remark
 
     retried: list = []
@@ -213,18 +228,18 @@ def test_send_back_goes_to_the_retry_topic_then_the_dlq(broker):
     wait_until(in_retry_topic, 30, "the message in %RETRY%GR after its delay level")
     again = retried[0]
     assert (again.body, again.reconsume_times) == (b"one", 1)
-    assert again.properties["RETRY_TOPIC"] == "Raw"
+    assert again.properties["RETRY_TOPIC"] == "Retried"
     assert again.properties["ORIGIN_MESSAGE_ID"] == "ORIG-1"
     assert again.properties["TAGS"] == "TagA"
 
     # Its reconsume times reached the client's maxReconsumeTimes: dead letter.
     dead = invoke(address, RequestCode.CONSUMER_SEND_MSG_BACK, {
         "offset": str(again.physical_offset), "group": "GR", "delayLevel": "0",
-        "originMsgId": "ORIG-1", "originTopic": "Raw", "maxReconsumeTimes": "1"})
+        "originMsgId": "ORIG-1", "originTopic": "Retried", "maxReconsumeTimes": "1"})
     assert dead.code == ResponseCode.SUCCESS, dead.remark
     _, letters = _pull(address, "%DLQ%GR", 0, 0)
     assert [(m.body, m.reconsume_times, m.properties["RETRY_TOPIC"]) for m in letters] == [
-        (b"one", 2, "Raw")]
+        (b"one", 2, "Retried")]
     assert _metric(broker[0], "rocketmq_send_to_dlq_messages_total", consumer_group="GR") == 1
     missing = invoke(address, RequestCode.CONSUMER_SEND_MSG_BACK, {
         "offset": "0", "group": "NoSuchGroup", "delayLevel": "0"})
@@ -290,7 +305,7 @@ def test_queue_locks_and_consumer_lists(broker):
 def test_lookups_by_commitlog_offset_and_by_key(broker):
     _, address = broker
     sent = invoke(address, RequestCode.SEND_MESSAGE_V2, {
-        "a": "P", "b": "Raw", "e": "1", "i": _props(TAGS="TagK", KEYS="order-77 cust-9")},
+        "a": "P", "b": "Misc", "e": "1", "i": _props(TAGS="TagK", KEYS="order-77 cust-9")},
         b"looked up")
     assert sent.code == ResponseCode.SUCCESS
     _host, offset = record.parse_offset_msg_id(sent.ext_fields["msgId"])
@@ -302,13 +317,13 @@ def test_lookups_by_commitlog_offset_and_by_key(broker):
 
     def by_key() -> RemotingCommand:
         return invoke(address, RequestCode.QUERY_MESSAGE, {
-            "topic": "Raw", "key": "cust-9", "maxNum": "32", "beginTimestamp": "0",
+            "topic": "Misc", "key": "cust-9", "maxNum": "32", "beginTimestamp": "0",
             "endTimestamp": str(2**62)})
 
     wait_until(lambda: by_key().code == ResponseCode.SUCCESS, 10, "the key indexed")
     assert record.decode(by_key().body).body == b"looked up"
     missing = invoke(address, RequestCode.QUERY_MESSAGE, {
-        "topic": "Raw", "key": "no-such-key", "maxNum": "32", "beginTimestamp": "0",
+        "topic": "Misc", "key": "no-such-key", "maxNum": "32", "beginTimestamp": "0",
         "endTimestamp": str(2**62)})
     assert missing.code == ResponseCode.QUERY_NOT_FOUND
     wrong = invoke(address, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": str(offset + 1)})
@@ -375,10 +390,10 @@ def test_admin_codes_for_mqadmin(broker):
 def test_bad_requests_get_rocketmq_errors_and_the_broker_serves_on(broker):
     _, address = broker
     cases = [
-        (RequestCode.PULL_MESSAGE, {"consumerGroup": "G", "topic": "Raw", "queueId": "0",
+        (RequestCode.PULL_MESSAGE, {"consumerGroup": "G", "topic": "Misc", "queueId": "0",
                                     "queueOffset": "abc"}, b"", ResponseCode.INVALID_PARAMETER),
         (RequestCode.HEART_BEAT, {}, b"{not json", ResponseCode.SYSTEM_ERROR),
-        (RequestCode.SEND_BATCH_MESSAGE, {"a": "P", "b": "Raw", "e": "0"},
+        (RequestCode.SEND_BATCH_MESSAGE, {"a": "P", "b": "Misc", "e": "0"},
          struct.pack(">iiiii", 1000, 0, 0, 0, 5) + b"short", ResponseCode.MESSAGE_ILLEGAL),
         (RequestCode.LOCK_BATCH_MQ, {}, b"[1, 2]", ResponseCode.SYSTEM_ERROR),
         (9999, {}, b"", ResponseCode.REQUEST_CODE_NOT_SUPPORTED),
@@ -388,5 +403,5 @@ def test_bad_requests_get_rocketmq_errors_and_the_broker_serves_on(broker):
     for code, fields, body, expected in cases:
         got = invoke(address, code, fields, body)
         assert (code, got.code) == (code, expected), got.remark
-    ok = invoke(address, RequestCode.SEND_MESSAGE_V2, {"a": "P", "b": "Raw", "e": "0"}, b"fine")
+    ok = invoke(address, RequestCode.SEND_MESSAGE_V2, {"a": "P", "b": "Misc", "e": "0"}, b"fine")
     assert ok.code == ResponseCode.SUCCESS

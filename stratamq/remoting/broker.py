@@ -127,6 +127,7 @@ class RemotingFrontend:
                 RequestCode.GET_MAX_OFFSET: c.max_offset,
                 RequestCode.GET_MIN_OFFSET: c.min_offset,
                 RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: c.search_offset,
+                RequestCode.GET_EARLIEST_MSG_STORETIME: c.earliest_store_time,
                 RequestCode.HEART_BEAT: c.heartbeat,
                 RequestCode.UNREGISTER_CLIENT: c.unregister_client,
                 RequestCode.GET_CONSUMER_LIST_BY_GROUP: c.consumer_list,

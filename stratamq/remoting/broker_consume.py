@@ -203,6 +203,15 @@ class ConsumeHandlers:
         name, qid = h.get("topic", ""), _int(h, "queueId")
         self.lookup.authorize(self.call_of(request, conn), f"Topic:{name}", "Get")
         Lookup.queue_id(self.lookup.topic(name), qid)
+        if which == "earliest":  # GetEarliestMsgStoretimeResponseHeader.timestamp
+            low = self.reader.get_min_offset_in_queue(name, qid)
+            got = self.reader.get_messages("stratamq-lookup", name, qid, low, max_count=1)
+            with got:
+                stamps = [m.store_timestamp for m in got.messages()]
+            if not stamps:
+                raise RemotingError(ResponseCode.SYSTEM_ERROR,
+                                    f"no message in {name}/{qid} to take a store time from")
+            return request.response(ResponseCode.SUCCESS, None, {"timestamp": str(stamps[0])})
         if which == "max":
             offset = self.reader.get_max_offset_in_queue(name, qid)
         elif which == "min":
@@ -220,6 +229,10 @@ class ConsumeHandlers:
     async def search_offset(self, request: RemotingCommand, conn: Connection
                             ) -> RemotingCommand:
         return await self._guard(request, self._queue_offset, conn, "time")
+
+    async def earliest_store_time(self, request: RemotingCommand, conn: Connection
+                                  ) -> RemotingCommand:
+        return await self._guard(request, self._queue_offset, conn, "earliest")
 
     # -- clients --------------------------------------------------------------------------------
 
