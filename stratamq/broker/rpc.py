@@ -72,8 +72,8 @@ Offset-based reads, for replaying a queue from any offset (what the Spark source
   ``ILLEGAL_OFFSET`` with the max offset as ``next_offset`` (the broker's
   OFFSET_OVERFLOW_BADLY, which moves a RocketMQ consumer's offset back).
 
-Not supported (answered ``NOT_IMPLEMENTED``): ``RecallMessage``, lite topics (``SyncLiteSubscription``), SQL92 filters
-(``ILLEGAL_FILTER_EXPRESSION``).
+Not supported (answered ``NOT_IMPLEMENTED``): ``RecallMessage``, lite topics
+(``SyncLiteSubscription``), SQL92 filters (``ILLEGAL_FILTER_EXPRESSION``).
 
 Thread-safety: every handler runs on the broker's event loop; the logic it calls in the
 executor is thread-safe (see each module).

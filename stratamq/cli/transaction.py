@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import click
-
 from stratamq.cli.admin import Connection, _call, endpoint_option
 from stratamq.cli.app import main
 from stratamq.cli.common import emit_rows, output_option
