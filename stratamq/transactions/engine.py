@@ -159,7 +159,9 @@ class TransactionEngine:
         if txn is None:
             self.caught_up()  # a half acknowledged a moment ago may not be dispatched yet
             txn = self.table.get(transaction_id)
-        if txn is None or txn.producer_group != producer_group:
+        # gRPC producers' group is the topic (the proxy's convention); a half written by a
+        # 4.x producer names its own group.
+        if txn is None or producer_group not in (txn.producer_group, txn.real_topic):
             self._already(transaction_id, resolution)
             return
         if resolution is Resolution.UNKNOWN:
