@@ -175,10 +175,12 @@ class TransactionEngine:
             half = self._half(txn.latest)
             if half is None:
                 raise TransactionError("store", "Find prepared transaction message failed")
+            commit_at = -1
             if resolution is Resolution.COMMIT:
                 stored = self.put([committed_message(half)])[0]
                 if not stored.ok:
                     raise TransactionError("store", f"commit not stored: {stored.problem}")
+                commit_at = stored.physical_offset
                 if self._kill_at == "commit-stored":
                     log.warning("%s=commit-stored: killing the process", KILL_ENV)
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -190,6 +192,7 @@ class TransactionEngine:
                 log.error("transaction %s committed, but its op record was not stored (%s): "
                           "the next check round writes it", transaction_id, op.problem)
             self.table.close(txn, COMMIT if resolution is Resolution.COMMIT else ROLLBACK,
+                             op.physical_offset if op.ok else commit_at,
                              op_written=op.ok)
 
     def _already(self, transaction_id: str, resolution: Resolution) -> None:
@@ -278,7 +281,7 @@ class TransactionEngine:
             log.error("transaction %s: not moved (%s); tried again next round",
                       txn.transaction_id, stored.problem)
             return
-        self.table.close(txn, DISCARD, op_written=True)
+        self.table.close(txn, DISCARD, stored.physical_offset, op_written=True)
         report.discarded += 1
 
     def _write_missing_ops(self, report: CheckReport) -> None:

@@ -84,6 +84,7 @@ class OpenTransaction:
     check_times: int
     copies: list[HalfCopy] = field(default_factory=list)
     committed: bool = False  # a commit record came by; only the op is missing
+    ended_at: int = -1  # CommitLog offset of the record that ended it (commit, op, discard)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -105,7 +106,7 @@ class TransactionTable:
         self._by_queue_offset: dict[int, str] = {}  # half queue offset -> transaction id
         # Committed, op not seen yet (the op is written after the commit record).
         self._op_missing: dict[str, OpenTransaction] = {}
-        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._ended: OrderedDict[str, tuple[str, OpenTransaction]] = OrderedDict()
         self._seen_to = self._durable  # end of the last record dispatched
         self._candidates: deque[tuple[int, int]] = deque(maxlen=_CANDIDATES)
         self._reader: CommitLogReader | None = None
@@ -153,9 +154,10 @@ class TransactionTable:
                 return
             body = self._body(info)
             if body is not None:
-                self._end_by_op(op_offsets(body))
+                self._end_by_op(op_offsets(body), info.physical_offset)
         elif topic == CHECK_MAX_TOPIC:
-            self._end(transaction_id_of(props, info.physical_offset), DISCARD)
+            self._end(transaction_id_of(props, info.physical_offset), DISCARD,
+                      info.physical_offset)
         else:  # a committed message
             txn_id = props.get(Prop.UNIQ_KEY)
             if txn_id is not None:
@@ -165,7 +167,7 @@ class TransactionTable:
                         return
                     txn.committed = True
                     self._op_missing[txn_id] = txn
-                self._ended_as(txn, COMMIT)
+                self._ended_as(txn, COMMIT, info.physical_offset)
 
     def _body(self, info: DispatchInfo) -> bytes | None:
         raw = self._reader.read_bytes(info.physical_offset, info.size) if self._reader else None
@@ -202,7 +204,7 @@ class TransactionTable:
             txn.check_times = max(txn.check_times, check_times)
             self._by_queue_offset[copy.queue_offset] = txn_id
 
-    def _end_by_op(self, offsets: list[int]) -> None:
+    def _end_by_op(self, offsets: list[int], at: int) -> None:
         for offset in offsets:
             with self._lock:
                 txn_id = self._by_queue_offset.get(offset)
@@ -212,15 +214,15 @@ class TransactionTable:
                 if done is not None:  # the op after a commit record: nothing more to do
                     self._forget_copies(done)
                     continue
-            self._end(txn_id, ROLLBACK)
+            self._end(txn_id, ROLLBACK, at)
 
-    def _end(self, txn_id: str, how: str) -> OpenTransaction | None:
+    def _end(self, txn_id: str, how: str, at: int) -> OpenTransaction | None:
         with self._lock:
             txn = self._open.pop(txn_id, None)
             if txn is None:
                 return None
             self._forget_copies(txn)
-        self._ended_as(txn, how)
+        self._ended_as(txn, how, at)
         return txn
 
     def _forget_copies(self, txn: OpenTransaction) -> None:
@@ -228,9 +230,10 @@ class TransactionTable:
             if self._by_queue_offset.get(c.queue_offset) == txn.transaction_id:
                 del self._by_queue_offset[c.queue_offset]
 
-    def _ended_as(self, txn: OpenTransaction, how: str) -> None:
+    def _ended_as(self, txn: OpenTransaction, how: str, at: int) -> None:
         with self._lock:
-            self._ended[txn.transaction_id] = how
+            txn.ended_at = at
+            self._ended[txn.transaction_id] = (how, txn)
             if len(self._ended) > ENDED_MEMORY:
                 self._ended.popitem(last=False)
         if self.on_end is not None:
@@ -244,11 +247,13 @@ class TransactionTable:
 
     def ended_as(self, txn_id: str) -> str | None:
         with self._lock:
-            return self._ended.get(txn_id)
+            ended = self._ended.get(txn_id)
+            return ended[0] if ended is not None else None
 
-    def close(self, txn: OpenTransaction, how: str, *, op_written: bool) -> None:
-        """The engine ended ``txn`` (its records are stored); without ``op_written`` (the op
-        write failed after a commit) it waits in the op-missing list for the check round."""
+    def close(self, txn: OpenTransaction, how: str, at: int, *, op_written: bool) -> None:
+        """The engine ended ``txn`` with the record at ``at`` (stored); without ``op_written``
+        (the op write failed after a commit) it waits in the op-missing list for the check
+        round."""
         with self._lock:
             if self._open.get(txn.transaction_id) is txn:
                 del self._open[txn.transaction_id]
@@ -262,7 +267,7 @@ class TransactionTable:
                 self._op_missing[txn.transaction_id] = txn
             already = self._ended.get(txn.transaction_id) is not None
         if not already:
-            self._ended_as(txn, how)
+            self._ended_as(txn, how, at)
 
     def op_written(self, txn: OpenTransaction) -> None:
         with self._lock:
@@ -293,6 +298,43 @@ class TransactionTable:
 
     def __iter__(self) -> Iterator[OpenTransaction]:
         return iter(self.open_transactions())
+
+    def truncate_from(self, offset: int) -> None:
+        """A slave's CommitLog was cut back to ``offset`` (``ReplicaLog.truncate``): copies
+        from there on are gone, and transactions ended by a record from there on are open
+        again (with the copies they have left); the replay offset moves back below them."""
+        reopened = 0
+        with self._lock:
+            for txn in [*self._open.values(), *self._op_missing.values(),
+                        *(t for _, t in self._ended.values() if t.ended_at >= offset)]:
+                self._forget_copies(txn)
+                self._open.pop(txn.transaction_id, None)
+                self._op_missing.pop(txn.transaction_id, None)
+                if txn.ended_at >= offset:
+                    self._ended.pop(txn.transaction_id, None)
+                    txn.ended_at, txn.committed = -1, False
+                    reopened += 1
+                txn.copies = [c for c in txn.copies if c.physical_offset < offset]
+                if not txn.copies:
+                    continue
+                if txn.committed:  # its commit record is before the cut: only the op is not
+                    self._op_missing[txn.transaction_id] = txn
+                else:
+                    self._open[txn.transaction_id] = txn
+                for c in txn.copies:
+                    self._by_queue_offset[c.queue_offset] = txn.transaction_id
+            lows = [t.copies[0].physical_offset
+                    for t in (*self._open.values(), *self._op_missing.values())]
+            self._seen_to = min(self._seen_to, offset)
+            self._candidates.clear()
+            durable = min([self._durable, offset, *lows])
+        if reopened:
+            log.warning("CommitLog cut back to %d: %d transactions ended after it are open "
+                        "again", offset, reopened)
+        if durable < self._durable:
+            if self._checkpoint is not None:
+                write_replay_from(self._checkpoint, durable)
+            self._durable = durable
 
     # -- the replay offset ----------------------------------------------------------------------
 
