@@ -12,9 +12,11 @@ import json
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
-from broker_proc import BrokerProc, start_broker
+from broker_proc import BrokerProc, free_port, start_broker
+from prometheus_client.parser import text_string_to_metric_families
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.v5.model import Message
@@ -100,6 +102,17 @@ def _open(broker: BrokerProc) -> list[dict]:
     return [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
 
 
+def _metric(port: int, name: str) -> float:
+    """The value of ``name`` for TOPIC on the broker's Prometheus endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("topic") == TOPIC:
+                return sample.value
+    return 0.0
+
+
 def _records(store: Path, topic: str, queue_id: int = 0) -> list:
     """Every record of ``topic`` queue ``queue_id``, from the store opened read-only."""
     cfg = StoreConfig(store_path_root_dir=str(store))
@@ -109,7 +122,10 @@ def _records(store: Path, topic: str, queue_id: int = 0) -> list:
 
 
 def test_commit_rollback_exactly_once_and_no_half_visible(tmp_path):
-    broker = start_broker(tmp_path, {"transactionTimeOut": "600000"},
+    port = free_port()
+    broker = start_broker(tmp_path, {"transactionTimeOut": "600000",
+                                     "metricsExporterType": "PROM",
+                                     "metricsPromExporterPort": str(port)},
                           topics=[(TOPIC, 2, "TRANSACTION")])
     producer = _producer(broker.endpoint, Checker({}))
     consumer = _consumer(broker.endpoint, "g1")
@@ -121,6 +137,7 @@ def test_commit_rollback_exactly_once_and_no_half_visible(tmp_path):
         listed = _open(broker)
         assert sorted(t["topic"] for t in listed) == [TOPIC] * 3
         assert all(t["checks"] == 0 and t["age_ms"] >= 0 for t in listed)
+        assert _metric(port, "rocketmq_half_messages") == 3
         to_commit.commit()
         to_roll_back.rollback()
         to_commit.commit()  # a retried EndTransaction is answered as the first, stores nothing
@@ -128,6 +145,10 @@ def test_commit_rollback_exactly_once_and_no_half_visible(tmp_path):
         assert [t["checks"] for t in _open(broker)] == [0]  # "open" stays open
         _drain(consumer, seen)
         assert seen == [b"commit-me"]
+        assert _metric(port, "rocketmq_half_messages") == 1
+        assert _metric(port, "rocketmq_commit_messages_total") == 1
+        assert _metric(port, "rocketmq_rollback_messages_total") == 1
+        assert _metric(port, "rocketmq_finish_message_latency_count") == 2
     finally:
         consumer.shutdown()
         producer.shutdown()
