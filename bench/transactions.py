@@ -131,7 +131,10 @@ def check_back(endpoint: str, halves: int) -> None:
     for _ in range(halves):
         producer.send(_message(TXN, body), producer.begin_transaction())  # never ended
     producer.shutdown()
+    deadline = time.monotonic() + 600
     while _open_count(endpoint) < halves:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {_open_count(endpoint)} of {halves} halves are open")
         time.sleep(0.2)
     checker = Commit()
     producer = Producer(_config(endpoint), (TXN,), checker)
@@ -165,7 +168,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="stratamq-bench-tx-") as tmp:
         broker = start_broker(Path(tmp), {"mappedFileSizeCommitLog": str(64 << 20),
                                           "transactionCheckInterval": "1000",
-                                          "transactionTimeOut": "1000"},
+                                          "transactionTimeOut": "1000",
+                                          # UNKNOWN answers while the halves are sent must
+                                          # not move any to TRANS_CHECK_MAX_TIME_TOPIC
+                                          "transactionCheckMax": "1000000"},
                               topics=[(PLAIN, 4, "NORMAL"), (TXN, 4, "TRANSACTION")])
         try:
             send_commit(broker.endpoint, messages, rounds)

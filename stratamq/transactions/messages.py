@@ -43,7 +43,6 @@ TRANSACTION_ID = "__transactionId__"  # TransactionalMessageUtil.TRANSACTION_ID
 CHECK_TIMES = "TRANSACTION_CHECK_TIMES"  # MessageConst.PROPERTY_TRANSACTION_CHECK_TIMES
 CHECK_IMMUNITY_TIME = "CHECK_IMMUNITY_TIME_IN_SECONDS"  # PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS
 PREPARED_QUEUE_OFFSET = "TRAN_PREPARED_QUEUE_OFFSET"  # PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET
-_WAIT = Prop.WAIT_STORE_MSG_OK
 
 # RocketMQ's MessageClientIDSetter shape for the op records' own unique ids: ip (8 hex), pid (4),
 # a per-process hash (8), then milliseconds (8) and a counter (4).
@@ -90,7 +89,6 @@ def committed_message(half: StoredMessage) -> Message:
     topic = props.pop(Prop.REAL_TOPIC)
     queue_id = int(props.pop(Prop.REAL_QUEUE_ID))
     props.pop(Prop.TRANSACTION_PREPARED, None)
-    props[_WAIT] = "false"
     return Message(topic, bytes(half.body), queue_id, props, half.flag,
                    _with_transaction_type(half.sys_flag, SysFlag.TRANSACTION_COMMIT_TYPE),
                    half.born_timestamp, half.born_host, half.reconsume_times,
@@ -100,7 +98,7 @@ def committed_message(half: StoredMessage) -> Message:
 def op_message(half_queue_offsets: list[int], store_host: Host) -> Message:
     """The op record ending the halves at these half queue offsets."""
     body = "".join(f"{offset}{OFFSET_SEPARATOR}" for offset in half_queue_offsets).encode()
-    props = {Prop.TAGS: REMOVE_TAG, _WAIT: "false", Prop.UNIQ_KEY: _new_uniq_id()}
+    props = {Prop.TAGS: REMOVE_TAG, Prop.UNIQ_KEY: _new_uniq_id()}
     return Message(OP_TOPIC, body, 0, props, 0, 0, int(time.time() * 1000), store_host)
 
 
@@ -119,14 +117,11 @@ def check_copy(half: StoredMessage, check_times: int) -> Message:
     """The half written again for a check, its check count set to ``check_times``."""
     props = dict(half.properties)
     props[CHECK_TIMES] = str(check_times)
-    props[_WAIT] = "false"
     return Message(half.topic, bytes(half.body), half.queue_id, props, half.flag, half.sys_flag,
                    half.born_timestamp, half.born_host, half.reconsume_times)
 
 
 def discarded_message(half: StoredMessage) -> Message:
     """The half moved to ``TRANS_CHECK_MAX_TIME_TOPIC`` queue 0 after too many checks."""
-    props = dict(half.properties)
-    props[_WAIT] = "false"
-    return Message(CHECK_MAX_TOPIC, bytes(half.body), 0, props, half.flag, half.sys_flag,
-                   half.born_timestamp, half.born_host, half.reconsume_times)
+    return Message(CHECK_MAX_TOPIC, bytes(half.body), 0, dict(half.properties), half.flag,
+                   half.sys_flag, half.born_timestamp, half.born_host, half.reconsume_times)
