@@ -15,10 +15,13 @@ import threading
 import urllib.request
 from pathlib import Path
 
+import grpc
 from broker_proc import BrokerProc, free_port, start_broker
 from prometheus_client.parser import text_string_to_metric_families
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc
 from rocketmq.v5.model import Message
 from rocketmq.v5.producer import TransactionChecker
 from waiting import wait_until
@@ -292,3 +295,36 @@ def test_store_in_rocketmq_layout_opens_with_its_state(tmp_path):
         producer.shutdown()
     finally:
         assert broker.stop() == 0
+
+
+def test_wrong_types_and_unknown_transactions_answered_as_the_proxy_does(tmp_path):
+    broker = start_broker(tmp_path, topics=[(TOPIC, 1, "TRANSACTION"), ("Plain", 1, "NORMAL")])
+    channel = grpc.insecure_channel(broker.endpoint)
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
+
+    def send(topic: str, kind: int) -> int:
+        return stub.SendMessage(svc.SendMessageRequest(messages=[pb.Message(
+            topic=pb.Resource(name=topic), body=b"x", system_properties=pb.SystemProperties(
+                message_id="ID-1", message_type=kind))])).status.code
+
+    def end(topic: str, transaction_id: str) -> int:
+        return stub.EndTransaction(svc.EndTransactionRequest(
+            topic=pb.Resource(name=topic), message_id="ID-1", transaction_id=transaction_id,
+            resolution=pb.COMMIT, source=pb.SOURCE_CLIENT)).status.code
+
+    try:
+        assert send("Plain", pb.TRANSACTION) == pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+        assert send(TOPIC, pb.NORMAL) == pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+        assert end(TOPIC, "") == pb.INVALID_TRANSACTION_ID
+        assert end(TOPIC, "no-such-transaction") == pb.INVALID_TRANSACTION_ID
+        sent = stub.SendMessage(svc.SendMessageRequest(messages=[pb.Message(
+            topic=pb.Resource(name=TOPIC), body=b"x", system_properties=pb.SystemProperties(
+                message_id="ID-2", message_type=pb.TRANSACTION))]))
+        assert sent.status.code == pb.OK and sent.entries[0].transaction_id == "ID-2"
+        assert end("Plain", "ID-2") == pb.INVALID_TRANSACTION_ID  # another producer group
+        assert end(TOPIC, "ID-2") == pb.OK
+    finally:
+        channel.close()
+        assert broker.stop() == 0
+    assert [body for _, body, _ in _records(broker.store, TOPIC)] == [b"x"]
+    assert _records(broker.store, "Plain") == []
