@@ -25,7 +25,8 @@ RPCs:
   type. Unknown topic: ``TOPIC_NOT_FOUND`` (auto-create is off by default).
 * ``Heartbeat`` / ``NotifyClientTermination``: the broker tracks live clients per group.
 * ``Telemetry``: each ``settings`` command is answered with the broker's settings
-  (``ClientService.settings``).
+  (``ClientService.settings``); a producer's stream also carries the broker's transaction
+  checks (``RecoverOrphanedTransactionCommand``, see ``broker/transactions.py``).
 * ``SendMessage``: NORMAL / FIFO (the message group picks the queue by hash) / DELAY (held in
   the timer topic; ``UNSUPPORTED`` when no timer service runs) / TRANSACTION (stored as a half
   message, answered with its transaction id). The message type must match the topic's. One put
