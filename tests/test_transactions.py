@@ -328,3 +328,39 @@ def test_wrong_types_and_unknown_transactions_answered_as_the_proxy_does(tmp_pat
         assert broker.stop() == 0
     assert [body for _, body, _ in _records(broker.store, TOPIC)] == [b"x"]
     assert _records(broker.store, "Plain") == []
+
+
+def test_recovery_duration_set_by_the_producer_decides_the_first_check(tmp_path):
+    """transactionTimeOut is 10 minutes; a half whose producer set a 1 s orphaned-transaction
+    recovery duration is checked (and committed by the checker) long before."""
+    broker = start_broker(tmp_path, {"transactionCheckInterval": "300",
+                                     "transactionTimeOut": "600000"},
+                          topics=[(TOPIC, 1, "TRANSACTION")])
+    channel = grpc.insecure_channel(broker.endpoint)
+    stub = service_pb2_grpc.MessagingServiceStub(channel)
+
+    def send(message_id: str, body: bytes, seconds: int) -> int:
+        sp = pb.SystemProperties(message_id=message_id, message_type=pb.TRANSACTION)
+        sp.orphaned_transaction_recovery_duration.FromSeconds(seconds)
+        return stub.SendMessage(svc.SendMessageRequest(messages=[pb.Message(
+            topic=pb.Resource(name=TOPIC), body=body, system_properties=sp)])).status.code
+
+    checker = Checker({b"soon": COMMIT, b"later": COMMIT})
+    producer = _producer(broker.endpoint, checker)
+    consumer = _consumer(broker.endpoint, "g6")
+    try:
+        assert send("ID-3", b"too-long", 3601) == pb.BAD_REQUEST  # the proxy's 1 hour limit
+        assert send("ID-4", b"soon", 1) == pb.OK
+        assert send("ID-5", b"later", 3600) == pb.OK
+        seen: list[bytes] = []
+        wait_until(lambda: b"soon" in _drain(consumer, seen), 30, "the checked-back commit")
+        assert checker.checks == {b"soon": 1}
+        assert [t["transaction_id"] for t in _open(broker)] == ["ID-5"]
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+        channel.close()
+        assert broker.stop() == 0
+    halves = _records(broker.store, HALF_TOPIC)
+    assert {p[Prop.UNIQ_KEY]: p.get("CHECK_IMMUNITY_TIME_IN_SECONDS") for p, _, _ in halves
+            if "TRANSACTION_CHECK_TIMES" not in p} == {"ID-4": "1", "ID-5": "3600"}

@@ -41,6 +41,7 @@ from stratamq.broker.errors import BrokerError
 from stratamq.broker.lookup import Lookup
 from stratamq.broker.metadata import TopicConfig
 from stratamq.broker.ports import Call
+from stratamq.broker.transactions import recovery_duration
 from stratamq.broker.validate import check_topic, put_status
 from stratamq.broker.writer import EntryResult
 from stratamq.message import Host, Message, Prop
@@ -199,6 +200,7 @@ class SendService:
                                   "a TRANSACTION message cannot have a delivery time")
             # Stored as RocketMQ's half message; the producer group is the topic, as the
             # proxy has it for gRPC producers.
+            msg.properties.update(recovery_duration(sp))
             return half_message(msg, topic.name), size
         if deliver_at is not None and deliver_at > now_ms():
             if self.timer is None:

@@ -49,17 +49,35 @@ from stratamq.transactions import (
     TransactionTable,
 )
 from stratamq.transactions.checkpoint import CHECKPOINT_NAME
+from stratamq.transactions.messages import CHECK_IMMUNITY_TIME
 
 if TYPE_CHECKING:
     from stratamq.broker.writer import GroupWriter
     from stratamq.store.message_store import MessageStore
 
 __all__ = ["EndTransactionService", "ProducerStreams", "TransactionCollector",
-           "plug_transactions", "register_metrics", "start_transactions"]
+           "plug_transactions", "recovery_duration", "register_metrics", "start_transactions"]
 
 Code = pb.Code
 _LATENCY_BUCKETS_S = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 43200, 86400)
 _RESOLUTIONS = {pb.COMMIT: Resolution.COMMIT, pb.ROLLBACK: Resolution.ROLLBACK}
+
+
+# ProxyConfig.maxTransactionRecoverySecond: the longest orphaned-transaction recovery duration
+# a producer may set on a half message.
+MAX_TRANSACTION_RECOVERY_SECOND = 3600
+
+
+def recovery_duration(sp: pb.SystemProperties) -> dict[str, str]:
+    """The property the proxy stores for a half message's orphaned-transaction recovery
+    duration (``CHECK_IMMUNITY_TIME_IN_SECONDS``, whole seconds), checked as it checks it."""
+    if not sp.HasField("orphaned_transaction_recovery_duration"):
+        return {}
+    seconds = sp.orphaned_transaction_recovery_duration.seconds
+    if seconds > MAX_TRANSACTION_RECOVERY_SECOND:
+        raise BrokerError(Code.BAD_REQUEST, "the max transaction recovery time of message is "
+                          f"too large, max is {MAX_TRANSACTION_RECOVERY_SECOND}")
+    return {CHECK_IMMUNITY_TIME: str(seconds)}
 
 
 class ProducerStreams:
