@@ -231,14 +231,15 @@ class TransactionEngine:
             try:
                 if self.table.get(txn.transaction_id) is not txn:
                     continue
+                if txn.check_times < s.check_max and (
+                        self.notify is None or not self._has_producer(txn)):
+                    report.waiting_for_producer += 1  # (its half is not even read)
+                    continue
                 half = self._half(txn.latest)
                 if half is None:
                     continue
                 if txn.check_times >= s.check_max:
                     self._discard(txn, half, report)
-                    continue
-                if self.notify is None or not self._has_producer(txn):
-                    report.waiting_for_producer += 1
                     continue
                 batch.append((txn, half, check_copy(half, txn.check_times + 1)))
             finally:
