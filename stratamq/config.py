@@ -828,6 +828,23 @@ class BrokerConfig:
     timer_enable: bool = _setting(
         "timerWheelEnable", True, "bool", "accept DELAY messages (needs the timer service)"
     )
+    transaction_check_interval: int = _setting(
+        "transactionCheckInterval", 30_000, "ms",
+        "how often open transactions are checked back with their producers",
+        minimum=1,
+    )  # fmt: skip
+    transaction_timeout: int = _setting(
+        "transactionTimeOut", 6_000, "ms",
+        "age of a half message before its first check (unless the producer set an orphaned "
+        "transaction recovery duration)",
+        minimum=0,
+    )  # fmt: skip
+    transaction_check_max: int = _setting(
+        "transactionCheckMax", 15, "checks",
+        "checks of one transaction before its half moves to TRANS_CHECK_MAX_TIME_TOPIC "
+        "(logged as an ERROR)",
+        minimum=0,
+    )  # fmt: skip
     acl_enable: bool = _setting("aclEnable", False, "bool", "verify clients' signatures")
     tls_enable: bool = _setting("tlsEnable", False, "bool", "serve gRPC over TLS only")
     metrics_exporter_type: str = _setting(

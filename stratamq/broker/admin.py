@@ -289,6 +289,10 @@ class AdminService:
                     "files": cleanup.unconsumed_deleted_files if cleanup else 0,
                     "messages": cleanup.unconsumed_deleted_messages if cleanup else 0}}
 
+    def ListTransactions(self, req: dict[str, Any]) -> dict[str, Any]:
+        engine = self.b.transactions
+        return {"transactions": engine.open_transactions() if engine is not None else []}
+
     def BrokerInfo(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"broker_name": self.b.config.broker_name,
                 "cluster": self.b.config.broker_cluster_name, "endpoint": self.b.endpoint,
@@ -299,7 +303,8 @@ _ACTIONS = {"CreateTopic": "Create", "UpdateTopic": "Update", "DeleteTopic": "De
             "ListTopics": "List", "CreateGroup": "Create", "UpdateGroup": "Update",
             "DeleteGroup": "Delete", "ListGroups": "List", "GroupProgress": "Get",
             "BrokerInfo": "Get", "TopicRoute": "Get", "TopicStatus": "Get",
-            "ResetOffset": "Update", "BrokerStatus": "Get"}  # fmt: skip
+            "ResetOffset": "Update", "BrokerStatus": "Get",
+            "ListTransactions": "List"}  # fmt: skip
 
 
 def admin_handler(broker: Broker, run: Run) -> grpc.GenericRpcHandler:

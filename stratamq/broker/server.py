@@ -114,6 +114,8 @@ class Broker:
         self.tiered: Any = None  # stratamq.tiered.TieredStore when tieredBackendServiceProvider
         self.compaction: CompactionStore | None = None  # compaction topics (enableCompaction)
         self.compaction_gate: Any = None  # a slave's: ha.message_replication.CompactionGate
+        self.transactions: Any = None  # transactions.TransactionEngine, made in _build
+        self.transaction_checks: Any = None  # its check thread
         self.advertised: tuple[str, int] = (self.listen_host, self.listen_port)
         self.started_at = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -305,6 +307,10 @@ class Broker:
             self.compaction, self.compaction_gate = plug_compaction(
                 self.store, self.store_config, self.meta)
             link_compaction_tier(self.compaction, self.tiered)  # compacted files in the tier
+            from stratamq.broker.transactions import plug_transactions
+
+            # Open transactions, rebuilt from the half and op topics as the store replays.
+            self.transaction_table = plug_transactions(self.store, self.store_config.root)
             self.store.open()
         except BaseException:
             self.server = None
@@ -352,6 +358,22 @@ class Broker:
         self.replication = BrokerReplication(self)
         self.replication.start()
         timer = self.timer if cfg.timer_enable else None
+        from stratamq.broker.transactions import (
+            EndTransactionService,
+            ProducerStreams,
+            register_metrics,
+            start_transactions,
+        )
+        from stratamq.transactions import TransactionSettings
+
+        self.producer_streams = ProducerStreams()
+        self.transactions, self.transaction_checks = start_transactions(
+            self.transaction_table, self.store, self.writer,
+            TransactionSettings(cfg.transaction_check_interval, cfg.transaction_timeout,
+                                cfg.transaction_check_max),
+            self.producer_streams, may_check=lambda: not self.replication.is_slave)
+        if hasattr(self.metrics, "registry"):
+            register_metrics(self.transactions, self.metrics.registry, self.metrics.node)
         services = Services(
             lookup=self.lookup,
             clients=ClientService(self.lookup, self.clients, cfg.broker_name, self.advertised,
@@ -362,7 +384,9 @@ class Broker:
             receiving=ReceiveService(self.lookup, self.engine, self.polls,
                                      lambda: self.metrics),
             pulling=PullService(self.lookup, self.store, self.state, self.polls),
-            writer=self.writer, run=self.run, metrics=lambda: self.metrics)
+            writer=self.writer, run=self.run, metrics=lambda: self.metrics,
+            transactions=EndTransactionService(self.lookup, self.transactions),
+            producers=self.producer_streams)
         self.servicer = MessagingServicer(services)
         from stratamq.broker.admin import admin_handler
         from stratamq.broker.tier_admin import tier_admin_handler
@@ -412,6 +436,8 @@ class Broker:
             with _suppress_all():
                 self._on_loop(self.server.stop(0))
             self.server = None
+        if self.transaction_checks is not None:
+            self.transaction_checks.close()
         if self.writer is not None:
             self.writer.close()
         if self._executor is not None:
@@ -497,6 +523,8 @@ class Broker:
         self.server = None
         if self.replication is not None:
             step("stopping replication", self.replication.stop)
+        if self.transaction_checks is not None:  # it puts: before the writer goes
+            step("stopping transaction checks", self.transaction_checks.close)
         step("writing queued sends", stop_writer)
         step("stopping the executor and the event loop", stop_executor)
         step("closing the timer and metrics", self._close_extensions)

@@ -22,6 +22,7 @@ from stratamq.cli import (  # noqa: F401
     store_clean,  # store clean
     store_lookup,  # store query, store offset-by-time
     tier,  # tier status, tier flush
+    transaction,  # transaction list
 )
 from stratamq.cli.app import main
 
