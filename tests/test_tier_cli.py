@@ -14,7 +14,8 @@ from stratamq.store.message_store import MessageStore
 
 PROJECT = Path(__file__).resolve().parents[1]
 ROW = {"topic", "queue_id", "local_min_offset", "local_max_offset", "tier_min_offset",
-       "tier_max_offset", "tier_committed_offset", "tier_bytes", "lag_messages", "lag_bytes"}
+       "tier_max_offset", "tier_committed_offset", "tier_bytes", "lag_messages", "lag_bytes",
+       "lastError", "lastErrorSince"}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -58,7 +59,8 @@ def test_tier_commands_offline(tmp_path):
     assert cleaned.returncode == 0, cleaned.stderr
     report = json.loads(cleaned.stdout)
     assert set(report) == {"store", "tiered_offset", "commitlog_files", "deleted", "bytes_freed",
-                           "min_offset", "min_offset_before"}
+                           "min_offset", "min_offset_before", "tier_unverified"}
+    assert report["tier_unverified"] == []
     assert report["deleted"]["commitlog"] == len(report["commitlog_files"]) >= 2
     # Every message still dumps, the early ones from the tier.
     dumped = lines(cli("store", "dump", *where, "--topic", "Orders").stdout)

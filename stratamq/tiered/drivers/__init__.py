@@ -109,6 +109,27 @@ class FileSegmentFactory:
         with self._listing_lock:
             self._broker_topics[broker] = {*dirs, *(name for name, _size in files)}
 
+    def broker_entries(self, broker: str) -> list[str]:
+        """Names in the broker's tier directory (topic directories, ``config``), listed now;
+        raises TierIOError when the tier cannot say. The memory tier has none after a start."""
+        if self.provider == "s3":
+            from stratamq.tiered.drivers.object_store import list_directory
+
+            try:
+                files, dirs = list_directory(self.fs, self.full_path(
+                    f"{cluster_dir(self.cluster)}/{broker}"))
+            except Exception as exc:
+                raise TierIOError(f"cannot list the tier directory of {broker}: {exc}") from exc
+            return sorted({*dirs, *(name for name, _size in files)})
+        if self.provider == "posix":
+            try:
+                return sorted(os.listdir(self.full_path(f"{cluster_dir(self.cluster)}/{broker}")))
+            except FileNotFoundError:
+                return []
+            except OSError as exc:
+                raise TierIOError(f"cannot list the tier directory of {broker}: {exc}") from exc
+        return []
+
     def _topic_known_absent(self, file_path: str) -> bool:
         """True when the topic of ``file_path`` (broker/topic/...) was not in its broker's
         directory when ``list_broker`` listed it (under ``_listing_lock``)."""
