@@ -166,6 +166,9 @@ class MetadataStore:
         self._file_queues: set[tuple[str, int]] = set()
         self._bak_queues: set[tuple[str, int]] = set()
         self._deleted_queues: set[tuple[str, int]] = set()
+        # Queues deleted between the .bak's write and the file's (its "queuesDeletedSince-
+        # Backup"): the file lacks them on purpose.
+        self._deleted_before_file: set[tuple[str, int]] = set()
         self._kept_bak_logged = False
         self._load()
 
@@ -234,8 +237,12 @@ class MetadataStore:
                 path: {int(base): _segment(obj) for base, obj in table.items()}
                 for path, table in doc.get(table_name, {}).items()}
         self.durable_offset = int(doc.get("dispatcher", {}).get("durableOffset", 0))
+        self._deleted_before_file = {(str(t), int(q))
+                                     for t, q in doc.get("queuesDeletedSinceBackup", [])}
 
-    def encode(self) -> bytes:
+    def encode(self, *, deleted_since_backup: set[tuple[str, int]] | None = None) -> bytes:
+        """The document; ``deleted_since_backup``: queues deleted on purpose since the .bak
+        this file will sit next to was written (``persist`` passes them)."""
         # Shallow copies of the entities' fields (``vars``: the same keys, in field order, as
         # ``dataclasses.asdict``, which deep-copies field by field at several times the cost;
         # a document holds every segment of every queue and is written after each upload).
@@ -255,6 +262,8 @@ class MetadataStore:
                     path: {str(base): dict(vars(m)) for base, m in sorted(table.items())}
                     for path, table in sorted(self._segments[file_type].items())}
             doc["dispatcher"] = {"durableOffset": self.durable_offset}
+            if deleted_since_backup:
+                doc["queuesDeletedSinceBackup"] = sorted([t, q] for t, q in deleted_since_backup)
             self._dirty = self._deferred = False
         return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
@@ -271,28 +280,30 @@ class MetadataStore:
         with self._persist_lock:
             if self._written_from > ticket:
                 return  # a write that began after this call was made wrote what it had
+            # The file on disk becomes the .bak only if it lost no queue the .bak has, but
+            # those deleted on purpose between the two writes: the .bak stays the last good
+            # version. Each document carries the deletions made since the .bak it will sit
+            # next to was written, so the rule holds across a restart too.
+            exists = self.path.exists()
             with self._lock:
                 starts_at = self._tickets  # every call with a lower ticket is covered
-                data = self.encode()
+                since = set(self._deleted_queues)  # deleted since the last write
+                lost = self._bak_queues - self._file_queues - self._deleted_before_file
+                rotate = exists and not lost
+                carried = since if rotate else self._deleted_before_file | since
+                data = self.encode(deleted_since_backup=carried)
                 written = self._queue_keys()
-                deleted = set(self._deleted_queues)
-            # The file on disk becomes the .bak only if it lost no queue the .bak has (but
-            # those deleted on purpose): the .bak stays the last good version.
-            lost = self._bak_queues - self._file_queues - deleted
-            if lost and self.path.exists():
-                if not self._kept_bak_logged:
-                    log.error("tier metadata %s lacks %d queues its backup %s has (e.g. %s/%d): "
-                              "the backup is kept, not replaced", self.path, len(lost),
-                              self.backup_path, *sorted(lost)[0])
-                    self._kept_bak_logged = True
-                atomic_write(self.path, data)
-            else:
-                rotated = self.path.exists()
-                atomic_write(self.path, data, backup=True)
-                if rotated:
-                    self._bak_queues = self._file_queues
-                    with self._lock:
-                        self._deleted_queues -= deleted
+            if lost and exists and not self._kept_bak_logged:
+                log.error("tier metadata %s lacks %d queues its backup %s has (e.g. %s/%d): the "
+                          "backup is kept, not replaced", self.path, len(lost), self.backup_path,
+                          *sorted(lost)[0])
+                self._kept_bak_logged = True
+            atomic_write(self.path, data, backup=rotate)
+            with self._lock:
+                self._deleted_queues -= since
+            if rotate:
+                self._bak_queues = self._file_queues
+            self._deleted_before_file = carried
             self._file_queues = written
             self._written_from = starts_at
 
