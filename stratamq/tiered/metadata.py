@@ -7,13 +7,15 @@ adds (the uploader's durable CommitLog offset, each queue's indexed offset). Spe
 
 Durability: ``persist()`` replaces the file atomically (``fileutil.atomic_write``: fsync, rename,
 fsync the directory), keeping the previous version as ``.bak``; a crash leaves the old document
-or the new one. The ``.bak`` is the last good version: a document that lacks queues the ``.bak``
-has (other than those this process deleted) never replaces it (the file alone is written). A
-missing file next to a ``.bak`` is refused (``MetadataMissing``): starting empty would serve a
-fraction of the history and, two saves later, overwrite the ``.bak``; ``TieredStore`` refuses a
-missing file too when the tier holds the broker's files. It may lag what the tier holds (sizes are then corrected from the tier on the
+or the new one. It may lag what the tier holds (sizes are then corrected from the tier on the
 next start), never run ahead of it: a segment is recorded before anything is written to it,
 and sizes only after their upload returned.
+
+The ``.bak`` is the last good version: a document that lacks queues the ``.bak`` has (other
+than those deleted on purpose, ``queuesDeletedSinceBackup``) never replaces it (the file alone
+is written). A missing file next to a ``.bak`` is refused (``MetadataMissing``): starting
+empty would serve a fraction of the history and, two saves later, overwrite the ``.bak``;
+``TieredStore`` refuses a missing file too when the tier holds the broker's files.
 
 Thread-safety: every method takes the store's lock; entities handed out are copies' owners'
 to change only through ``update_*`` (callers keep their own objects and write them back).
@@ -180,6 +182,7 @@ class MetadataStore:
 
     def _load(self) -> None:
         backup = self.backup_path
+        raw: bytes | None
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
