@@ -110,9 +110,15 @@ class FileSegmentFactory:
             self._broker_topics[broker] = {*dirs, *(name for name, _size in files)}
 
     def broker_entries(self, broker: str) -> list[str]:
-        """Names in the broker's tier directory (topic directories, ``config``), listed now;
-        raises TierIOError when the tier cannot say. The memory tier has none after a start."""
+        """Names in the broker's tier directory (topic directories, ``config``): on an object
+        store the listing ``list_broker`` made at the start (one request, not two), else
+        listed now; raises TierIOError when the tier cannot say. The memory tier has none
+        after a start."""
         if self.provider == "s3":
+            with self._listing_lock:
+                listed = self._broker_topics.get(broker)
+                if listed is not None:
+                    return sorted(listed)
             from stratamq.tiered.drivers.object_store import list_directory
 
             try:
