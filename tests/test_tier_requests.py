@@ -1,8 +1,8 @@
 """What the uploader asks of an S3 server (a real one on loopback, moto's server mode, through
 s3fs over HTTP), request by request: a new topic's first upload is its PUTs alone, since the
 broker's tier directory was listed once when the tier opened; a topic that directory already
-held (files an older, restored metadata file does not know) is still looked up, and its files are continued, not
-overwritten."""
+held (files an older, restored metadata file does not know) is still looked up, and its files
+are continued, not overwritten."""
 
 from __future__ import annotations
 

@@ -118,7 +118,7 @@ class TieredStore:
         A tier that cannot be listed now is let through (a new broker's first start must not
         depend on the tier being up; its first upload lists the files it writes to)."""
         try:
-            held = [n for n in self.factory.broker_entries(broker) if n != "config"]
+            held = self.factory.topics_with_queue_files(broker)
         except TierIOError as exc:
             log.warning("tier metadata %s is missing and the tier could not be listed to check "
                         "that it holds nothing of %s: %s", self.metadata.path, broker, exc)
@@ -127,8 +127,8 @@ class TieredStore:
             where = self.factory.full_path(f"{cluster_dir(self.cluster)}/{broker}")
             raise MetadataMissing(
                 f"tier metadata {self.metadata.path} is missing, but the tier holds files of "
-                f"broker {broker} at {where} ({', '.join(held[:5])}"
-                f"{', ...' if len(held) > 5 else ''}): without it the broker would serve part "
+                f"broker {broker} at {where} (topics {', '.join(held)}"
+                f"{', ...' if len(held) >= 5 else ''}): without it the broker would serve part "
                 "of that history and write over the rest. Restore the file (or copy its .bak "
                 "over it), or move that tier directory away to start the tier afresh")
 
