@@ -39,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from broker import Server  # noqa: E402  (bench/broker.py)
+
 from stratamq.benchmarks.grpc_load import send_load  # noqa: E402
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
@@ -54,8 +56,9 @@ def emit(obj: dict) -> None:
     print(json.dumps(obj), flush=True)
 
 
-class Broker:
-    """A broker subprocess; counts the lines it writes (its log) from a drain thread."""
+class Broker(Server):
+    """A broker subprocess (bench/broker.py's ``Server``: its CPU, its stop); counts the lines
+    it writes (its log) from a drain thread."""
 
     def __init__(self, workdir: Path, settings: str) -> None:
         from stratamq.broker.metadata import MetadataStore
@@ -85,17 +88,6 @@ class Broker:
         for _line in self.proc.stdout:
             self.lines += 1
 
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def _send(broker: Broker, messages: int) -> int:

@@ -27,6 +27,16 @@ def lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def write_store(store_dir: Path) -> None:
+    """300 messages of ~500 bytes on two queues, in 64 KiB CommitLog files, no tier yet."""
+    with MessageStore(StoreConfig(store_path_root_dir=str(store_dir),
+                                  mapped_file_size_commit_log=65536,
+                                  mapped_file_size_consume_queue=2000)) as s:
+        for i in range(300):
+            assert s.put_message(Message("Orders", b"m" * 500 + b"%d" % i, i % 2)).ok
+        assert s.wait_dispatched()
+
+
 def test_tier_commands_offline(tmp_path):
     store_dir = tmp_path / "store"
     conf = tmp_path / "broker.conf"
@@ -35,12 +45,7 @@ def test_tier_commands_offline(tmp_path):
                     f"tieredStoreFilePath={tmp_path / 'tier'}\n"
                     "tieredStoreIndexFileMaxHashSlotNum=101\n"
                     "tieredStoreIndexFileMaxIndexNum=400\n")
-    with MessageStore(StoreConfig(store_path_root_dir=str(store_dir),
-                                  mapped_file_size_commit_log=65536,
-                                  mapped_file_size_consume_queue=2000)) as s:
-        for i in range(300):
-            assert s.put_message(Message("Orders", b"m" * 500 + b"%d" % i, i % 2)).ok
-        assert s.wait_dispatched()
+    write_store(store_dir)
     where = ("--store", str(store_dir), "--config", str(conf))
 
     status = cli("tier", "status", *where)

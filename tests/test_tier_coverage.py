@@ -11,12 +11,9 @@ import shutil
 
 import pytest
 from s3_server import S3Server
-from test_tier_cli import cli, lines
+from test_tier_cli import cli, lines, write_store
 from test_tier_store import TOPIC, fill, open_tiered, tier_config
 
-from stratamq.config import StoreConfig
-from stratamq.message import Message
-from stratamq.store.message_store import MessageStore
 from stratamq.tiered.naming import cluster_dir
 
 
@@ -55,12 +52,7 @@ def test_store_clean_keeps_what_the_tier_lost(kind, tmp_path, s3):
     conf = tmp_path / "broker.conf"
     conf.write_text(conf_text)
     store_dir = tmp_path / "store"
-    with MessageStore(StoreConfig(store_path_root_dir=str(store_dir),
-                                  mapped_file_size_commit_log=65536,
-                                  mapped_file_size_consume_queue=2000)) as s:
-        for i in range(300):
-            assert s.put_message(Message("Orders", b"m" * 500 + b"%d" % i, i % 2)).ok
-        assert s.wait_dispatched()
+    write_store(store_dir)
     where = ("--store", str(store_dir), "--config", str(conf))
     flushed = cli("tier", "flush", *where)
     assert flushed.returncode == 0, flushed.stderr
