@@ -15,7 +15,7 @@ from stratamq.store.message_store import MessageStore
 PROJECT = Path(__file__).resolve().parents[1]
 ROW = {"topic", "queue_id", "local_min_offset", "local_max_offset", "tier_min_offset",
        "tier_max_offset", "tier_committed_offset", "tier_bytes", "lag_messages", "lag_bytes",
-       "lastError", "lastErrorSince"}
+       "tier_unverified", "lastError", "lastErrorSince"}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -88,6 +88,8 @@ def test_store_clean_up_keeps_what_the_tier_lost_and_goes_on_once_it_holds_it(tm
         store.cleanup.run_once(force=True)
         assert store.commitlog.min_offset == 0
         assert tier.uploader.coverage.unverified_queues == 2
+        rows = tier.status(lambda t, q: None)
+        assert all("holds 0 bytes" in r["tier_unverified"] for r in rows), rows
         errors = [r for r in caplog.records if "are kept" in r.getMessage()]
         assert len(errors) == 2  # one per queue
         store.cleanup.run_once(force=True)
@@ -99,6 +101,7 @@ def test_store_clean_up_keeps_what_the_tier_lost_and_goes_on_once_it_holds_it(tm
         store.cleanup.run_once(force=True)
         assert store.commitlog.min_offset > 0
         assert tier.uploader.coverage.unverified_queues == 0
+        assert [r["tier_unverified"] for r in tier.status(lambda t, q: None)] == [None, None]
         for queue_id in (0, 1):  # all of it served, from the tier below the local files
             with store.get_messages("g", TOPIC, queue_id, 0, 200) as got:
                 assert [r.queue_offset for r in got.records][:1] == [0]

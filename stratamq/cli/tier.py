@@ -3,10 +3,13 @@ broker's ``--config``) or on a running broker (``--endpoint``). JSON lines (cont
 
 * ``tier status``: one line per topic/queue: ``{"topic", "queue_id", "local_min_offset",
   "local_max_offset", "tier_min_offset", "tier_max_offset", "tier_committed_offset",
-  "tier_bytes", "lag_messages", "lag_bytes", "lastError", "lastErrorSince"}`` (offsets are
-  queue offsets; ``tier_max_offset`` counts what is buffered, ``tier_committed_offset`` what
-  is in the tier; null where the queue has none; ``lastError`` is why the tier's last attempt
-  failed, null while it works, ``lastErrorSince`` since when, epoch ms). A compaction topic on
+  "tier_bytes", "lag_messages", "lag_bytes", "tier_unverified", "lastError",
+  "lastErrorSince"}`` (offsets are queue offsets; ``tier_max_offset`` counts what is
+  buffered, ``tier_committed_offset`` what is in the tier; null where the queue has none;
+  ``tier_unverified`` why the tier's own listing or last record did not confirm what was
+  committed (its local files are kept), null when it did or was not checked; ``lastError`` is
+  why the tier's last attempt failed, null while it works, ``lastErrorSince`` since when,
+  epoch ms). A compaction topic on
   a posix/s3 tier is held by its compacted files (the tier uploader skips its raw stream): its
   tier columns are the compacted files' (the committed offset is past the last one uploaded)
   and its lag counts only what its CompactionLog has not uploaded yet (the file being

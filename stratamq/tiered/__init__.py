@@ -148,9 +148,13 @@ class TieredStore:
                local_topics: Callable[[], dict[str, list[int]]] | None = None
                ) -> list[dict[str, Any]]:
         """One row per topic/queue the tier or the local store holds (topics that are never
-        tiered left out): local and tier offsets, tier bytes, upload lag, and the tier's
-        ``lastError`` / ``lastErrorSince`` (``health``)."""
+        tiered left out): local and tier offsets, tier bytes, upload lag, why the tier does not
+        hold what was committed (``tier_unverified``, null when it does or was not checked),
+        and the tier's ``lastError`` / ``lastErrorSince`` (``health``)."""
         health = self.health()
+        # Queues the last verification found the tier not to hold as committed (their local
+        # files are kept): why, else null.
+        unverified = self.uploader.coverage.problems if self.uploader is not None else {}
         queues = {(f.topic, f.queue_id) for f in self.files.files()}
         if local_topics is not None:
             queues |= {(t, q) for t, ids in local_topics().items() for q in ids
@@ -163,7 +167,7 @@ class TieredStore:
                 rows.append({"topic": topic, "queue_id": queue_id,
                              "local_min_offset": None if held is None else held[0],
                              "local_max_offset": None if held is None else held[1], **other,
-                             **health})
+                             "tier_unverified": None, **health})
                 continue
             flat = self.files.get(topic, queue_id)
             init = flat is not None and flat.is_init()
@@ -181,7 +185,8 @@ class TieredStore:
                 "tier_max_offset": flat.append_offset if flat is not None and init else None,
                 "tier_committed_offset": committed,
                 "tier_bytes": flat.committed_bytes() if flat is not None else 0,
-                "lag_messages": lag_messages, "lag_bytes": lag_bytes, **health,
+                "lag_messages": lag_messages, "lag_bytes": lag_bytes,
+                "tier_unverified": unverified.get((topic, queue_id)), **health,
             })
         return rows
 
