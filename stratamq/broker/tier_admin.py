@@ -9,9 +9,10 @@ service so that module stays as it is.
 
 ROW is ``{"topic", "queue_id", "local_min_offset", "local_max_offset", "tier_min_offset",
 "tier_max_offset", "tier_committed_offset", "tier_bytes", "lag_messages", "lag_bytes",
-"tier_unverified", "lastError", "lastErrorSince"}`` (``tier_unverified``: why the tier does not
-hold what was committed to the queue, null when it does; the last two the tier's: why its last
-attempt failed, null while it works, and since when, epoch ms)
+"corrupt_records", "corrupt_offsets", "missing_messages", "missing_ranges", "tier_unverified",
+"lastError", "lastErrorSince"}`` (``tier_unverified``: why the tier does not hold what was
+committed to the queue, null when it does; the last two the tier's: why its last attempt
+failed, null while it works, and since when, epoch ms)
 (``stratamq tier status`` prints the same rows; a compaction topic's tier columns are its
 compacted files', ``CompactionTier.status_columns``). Both answer ``FAILED_PRECONDITION`` when the
 broker runs without a tier; ``TierFlush`` too on a SLAVE (it reads its master's tier, never

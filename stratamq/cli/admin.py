@@ -250,5 +250,6 @@ def topic_status(endpoint: Connection, name: str, output: str) -> None:
 @endpoint_option
 @output_option
 def broker_status(endpoint: Connection, output: str) -> None:
-    """Version, role, uptime, disk, dispatch lag and connections of a running broker."""
+    """Version, role, uptime, disk, dispatch lag, connections and store identity of a running
+    broker."""
     emit_rows([_call(endpoint, "BrokerStatus")], output)

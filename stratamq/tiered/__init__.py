@@ -148,9 +148,10 @@ class TieredStore:
                local_topics: Callable[[], dict[str, list[int]]] | None = None
                ) -> list[dict[str, Any]]:
         """One row per topic/queue the tier or the local store holds (topics that are never
-        tiered left out): local and tier offsets, tier bytes, upload lag, why the tier does not
-        hold what was committed (``tier_unverified``, null when it does or was not checked),
-        and the tier's ``lastError`` / ``lastErrorSince`` (``health``)."""
+        tiered left out): local and tier offsets, tier bytes, upload lag, what reads found
+        damaged or missing in the tier (``read_damage.ReadDamage.status``), why the tier does
+        not hold what was committed (``tier_unverified``, null when it does or was not
+        checked), and the tier's ``lastError`` / ``lastErrorSince`` (``health``)."""
         health = self.health()
         # Queues the last verification found the tier not to hold as committed (their local
         # files are kept): why, else null.
@@ -186,6 +187,7 @@ class TieredStore:
                 "tier_committed_offset": committed,
                 "tier_bytes": flat.committed_bytes() if flat is not None else 0,
                 "lag_messages": lag_messages, "lag_bytes": lag_bytes,
+                **self.fetcher.damage.status(topic, queue_id),
                 "tier_unverified": unverified.get((topic, queue_id)), **health,
             })
         return rows
