@@ -38,6 +38,11 @@ __all__ = ["TierCoverage"]
 
 log = logging.getLogger(__name__)
 
+# Least time between two verifications while some queue fails the check (each lists every
+# queue's last tier files); otherwise one is made each time a local file's deletion could
+# depend on it (the committed offset passed a CommitLog file's end).
+VERIFY_MIN_INTERVAL_S = 30.0
+
 
 class _LocalQueues(Protocol):
     def offsets(self, topic: str, queue_id: int) -> tuple[int, int] | None: ...
@@ -64,6 +69,19 @@ class TierCoverage:
         # tier: the committed progress it was given, lowered to the first local record of
         # each queue it could not confirm. None: never verified.
         self.floor: int | None = None
+
+    def due(self, committed: int, segment_size: int) -> bool:
+        """Whether a verification could let a local file go that the last one did not (the
+        committed offset passed a CommitLog file's end above the floor); never verified: yes.
+        While queues fail the check their first records hold the floor back, so then at most
+        every ``VERIFY_MIN_INTERVAL_S``."""
+        floor = self.floor
+        if floor is None:
+            return True
+        if segment_size <= 0 or committed // segment_size <= floor // segment_size:
+            return False  # no CommitLog file end between them: no deletion waits on it
+        return not self.problems or \
+            time.monotonic() - self.verified_at >= VERIFY_MIN_INTERVAL_S
 
     def verify(self, committed: int, skip: set[tuple[str, int]] | None = None) -> int:
         """Check every tier queue (``skip``: queues another part holds) against the tier and

@@ -44,7 +44,7 @@ from stratamq.config import StoreConfig
 from stratamq.message import DispatchInfo
 from stratamq.store.consume_queue_format import is_blank_unit
 from stratamq.store.log_reader import CommitLogReader
-from stratamq.tiered.batch import Batch, gather, index_keys, store_times
+from stratamq.tiered.batch import Batch, collect, gather, index_keys, store_times
 from stratamq.tiered.coverage import TierCoverage
 from stratamq.tiered.flat_message_file import HEADER_PEEK, FlatFileStore, FlatMessageFile
 from stratamq.tiered.health import TierHealth
@@ -56,10 +56,6 @@ __all__ = ["LocalQueues", "TierUploader", "is_filtered_topic"]
 log = logging.getLogger(__name__)
 
 SCAN_INTERVAL_S = 1.0
-# Least time between two verifications of the tier's coverage while some queue fails it (each
-# lists every queue's last tier files); otherwise one is made each time a local file's deletion
-# could depend on it (the committed offset passed a CommitLog file's end).
-VERIFY_MIN_INTERVAL_S = 30.0
 _SYSTEM_TOPICS = frozenset({
     "TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "RMQ_SYS_TRANS_HALF_TOPIC",
     "RMQ_SYS_TRACE_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC",
@@ -185,8 +181,8 @@ class TierUploader:
         """Below this CommitLog offset every record is verified to be in the tier: what local
         clean-up may delete. The committed offset, lowered to what the last verification of
         the tier confirmed; a verification is made here when the committed offset passed a
-        CommitLog file's end the last one did not cover (a deletion could depend on it), at
-        most every ``VERIFY_MIN_INTERVAL_S`` and not while the tier backs off. Never
+        CommitLog file's end the last one did not cover (``TierCoverage.due``: a deletion
+        could depend on it), not while the tier backs off. Never
         verified: the local CommitLog's start (nothing is deletable as held by the tier).
 
         The first call after ``attach`` is the store's replay start on open: the committed
@@ -197,24 +193,14 @@ class TierUploader:
         if self._opening:
             self._opening = False
             return committed
+        reader = self.reader
+        if self.health.ready() and self.coverage.due(
+                committed, reader.segment_size if reader is not None else 0):
+            self.verify_coverage(committed)
         floor = self.coverage.floor
-        if self._verification_due(committed, floor):
-            floor = self.verify_coverage(committed)
         if floor is None:
-            return min(committed, self.reader.min_offset if self.reader is not None else 0)
+            return min(committed, reader.min_offset if reader is not None else 0)
         return min(committed, floor)
-
-    def _verification_due(self, committed: int, floor: int | None) -> bool:
-        if not self.health.ready():
-            return False
-        if floor is not None:
-            size = self.reader.segment_size if self.reader is not None else 0
-            if size <= 0 or committed // size <= floor // size:
-                return False  # no CommitLog file end between them: no deletion waits on it
-        # A file end is passed at most once per CommitLog file; while queues fail the check
-        # the floor stays behind at their first records, so then the interval bounds it.
-        return floor is None or not self.coverage.problems or \
-            time.monotonic() - self.coverage.verified_at >= VERIFY_MIN_INTERVAL_S
 
     def verify_coverage(self, committed: int | None = None) -> int:
         """Verify the tier's coverage now (``TierCoverage.verify``) and return the offset
@@ -485,7 +471,11 @@ class TierUploader:
         block = gather(self.reader, start, units, cfg.tiered_store_group_commit_size)
         offset = start
         if block is None:
-            block, offset = self._collect(flat, start, units)
+            block, offset, skipped = collect(self.reader, start, units,
+                                             cfg.tiered_store_group_commit_size)
+            for low, high in skipped:
+                self._skipped(flat, low, high, "their records left the local CommitLog before "
+                              "upload")
         flat_offsets = flat.append_block(block) if block is not None else np.empty(0)
         total = 0
         if block is not None and len(flat_offsets):
@@ -514,44 +504,6 @@ class TierUploader:
         if errors:
             self.health.failed(f"upload of {flat.topic}/{flat.queue_id}", errors[0])
         return False
-
-    def _collect(self, flat: FlatMessageFile, start: int, units: list[tuple[int, int, int]]
-                 ) -> tuple[Batch | None, int]:
-        """Record by record: the records from ``start`` up to the first that is blank or gone
-        (or, when the first ones are, those skipped, with a warning); (batch or None, the
-        queue offset after what was looked at)."""
-        assert self.reader is not None
-        limit = self.config.tiered_store_group_commit_size
-        records: list[bytes] = []
-        codes: list[int] = []
-        first = total = 0
-        offset = start
-        missing_from = None
-        for phys, size, code in units:
-            if records and total + size > limit:
-                break
-            data = None if is_blank_unit(phys, size, code) else self.reader.read_bytes(phys, size)
-            if data is None:
-                if records:
-                    break  # commit what comes before the gap first
-                if missing_from is None:
-                    missing_from = offset
-                offset += 1
-                continue
-            if missing_from is not None:
-                self._skipped(flat, missing_from, offset, "their records left the local "
-                              "CommitLog before upload")
-                missing_from = None
-            if not records:
-                first = offset
-            records.append(data)
-            codes.append(code)
-            total += size
-            offset += 1
-        if missing_from is not None:
-            self._skipped(flat, missing_from, offset, "their records left the local CommitLog "
-                          "before upload")
-        return (Batch.of(first, records, codes) if records else None), offset
 
     def _settle(self, key: tuple[str, int], next_offset: int,
                 unit: tuple[int, int, int] | None, uploaded: int = 0) -> bool:
