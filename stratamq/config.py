@@ -586,6 +586,12 @@ class StoreConfig:
         "entries of one tier index file before it is sealed and a new one started",
         minimum=2, maximum=(INT_MAX - 28) // 32,
     )  # fmt: skip
+    tiered_store_index_file_rolling_idle_interval: int = _setting(
+        "tieredStoreIndexFileRollingIdleInterval", 3 * 60 * 60 * 1000, "ms",
+        "a tier index file that took no entry for this long is sealed and uploaded, full or "
+        "not (RocketMQ's rule; a sealed file is its whole slot table, whatever it holds)",
+        minimum=0, maximum=INT_MAX,
+    )  # fmt: skip
     read_ahead_cache_enable: bool = _setting(
         "readAheadCacheEnable", True, "bool",
         "cache what one ranged tier read brought in, for the reads that follow it"

@@ -2,14 +2,17 @@
 bodies, same errors and ACL as ``broker/admin.py``); registered as a second handler of the same
 service so that module stays as it is.
 
-* ``TierStatus {}`` -> ``{"queues": [ROW]}``
+* ``TierStatus {}`` -> ``{"queues": [ROW], "lastError", "lastErrorSince"}``
 * ``TierFlush {"timeout_s"?}`` -> ``{"committed": bool, "queues": [ROW]}``: upload everything
   dispatched so far and answer once it is committed (``committed`` false if ``timeout_s``,
   default 60, at most 600, ran out first)
 
 ROW is ``{"topic", "queue_id", "local_min_offset", "local_max_offset", "tier_min_offset",
 "tier_max_offset", "tier_committed_offset", "tier_bytes", "lag_messages", "lag_bytes",
-"corrupt_records", "corrupt_offsets", "missing_messages", "missing_ranges"}``
+"corrupt_records", "corrupt_offsets", "missing_messages", "missing_ranges", "tier_unverified",
+"lastError", "lastErrorSince"}`` (``tier_unverified``: why the tier does not hold what was
+committed to the queue, null when it does; the last two the tier's: why its last attempt
+failed, null while it works, and since when, epoch ms)
 (``stratamq tier status`` prints the same rows; a compaction topic's tier columns are its
 compacted files', ``CompactionTier.status_columns``). Both answer ``FAILED_PRECONDITION`` when the
 broker runs without a tier; ``TierFlush`` too on a SLAVE (it reads its master's tier, never
@@ -54,7 +57,8 @@ def tier_admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
         return broker.tiered
 
     def status(req: dict[str, Any]) -> dict[str, Any]:
-        return {"queues": tier().status(_local(broker), broker.store.local_source.topics)}
+        return {"queues": tier().status(_local(broker), broker.store.local_source.topics),
+                **tier().health()}
 
     def flush(req: dict[str, Any]) -> dict[str, Any]:
         timeout = req.get("timeout_s", 60)

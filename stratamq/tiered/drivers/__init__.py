@@ -21,12 +21,15 @@ from stratamq.tiered.drivers.base import (
     TierCorrupt,
     TierIOError,
 )
-from stratamq.tiered.naming import FileSegmentType, cluster_dir, segment_path
+from stratamq.tiered.naming import BROKER_CONFIG_DIR, FileSegmentType, cluster_dir, segment_path
 
 __all__ = ["AppendResult", "FileSegment", "FileSegmentFactory", "SegmentLimits", "TierCorrupt",
            "TierIOError", "open_filesystem"]
 
 log = logging.getLogger(__name__)
+
+# The uploader's file types, as directories of a queue (a compaction topic's are COMPACTION).
+QUEUE_FILE_TYPES = frozenset(t.name for t in FileSegmentType)
 
 
 def open_filesystem(url: str, endpoint: str = "") -> tuple[Any, str]:
@@ -108,6 +111,51 @@ class FileSegmentFactory:
             return
         with self._listing_lock:
             self._broker_topics[broker] = {*dirs, *(name for name, _size in files)}
+
+    def topics_with_queue_files(self, broker: str, most: int = 5) -> list[str]:
+        """Up to ``most`` topic directories of the broker in the tier that hold the uploader's
+        queue files (a queue directory with ``COMMIT_LOG``, ``CONSUME_QUEUE`` or ``INDEX``);
+        not ``config`` (offload and compaction documents) nor a compaction topic's
+        ``COMPACTION`` files, which need no tier metadata. On an object store the broker
+        directory's listing from the start (``list_broker``) is reused, then a topic and one
+        of its queues are listed per topic until one is found. Raises TierIOError when the
+        tier cannot say; the memory tier holds nothing after a start."""
+        if self.provider not in ("posix", "s3"):
+            return []
+        base = f"{cluster_dir(self.cluster)}/{broker}"
+        with self._listing_lock:
+            listed = self._broker_topics.get(broker) if self.provider == "s3" else None
+        try:
+            topics = sorted(listed) if listed is not None else self._names(base)
+            found = []
+            for topic in topics:
+                if topic == BROKER_CONFIG_DIR:
+                    continue
+                for queue in self._names(f"{base}/{topic}")[:1]:
+                    if QUEUE_FILE_TYPES & set(self._names(f"{base}/{topic}/{queue}")):
+                        found.append(topic)
+                if len(found) >= most:
+                    break
+            return found
+        except OSError as exc:
+            raise TierIOError(f"cannot list the tier directory of {broker}: {exc}") from exc
+
+    def _names(self, relative: str) -> list[str]:
+        """Names directly under a tier directory ([] when it does not exist)."""
+        if self.provider == "s3":
+            from stratamq.tiered.drivers.object_store import list_directory
+
+            try:
+                files, dirs = list_directory(self.fs, self.full_path(relative))
+            except OSError:
+                raise
+            except Exception as exc:  # botocore's own errors
+                raise TierIOError(str(exc)) from exc
+            return sorted({*dirs, *(name for name, _size in files)})
+        try:
+            return sorted(os.listdir(self.full_path(relative)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def _topic_known_absent(self, file_path: str) -> bool:
         """True when the topic of ``file_path`` (broker/topic/...) was not in its broker's
