@@ -109,7 +109,7 @@ class Broker:
         self.timer: Any = None
         self.replication: Any = None  # broker/replication.py, made in _build
         self.server_credentials: grpc.ServerCredentials | None = None
-        self.clients = ClientRegistry()
+        self.clients = ClientRegistry(self.config.channel_expired_timeout)
         self.server: grpc.aio.Server | None = None
         self.store: MessageStore
         self.tiered: Any = None  # stratamq.tiered.TieredStore when tieredBackendServiceProvider
@@ -353,11 +353,13 @@ class Broker:
             writer=self.writer, run=self.run, metrics=lambda: self.metrics)
         self.servicer = MessagingServicer(services)
         from stratamq.broker.admin import admin_handler
+        from stratamq.broker.message_admin import message_admin_handler
         from stratamq.broker.tier_admin import tier_admin_handler
 
         self._on_loop(self._serve(self.servicer, admin_handler(self, self.run),
                                   tier_admin_handler(self), replication_handler(self, self.run),
-                                  compaction_admin_handler(self)))
+                                  compaction_admin_handler(self),
+                                  message_admin_handler(self)))
 
     def _on_dispatch(self, info: DispatchInfo) -> None:
         self.polls.notify(info.topic)

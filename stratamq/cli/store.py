@@ -20,6 +20,7 @@ from stratamq.cli.common import (
     iter_queue,
     message_json,
     open_store,
+    output_option,
     read_only_warnings,
     store_options,
     warn,
@@ -43,6 +44,7 @@ def store() -> None:
 @store_options
 @click.option("--topic", default=None, help="Only this topic.")
 @click.option("--queue-id", type=int, default=None, help="Only this queue id.")
+@output_option
 def store_dump(store_dir: str, topic: str | None, queue_id: int | None) -> None:
     """Print every message as one JSON object per line, in queue order. Read-only.
 
@@ -136,6 +138,7 @@ def store_verify(store_dir: str, quiet: bool) -> None:
 @click.option("--full", is_flag=True, default=False,
               help="Check the whole CommitLog, not just what an open would replay.")
 @store_options
+@output_option(report=True)
 def store_stat(store_dir: str, full: bool) -> None:
     """Print topics, queues, min/max offsets and bytes as JSON. Read-only.
 

@@ -33,7 +33,7 @@ def store_clean(store_dir: str, force: bool, tiered_only: bool) -> None:
     if tiered_only:
         if force:
             raise click.UsageError("--tiered-only and --force do not go together")
-        emit(_clean_tiered(store_dir))
+        emit(clean_tiered(store_dir))
         return
     s = open_store(store_dir, read_only=False)
     try:
@@ -44,25 +44,16 @@ def store_clean(store_dir: str, force: bool, tiered_only: bool) -> None:
     emit({"store": store_dir, **report.as_dict()})
 
 
-def _clean_tiered(store_dir: str) -> dict:
+def clean_tiered(store_dir: str) -> dict:
+    from stratamq.tiered.local_clean import delete_tiered_commitlog
+
     s, tier = open_store_tiered(store_dir, read_only=False)
     try:
         if tier is None or tier.uploader is None:
             raise click.ClickException(
                 f"tiered storage is off for {store_dir}: give the broker's --config (with "
                 "tieredBackendServiceProvider and tieredStoreFilePath)")
-        files = s.commitlog.files
-        # Below the tier's durable offset every record is in the tier; the file must also be
-        # flushed and dispatched (it always is after an open, which replays to the end).
-        tiered = min(tier.uploader.durable_offset(), files.flushed_where, s.reput.reput_from)
-        before = files.min_offset()
-        sizes = {mf.path: mf.file_size for mf in files.files}
-        gone = files.delete_below(tiered, s.config.destroy_mapped_file_interval_forcibly)
-        return {"store": store_dir, "tiered_offset": tiered,
-                "commitlog_files": [f"commitlog/{mf.path.name}" for mf in gone],
-                "deleted": {"commitlog": len(gone)},
-                "bytes_freed": sum(sizes[mf.path] for mf in gone),
-                "min_offset": files.min_offset(), "min_offset_before": before}
+        return {"store": store_dir, **delete_tiered_commitlog(s, tier)}
     finally:
         close_store(s)
         if tier is not None:
