@@ -144,10 +144,10 @@ def broker_names() -> tuple[str, str]:
     return broker.broker_cluster_name, broker.broker_name
 
 
-def open_store_tiered(store_dir: str, *, read_only: bool, store_type: str | None = None
-                      ) -> tuple[MessageStore, TieredStore | None]:
+def open_store_tiered(store_dir: str, *, read_only: bool, store_type: str | None = None,
+                      when_locked: str = "") -> tuple[MessageStore, TieredStore | None]:
     """``open_store`` plus the store's tier (None when the config has none); close the tier
-    after the store."""
+    after the store. ``when_locked``: what to do instead when a broker has the store open."""
     root = Path(store_dir)
     if not (root / "commitlog").is_dir():
         raise click.ClickException(f"no store at {root}: it has no commitlog/ directory")
@@ -183,7 +183,7 @@ def open_store_tiered(store_dir: str, *, read_only: bool, store_type: str | None
             compaction.flush()  # what the open replayed into it is durable: clean-up may go on
         return store, tier
     except StoreLocked as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(f"{exc}{when_locked}") from None
     except (OSError, ValueError, RuntimeError) as exc:
         where = "its tier" if tier is None and tiering_enabled(config) else f"store {root}"
         raise click.ClickException(f"cannot open {where}: {exc}") from None

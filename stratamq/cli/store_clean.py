@@ -47,7 +47,8 @@ def store_clean(store_dir: str, force: bool, tiered_only: bool) -> None:
 def clean_tiered(store_dir: str) -> dict:
     from stratamq.tiered.local_clean import delete_tiered_commitlog
 
-    s, tier = open_store_tiered(store_dir, read_only=False)
+    s, tier = open_store_tiered(store_dir, read_only=False, when_locked=(
+        "; on a running broker: stratamq tier clean --endpoint HOST:PORT"))
     try:
         if tier is None or tier.uploader is None:
             raise click.ClickException(
