@@ -177,6 +177,10 @@ def test_online_clean_and_lookups_reach_the_tier_and_the_store_remembers_it(tmp_
     found = lines(cli("store", "query", "--store", str(broker.store), "--topic", "Hist",
                       "--key", "key-0"))
     assert len(found) == 1
+    (stat,) = lines(cli("store", "stat", "--store", str(broker.store)))
+    assert stat["topics"]["Hist"]["messages"] == 120 and str(tier) in stat["tier"]
+    assert any(q["local_min_offset"] > q["min_offset"] == 0
+               for q in stat["topics"]["Hist"]["queues"])
 
 
 def test_lookups_apply_acl(tmp_path):
