@@ -165,13 +165,14 @@ def store_stat(store_dir: str, full: bool) -> None:
                     continue
                 else:
                     low, high = cq.min_offset(), cq.max_offset()
-                row = {"queue_id": qid, "min_offset": low, "max_offset": high,
-                       "messages": high - low, "cq_bytes": cq.disk_bytes() if cq else 0}
+                row: dict[str, int | None] = {
+                    "queue_id": qid, "min_offset": low, "max_offset": high,
+                    "messages": high - low, "cq_bytes": cq.disk_bytes() if cq else 0}
                 if tier is not None:
                     row["local_min_offset"] = cq.min_offset() if cq is not None else None
                 queues.append(row)
             topics[name] = {"queues": queues,
-                            "messages": sum(q["messages"] for q in queues)}
+                            "messages": sum(int(q["messages"] or 0) for q in queues)}
         scanned_from = (s.min_physical_offset if full or s.recovery is None
                         else s.recovery.start_offset)
         scan = scan_undispatched(s.parts(), start=scanned_from)
