@@ -26,9 +26,9 @@ from stratamq.message import Host
 from stratamq.store.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
 from stratamq.store.index_file import file_size as index_file_size
 
-__all__ = ["BrokerConfig", "BrokerRole", "FlushDiskType", "InvalidSetting", "StoreConfig",
-           "TieredStorageLevel", "UnknownSettings", "load_broker_conf", "settings_table",
-           "tier_provider"]
+__all__ = ["BrokerConfig", "BrokerRole", "DiskFullPolicy", "FlushDiskType", "InvalidSetting",
+           "StoreConfig", "TieredStorageLevel", "UnknownSettings", "load_broker_conf",
+           "settings_table", "tier_provider"]
 
 # The broker sizes gRPC's (int32) message limits at maxMessageSize + 1 MiB of headroom.
 MAX_MESSAGE_SIZE_LIMIT = 1024 * 1024 * 1024
@@ -46,6 +46,18 @@ class BrokerRole(StrEnum):
     ASYNC_MASTER = "ASYNC_MASTER"
     SYNC_MASTER = "SYNC_MASTER"
     SLAVE = "SLAVE"
+
+
+class DiskFullPolicy(StrEnum):
+    """What the store does when its disk fills past ``diskSpaceCleanForciblyRatio``.
+
+    ``REFUSE_PUTS``: delete early only CommitLog files every consumer group has consumed (or
+    the tier holds); past ``diskSpaceWarningLevelRatio`` refuse puts until space is freed.
+    ``DELETE_OLDEST``: RocketMQ's ``cleanFileForciblyEnable``: the oldest files go whether
+    consumed or not, each loss logged at ERROR and counted."""
+
+    REFUSE_PUTS = "REFUSE_PUTS"
+    DELETE_OLDEST = "DELETE_OLDEST"
 
 
 class UnknownSettings(ValueError):
@@ -412,16 +424,16 @@ class StoreConfig:
     )  # fmt: skip
     disk_max_used_space_ratio: int = _setting(
         "diskMaxUsedSpaceRatio", 75, "%", "past this disk usage expired files go at any hour",
-        minimum=0, maximum=100,
+        minimum=1, maximum=99,
     )  # fmt: skip
     disk_space_clean_forcibly_ratio: int = _setting(
         "diskSpaceCleanForciblyRatio", 85, "%",
         "past this disk usage the oldest files go even if not expired",
-        minimum=0, maximum=100,
+        minimum=1, maximum=99,
     )  # fmt: skip
     disk_space_warning_level_ratio: int = _setting(
         "diskSpaceWarningLevelRatio", 90, "%", "past this disk usage puts are rejected",
-        minimum=0, maximum=100,
+        minimum=1, maximum=99,
     )  # fmt: skip
     clean_resource_interval: int = _setting(
         "cleanResourceInterval", 10_000, "ms", "how often the clean-up service looks",
@@ -442,7 +454,13 @@ class StoreConfig:
     )  # fmt: skip
     clean_file_forcibly_enable: bool = _setting(
         "cleanFileForciblyEnable", True, "bool",
-        "past diskSpaceCleanForciblyRatio, delete unexpired files too",
+        "past diskSpaceCleanForciblyRatio, delete unexpired files too (false: never)",
+    )  # fmt: skip
+    disk_full_policy: DiskFullPolicy = _setting(
+        "diskFullPolicy", DiskFullPolicy.REFUSE_PUTS, "policy",
+        "past diskSpaceCleanForciblyRatio: REFUSE_PUTS deletes only files every consumer "
+        "group consumed (or the tier holds), then refuses puts; DELETE_OLDEST deletes the "
+        "oldest files anyway, logging each loss at ERROR",
     )  # fmt: skip
     dispatcher_hold_max_bytes: int = _setting(
         "dispatcherRetentionHoldMaxBytes", 16 * 1024**3, "bytes",

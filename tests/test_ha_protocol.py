@@ -11,8 +11,10 @@ from stratamq.ha.epochs import EpochEntry, EpochFile, EpochFileCorrupt, parse, r
 from stratamq.ha.protocol import (
     Gap,
     Heartbeat,
+    LineageVerdict,
     MasterConnection,
     MasterEnd,
+    MasterLineage,
     Overlap,
     ProtocolError,
     SlaveAck,
@@ -20,10 +22,13 @@ from stratamq.ha.protocol import (
     SlaveRequest,
     Transfer,
     TransferPlan,
+    judge_lineage,
     plan_transfer,
 )
 
 SEG = 1 << 20
+LINEAGE = "0f1e2d3c-4b5a-4968-8776-8594a3b2c1d0"
+STORE_ID = "00112233-4455-4677-8899-aabbccddeeff"
 
 
 def frame(offset: int, body: bytes = b"") -> bytes:
@@ -32,6 +37,14 @@ def frame(offset: int, body: bytes = b"") -> bytes:
 
 def report(offset: int) -> bytes:
     return struct.pack(">q", offset)
+
+
+def greeted(log_end: int, log_empty: bool) -> SlaveConnection:
+    """A slave's side of a link that has read the master's lineage (every link's first frame)."""
+    slave = SlaveConnection(log_end=log_end, log_empty=log_empty)
+    assert slave.receive_data(MasterConnection.lineage_frame(LINEAGE, STORE_ID)) == [
+        MasterLineage(LINEAGE, STORE_ID)]
+    return slave
 
 
 # -- the wire, byte for byte --------------------------------------------------------------------
@@ -61,7 +74,7 @@ def test_frames_and_reports_are_seed_004s_layout():
     ([frame(150, b"q")], [Gap(150, 100)]),
 ])
 def test_the_slave_side_turns_bytes_into_events(chunks, events):
-    slave = SlaveConnection(log_end=100, log_empty=False)
+    slave = greeted(log_end=100, log_empty=False)
     got = []
     for chunk in chunks:
         got += slave.receive_data(chunk)
@@ -69,14 +82,14 @@ def test_the_slave_side_turns_bytes_into_events(chunks, events):
 
 
 def test_an_empty_slave_takes_its_first_bytes_anywhere_and_then_follows_them():
-    slave = SlaveConnection(log_end=0, log_empty=True)
+    slave = greeted(log_end=0, log_empty=True)
     assert slave.receive_data(frame(3 * SEG, b"ab") + frame(3 * SEG + 2, b"c")) == [
         Transfer(3 * SEG, b"ab"), Transfer(3 * SEG + 2, b"c")]
     assert slave.receive_data(frame(3 * SEG + 9, b"d")) == [Gap(3 * SEG + 9, 3 * SEG + 3)]
 
 
 def test_a_cut_back_moves_where_the_slave_expects_the_next_bytes():
-    slave = SlaveConnection(log_end=100, log_empty=False)
+    slave = greeted(log_end=100, log_empty=False)
     assert slave.receive_data(frame(60) + frame(60, b"new")) == [MasterEnd(60),
                                                                  Transfer(60, b"new")]
 
@@ -85,7 +98,44 @@ def test_a_cut_back_moves_where_the_slave_expects_the_next_bytes():
                                  struct.pack(">qi", 5, 64 * 1024 * 1024)])
 def test_frames_no_master_sends_are_protocol_errors(bad):
     with pytest.raises(ProtocolError):
-        SlaveConnection(log_end=0, log_empty=True).receive_data(bad)
+        greeted(log_end=0, log_empty=True).receive_data(bad)
+
+
+# -- lineage: which log a master holds ----------------------------------------------------------
+
+def test_the_lineage_frame_is_the_links_first_and_carries_both_ids():
+    assert MasterConnection.lineage_frame(LINEAGE, STORE_ID) == bytes.fromhex(
+        "ffffffffffffffff 00000020"
+        "0f1e2d3c4b5a49688776 8594a3b2c1d0 00112233445546778899aabbccddeeff")
+    # Split anywhere, then data in the same read: the lineage event comes first.
+    data = MasterConnection.lineage_frame(LINEAGE, STORE_ID) + frame(100, b"ab")
+    slave = SlaveConnection(log_end=100, log_empty=False)
+    assert slave.receive_data(data[:7]) == []
+    assert slave.receive_data(data[7:]) == [MasterLineage(LINEAGE, STORE_ID), Transfer(100, b"ab")]
+
+
+@pytest.mark.parametrize("first", [frame(100, b"ab"), frame(100), frame(-1, b"short")])
+def test_a_master_that_does_not_say_its_lineage_first_is_not_followed(first):
+    with pytest.raises(ProtocolError, match="lineage"):
+        SlaveConnection(log_end=100, log_empty=False).receive_data(first)
+
+
+def test_a_second_lineage_frame_is_a_protocol_error():
+    slave = greeted(log_end=100, log_empty=False)
+    with pytest.raises(ProtocolError):
+        slave.receive_data(MasterConnection.lineage_frame(LINEAGE, STORE_ID))
+
+
+@pytest.mark.parametrize("own, master, holds, verdict", [
+    (LINEAGE, LINEAGE, True, LineageVerdict.FOLLOW),
+    (LINEAGE, STORE_ID, True, LineageVerdict.MISMATCH),  # a wiped or replaced master
+    (LINEAGE, STORE_ID, False, LineageVerdict.ADOPT),  # nothing to lose: a fresh copy
+    (None, STORE_ID, False, LineageVerdict.ADOPT),
+    (None, STORE_ID, True, LineageVerdict.CONFIRM),  # a store from before identities
+    (LINEAGE, LINEAGE, False, LineageVerdict.FOLLOW),
+])
+def test_which_master_a_slave_follows(own, master, holds, verdict):
+    assert judge_lineage(own, master, holds_data=holds) is verdict
 
 
 def test_the_master_side_reads_the_request_then_counts_acks_it_can_vouch_for():

@@ -14,7 +14,8 @@ from stratamq.store.message_store import MessageStore
 
 PROJECT = Path(__file__).resolve().parents[1]
 ROW = {"topic", "queue_id", "local_min_offset", "local_max_offset", "tier_min_offset",
-       "tier_max_offset", "tier_committed_offset", "tier_bytes", "lag_messages", "lag_bytes"}
+       "tier_max_offset", "tier_committed_offset", "tier_bytes", "lag_messages", "lag_bytes",
+       "corrupt_records", "corrupt_offsets", "missing_messages", "missing_ranges"}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

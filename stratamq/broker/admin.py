@@ -33,9 +33,14 @@ Methods (request -> response):
   "dropped_inflight", "queues": [{"queue_id", "offset"}]}``: RocketMQ's resetOffsetByTime
 * ``BrokerStatus {}`` -> ``{"version", "broker_name", "cluster", "role", "endpoint", "store",
   "uptime_s", "disk": {"total", "used", "free", "used_ratio"}, "commitlog": {"min_offset",
-  "max_offset"}, "dispatch_behind_bytes", "connections", "topics", "groups", "long_polls",
-  "telemetry_streams"}``: ``long_polls`` receives and pulls waiting for messages now,
-  ``telemetry_streams`` clients' open Telemetry streams
+  "max_offset"}, "dispatch_behind_bytes", "disk_full_policy", "disk_full",
+  "unconsumed_deleted": {"files", "messages"}, "connections", "topics", "groups",
+  "long_polls", "telemetry_streams", "store_identity": {"storeId", "createdTimestamp",
+  "lineage", "lineageTimestamp"}}``: ``long_polls`` receives and pulls waiting for messages
+  now, ``telemetry_streams`` clients' open Telemetry streams, ``store_identity`` the store's
+  id and its CommitLog's lineage (docs/formats/store-identity.md); ``disk_full``: puts are
+  refused for a full disk; ``unconsumed_deleted``: what forced clean-up deleted before it was
+  consumed (diskFullPolicy=DELETE_OLDEST)
 
 TOPIC is ``{"topic", "queues", "read_queues", "write_queues", "perm", "type", "attributes",
 "messages"}``;
@@ -285,9 +290,21 @@ class AdminService:
                 "commitlog": {"min_offset": self.b.store.min_physical_offset,
                               "max_offset": self.b.store.max_physical_offset},
                 "dispatch_behind_bytes": self.b.store.dispatch_behind_bytes(),
+                **self._disk_policy_status(),
                 "connections": len(self.b.clients), "topics": len(self.b.meta.topics()),
                 "groups": len(self.b.meta.groups()), "long_polls": self.b.polls.total,
-                "telemetry_streams": self.b.telemetry_streams}
+                "telemetry_streams": self.b.telemetry_streams,
+                "store_identity": (self.b.store.identity.as_dict()
+                                   if self.b.store.identity is not None else None)}
+
+    def _disk_policy_status(self) -> dict[str, Any]:
+        """The disk-full mark, the policy, and what forced clean-up deleted unconsumed."""
+        cleanup = self.b.store.cleanup
+        return {"disk_full_policy": self.b.store_config.disk_full_policy.value,
+                "disk_full": bool(cleanup is not None and cleanup.disk_full),
+                "unconsumed_deleted": {
+                    "files": cleanup.unconsumed_deleted_files if cleanup else 0,
+                    "messages": cleanup.unconsumed_deleted_messages if cleanup else 0}}
 
     def BrokerInfo(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"broker_name": self.b.config.broker_name,
@@ -349,11 +366,13 @@ def json_methods_handler(broker: Broker, service: str,
                         else grpc.StatusCode.PERMISSION_DENIED if exc.code == pb.Code.FORBIDDEN
                         else grpc.StatusCode.INVALID_ARGUMENT)
                 message = exc.message
-            except OSError as exc:
-                code, message = grpc.StatusCode.UNAVAILABLE, f"{type(exc).__name__}: {exc}"
-            except Exception as exc:
+            except OSError as exc:  # its text names the file and the system's reason
+                code, message = grpc.StatusCode.UNAVAILABLE, f"{name}: {exc}"
+            except Exception:
                 log.exception("%s/%s failed", service, name)
-                code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+                code, message = grpc.StatusCode.INTERNAL, (
+                    f"{name} failed inside the broker (an internal error, logged with its "
+                    "details at the broker)")
             await context.abort(code, message, trailing_metadata=(ANSWERED,))
             raise AssertionError("unreachable")  # context.abort raises
 

@@ -30,9 +30,11 @@ the master returns those messages may be delivered once more.
 ``SERVICE`` (``/stratamq.admin.v1.Replication/<Method>``, JSON as the admin service):
 ``HaStatus {}`` (ACL: Cluster Get) -> the ``HAService`` runtime info, plus ``"stateSync"``
 on a slave; ``SyncState {}`` (ACL: Cluster Update, it carries the receipt-handle key) ->
-``{"metadata": {"topics", "groups"}, "popState": {...}, "deletedTopics": {topic: cutoff}}``
-(a master's). A slave deletes a topic's queues only when its master lists the deletion, never
-because the topic is missing from the master's configuration.
+``{"metadata": {"topics", "groups"}, "popState": {...}, "deletedTopics": {topic: cutoff},
+"lineage": ...}`` (a master's). A slave deletes a topic's queues only when its master lists
+the deletion, never because the topic is missing from the master's configuration, and copies
+nothing from a master whose CommitLog is not of its own lineage (a wiped or replaced master:
+``stratamq.ha.protocol.judge_lineage``; ``stratamq ha reseed`` is the way to follow it).
 
 Thread-safety: the sync thread alone writes the slave's metadata and pop state from the
 master; ``route`` and the RPCs read plain attributes from gRPC threads.
@@ -109,6 +111,10 @@ def _endpoints(host: str, port: int) -> pb.Endpoints:
                         addresses=[pb.Address(host=host, port=port)])
 
 
+class _OtherLineage(Exception):
+    """The master's CommitLog is not (yet) of this slave's lineage: copy nothing from it."""
+
+
 class StateSync:
     """A slave's copy of its master's topics, groups and pop state, every interval."""
 
@@ -140,6 +146,10 @@ class StateSync:
                                       else self.interval):
                 try:
                     self.sync_once(client)
+                except _OtherLineage as exc:  # the HA client says why, at ERROR if it must
+                    if str(exc) != self.last_error:
+                        log.info("%s", exc)
+                    self.last_error = str(exc)
                 except (AdminError, ValueError, OSError) as exc:
                     if str(exc) != self.last_error:
                         log.warning("copying state from master %s failed: %s", self.endpoint,
@@ -152,6 +162,12 @@ class StateSync:
 
     def sync_once(self, client: AdminClient) -> None:
         snap = client.call_service(SERVICE, "SyncState")
+        own = self.b.store.identity.lineage if self.b.store.identity is not None else None
+        if snap.get("lineage") != own or own is None:
+            # Fresh slave: its lineage becomes the master's once the HA link has said it (a
+            # later sync copies). Another lineage: the HA client logs that at ERROR.
+            raise _OtherLineage(f"state not copied: the master's CommitLog is of lineage "
+                                f"{snap.get('lineage')}, this store's of {own}")
         broker = self.b
         gone = broker.meta.replace_all(snap["metadata"])
         for topic in gone:
@@ -240,7 +256,11 @@ class BrokerReplication:
                                   secret_key=cfg.acl_secret_key or None)
         meta = self.b.meta
 
+        client = self.ha.client
+
         def queues() -> list[tuple[str, int]]:  # the compaction topics copied from the master
+            if client is None or client.lineage_mismatch or client.master_lineage is None:
+                return []  # nothing is pulled from a master of another lineage
             return [(t.name, q) for t in meta.topics() if t.compaction is not None
                     for q in range(t.queue_count)]
 
@@ -305,7 +325,8 @@ class BrokerReplication:
             raise MetadataError("precondition", "this broker is a SLAVE: ask its master for "
                                 "state")
         return {"metadata": self.b.meta.export(), "popState": self.b.state.snapshot(),
-                "deletedTopics": dict(self.b.store.deleted_topics.cutoffs)}
+                "deletedTopics": dict(self.b.store.deleted_topics.cutoffs),
+                "lineage": self.ha.identity.lineage}
 
 
 def replication_handler(broker: Broker, run: Any) -> grpc.GenericRpcHandler:
@@ -352,3 +373,8 @@ class _ReplicationCollector:
                                        labels=labels)
             behind.add_metric(list(self.node), client["behindBytes"] or 0)
             yield behind
+            mismatch = GaugeMetricFamily("stratamq_replication_lineage_mismatch",
+                                         "1 while this slave refuses a master whose CommitLog "
+                                         "is of another lineage", labels=labels)
+            mismatch.add_metric(list(self.node), 1 if info.get("lineageMismatch") else 0)
+            yield mismatch

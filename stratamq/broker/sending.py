@@ -123,7 +123,8 @@ class SendService:
                         and sp.body_encoding in _PLAIN_ENCODINGS and message_id.strip()
                         and not sp.tag and not sp.message_group and not len(sp.keys)
                         and not len(m.user_properties)
-                        and not sp.HasField("delivery_timestamp")):
+                        and not sp.HasField("delivery_timestamp")
+                        and not sp.HasField("body_digest")):
                     born = None
                     if sp.HasField("born_timestamp"):
                         ts = sp.born_timestamp

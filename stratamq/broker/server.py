@@ -44,7 +44,6 @@ from dataclasses import replace
 from typing import Any
 
 import grpc
-from rocketmq.grpc_protocol import service_pb2_grpc
 
 from stratamq.broker.clients import ClientRegistry, ClientService
 from stratamq.broker.compaction_topics import compaction_admin_handler
@@ -56,7 +55,7 @@ from stratamq.broker.polling import LongPolls
 from stratamq.broker.pop_state import PopState
 from stratamq.broker.pulling import PullService
 from stratamq.broker.receiving import ReceiveService
-from stratamq.broker.rpc import MessagingServicer, Services
+from stratamq.broker.rpc import MessagingServicer, Services, messaging_handler
 from stratamq.broker.sending import SendService
 from stratamq.broker.writer import GroupWriter
 from stratamq.compaction.service import CompactionStore
@@ -255,8 +254,7 @@ class Broker:
     async def _serve(self, servicer: MessagingServicer,
                      *handlers: grpc.GenericRpcHandler) -> None:
         assert self.server is not None
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, self.server)
-        self.server.add_generic_rpc_handlers(handlers)
+        self.server.add_generic_rpc_handlers((messaging_handler(servicer), *handlers))
         await self.server.start()
 
     def start(self) -> str:
@@ -329,6 +327,12 @@ class Broker:
                                max_per_group=cfg.pop_polling_size,
                                max_per_client=cfg.pop_polling_size_per_client)
         self.engine = PopEngine(self.store, self.meta, self.state, self.polls.notify)
+        # Forced clean-up (diskFullPolicy) keeps what these groups have not consumed, unless
+        # the tier holds it.
+        self.store.set_consumed_offsets(self.engine.consumed_offsets)
+        uploader = getattr(self.tiered, "uploader", None)
+        if uploader is not None:
+            self.store.add_record_holder(uploader.durable_offset)
         self._install_extensions()
         self.store.add_dispatch_listener(self._on_dispatch)
         self._executor = ThreadPoolExecutor(max_workers=cfg.grpc_thread_pool_nums,

@@ -13,7 +13,8 @@ service so that module stays as it is.
   broker serves (``tiered/local_clean.py``)
 
 ROW is ``{"topic", "queue_id", "local_min_offset", "local_max_offset", "tier_min_offset",
-"tier_max_offset", "tier_committed_offset", "tier_bytes", "lag_messages", "lag_bytes"}``
+"tier_max_offset", "tier_committed_offset", "tier_bytes", "lag_messages", "lag_bytes",
+"corrupt_records", "corrupt_offsets", "missing_messages", "missing_ranges"}``
 (``stratamq tier status`` prints the same rows; a compaction topic's tier columns are its
 compacted files', ``CompactionTier.status_columns``). All answer ``FAILED_PRECONDITION`` when
 the broker runs without a tier; ``TierFlush`` and ``TierClean`` too on a SLAVE (it reads its

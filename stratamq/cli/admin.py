@@ -240,5 +240,6 @@ def topic_status(endpoint: Connection, name: str) -> None:
 @endpoint_option
 @output_option(report=True)
 def broker_status(endpoint: Connection) -> None:
-    """Version, role, uptime, disk, dispatch lag and connections of a running broker."""
+    """Version, role, uptime, disk, dispatch lag, connections and store identity of a running
+    broker."""
     emit(_call(endpoint, "BrokerStatus"))

@@ -3,10 +3,14 @@ broker's ``--config``) or on a running broker (``--endpoint``). JSON lines (cont
 
 * ``tier status``: one line per topic/queue: ``{"topic", "queue_id", "local_min_offset",
   "local_max_offset", "tier_min_offset", "tier_max_offset", "tier_committed_offset",
-  "tier_bytes", "lag_messages", "lag_bytes"}`` (offsets are queue offsets; ``tier_max_offset``
+  "tier_bytes", "lag_messages", "lag_bytes", "corrupt_records", "corrupt_offsets",
+  "missing_messages", "missing_ranges"}`` (offsets are queue offsets; ``tier_max_offset``
   counts what is buffered, ``tier_committed_offset`` what is in the tier; null where the
-  queue has none). A compaction topic on a posix/s3 tier is held by its compacted files
-  (the tier uploader skips its raw stream): its tier columns are the compacted files' (the
+  queue has none). The last four say what the process's reads of the tier found since it
+  started: records that failed their checks (never served; the first 100 offsets listed) and
+  the ``[from, to)`` queue offsets whose data the tier lost (``tiered/read_damage.py``).
+  A compaction topic on a posix/s3 tier is held by its compacted files (the tier uploader
+  skips its raw stream): its tier columns are the compacted files' (the
   committed offset is past the last one uploaded) and its lag counts only what its
   CompactionLog has not uploaded yet (the file being written, plus one scheduler pass).
 * ``tier flush``: uploads everything dispatched so far, waits until it is committed, then

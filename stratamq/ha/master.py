@@ -2,11 +2,12 @@
 GroupTransferService as thin socket adapters around ``protocol.MasterConnection``.
 
 * ``HAServer`` accepts slave connections on ``haListenPort`` (AcceptSocketService).
-* Each ``SlaveLink`` runs a reader thread (ReadSocketService: the slave's reports; a link
-  silent for ``haHousekeepingInterval`` is closed) and a writer thread (WriteSocketService:
-  CommitLog bytes from where the slave asked, at most ``haTransferBatchSize`` per frame, and a
-  heartbeat after ``haSendHeartbeatInterval`` without a write; ``haFlowControlEnable`` caps it
-  at ``maxHaTransferByteInSecond``).
+* Each ``SlaveLink`` first sends the lineage of this store's CommitLog (``protocol.py``: a
+  slave of another lineage does not follow), then runs a reader thread (ReadSocketService:
+  the slave's reports; a link silent for ``haHousekeepingInterval`` is closed) and a writer
+  thread (WriteSocketService: CommitLog bytes from where the slave asked, at most
+  ``haTransferBatchSize`` per frame, and a heartbeat after ``haSendHeartbeatInterval``
+  without a write; ``haFlowControlEnable`` caps it at ``maxHaTransferByteInSecond``).
 * ``HAServer.wait_for_slave`` is the put waiter (GroupTransferService + CommitLog.handleHA):
   under SYNC_MASTER a put whose bytes end at ``end`` returns once a slave acknowledged ``end``,
   FLUSH_SLAVE_TIMEOUT after ``syncFlushTimeout``, and SLAVE_NOT_AVAILABLE at once when no
@@ -178,6 +179,8 @@ class SlaveLink:
 
     def _write_loop(self) -> None:
         try:
+            lineage, store_id = self.server.lineage()
+            _send_all(self.sock, (MasterConnection.lineage_frame(lineage, store_id),))
             while not self._requested.wait(1.0):
                 if self._closed.is_set():
                     return
@@ -297,15 +300,17 @@ class SlaveLink:
 class HAServer:
     """Accepts slaves and streams the CommitLog to them; see the module docstring.
 
-    Handed the store's ``CommitLogReader``, a function listing the epoch offsets to check, and
-    ``store_time_at(offset)`` (the store time of the record at an offset, for lag in time)."""
+    Handed the store's ``CommitLogReader``, a function listing the epoch offsets to check,
+    ``store_time_at(offset)`` (the store time of the record at an offset, for lag in time) and
+    ``lineage()`` (this store's lineage and id, sent to each slave first)."""
 
     def __init__(self, config: StoreConfig, reader: CommitLogReader,
                  epochs: Callable[[], list[int]], store_time_at: Callable[[int], int | None],
-                 host: str = "127.0.0.1") -> None:
+                 lineage: Callable[[], tuple[str, str]], host: str = "127.0.0.1") -> None:
         self.config = config
         self.reader = reader
         self.epochs = epochs
+        self.lineage = lineage
         self.store_time_at = store_time_at
         self.host = host
         self.port = config.ha_listen_port

@@ -6,6 +6,10 @@ format is ``wire.py`` (seed 004 section 1.6, RocketMQ's DefaultHAConnection/Defa
 
 What happens on a link:
 
+0. The master sends its lineage first (``wire.py``): the id of the store whose log its
+   CommitLog continues (``stratamq/store/identity.py``). ``judge_lineage`` decides whether the
+   slave may follow it: a slave never cuts its log back, nor appends to it, for a master of
+   another lineage (a wiped or different store: its epochs may even look the same).
 1. The slave connects and reports its max CommitLog offset ``S`` (the first report is the
    request). ``plan_transfer`` decides what the master sends:
 
@@ -41,18 +45,22 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from stratamq.ha.wire import (
+    LINEAGE_BODY_SIZE,
+    LINEAGE_OFFSET,
     MAX_BODY_SIZE,
     REPORT,
     REPORT_SIZE,
     TRANSFER_HEADER,
     TRANSFER_HEADER_SIZE,
+    decode_lineage,
     encode_header,
+    encode_lineage,
     encode_report,
 )
 
-__all__ = ["Gap", "HAConnectionState", "Heartbeat", "MasterConnection", "MasterEnd", "Overlap",
-           "ProtocolError", "SlaveAck", "SlaveConnection", "SlaveRequest", "Transfer",
-           "TransferPlan", "plan_transfer"]
+__all__ = ["Gap", "HAConnectionState", "Heartbeat", "LineageVerdict", "MasterConnection",
+           "MasterEnd", "MasterLineage", "Overlap", "ProtocolError", "SlaveAck", "SlaveConnection",
+           "SlaveRequest", "Transfer", "TransferPlan", "judge_lineage", "plan_transfer"]
 
 
 class ProtocolError(Exception):
@@ -109,11 +117,38 @@ class Heartbeat(NamedTuple):
     offset: int
 
 
+class MasterLineage(NamedTuple):
+    """Slave side: the lineage of the master's CommitLog and the master's store id."""
+
+    lineage: str
+    store_id: str
+
+
 class Gap(NamedTuple):
     """Slave side: the master sent bytes for ``offset``, after the slave's end ``expected``."""
 
     offset: int
     expected: int
+
+
+# -- whether a slave may follow a master ----------------------------------------------------------
+
+class LineageVerdict(StrEnum):
+    FOLLOW = "FOLLOW"  # the same lineage: follow, cutting back where the epochs say
+    ADOPT = "ADOPT"  # the slave holds no bytes: it takes the master's lineage and copies its log
+    # The slave holds bytes of an unknown lineage (a directory from before identities): follow
+    # while the master's log holds what the slave holds, take its lineage then; never cut.
+    CONFIRM = "CONFIRM"
+    MISMATCH = "MISMATCH"  # another lineage: keep every byte, follow only after a reseed
+
+
+def judge_lineage(own: str | None, master: str, *, holds_data: bool) -> LineageVerdict:
+    """Whether a slave whose log is of lineage ``own`` may follow a master of ``master``."""
+    if not holds_data:
+        return LineageVerdict.ADOPT if own != master else LineageVerdict.FOLLOW
+    if own is None:
+        return LineageVerdict.CONFIRM
+    return LineageVerdict.FOLLOW if own == master else LineageVerdict.MISMATCH
 
 
 # -- where a stream starts ----------------------------------------------------------------------
@@ -186,6 +221,11 @@ class MasterConnection:
             events.append(SlaveAck(ack))
         return events
 
+    @staticmethod
+    def lineage_frame(lineage: str, store_id: str) -> bytes:
+        """The link's first frame: the master's lineage, before any other."""
+        return encode_lineage(lineage, store_id)
+
     def begin(self, plan: TransferPlan) -> None:
         self.plan = plan
         self.sent_to = plan.start
@@ -217,7 +257,7 @@ class MasterConnection:
 
 # -- the slave's side of one link ---------------------------------------------------------------
 
-SlaveEvent = Transfer | Overlap | MasterEnd | Heartbeat | Gap
+SlaveEvent = MasterLineage | Transfer | Overlap | MasterEnd | Heartbeat | Gap
 
 
 class SlaveConnection:
@@ -228,6 +268,7 @@ class SlaveConnection:
         self.expected = log_end
         self.empty = log_empty  # an empty log takes its first bytes at any offset
         self.max_body = max_body
+        self.master_lineage: MasterLineage | None = None  # the link's first frame, once read
         self._buf = bytearray()
 
     @staticmethod
@@ -256,6 +297,12 @@ class SlaveConnection:
         return events
 
     def _check(self, offset: int, size: int) -> None:
+        if self.master_lineage is None:
+            if offset != LINEAGE_OFFSET or size != LINEAGE_BODY_SIZE:
+                raise ProtocolError(
+                    f"the master's first frame (offset {offset}, {size} bytes) is not its "
+                    "lineage: it is not a StrataMQ master that says which log it holds")
+            return
         if offset < 0 or not 0 <= size <= self.max_body:
             raise ProtocolError(f"transfer frame for offset {offset} of {size} bytes")
 
@@ -282,6 +329,9 @@ class SlaveConnection:
         return pos
 
     def _classify(self, offset: int, size: int, view: memoryview, at: int) -> SlaveEvent:
+        if self.master_lineage is None:  # _check let only the lineage frame through
+            self.master_lineage = MasterLineage(*decode_lineage(view[at : at + size]))
+            return self.master_lineage
         expected = self.expected
         if size == 0:
             if offset < expected:

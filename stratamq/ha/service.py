@@ -7,6 +7,10 @@
 * SLAVE: runs the ``HAClient`` against ``haMasterAddress``; every cut of the log is recorded
   in the epoch file (should this node become a master, its slaves are checked there).
 
+Both send or check the lineage of the store's CommitLog (``stratamq/store/identity.py``); a
+master whose store has data of an unknown lineage (a directory from before identities) makes
+the log its own lineage when it starts.
+
 ``for_store`` is the one place that takes a ``MessageStore``: it hands the parts their pieces
 (the ``CommitLogReader``, the ``ReplicaLog``, store time by offset, the put-waiter hook).
 Thread-safety: ``start``/``shutdown`` from one thread; ``runtime_info`` from any.
@@ -23,6 +27,7 @@ from stratamq.config import BrokerRole, StoreConfig
 from stratamq.ha.epochs import EpochFile
 from stratamq.ha.master import HAServer
 from stratamq.ha.slave import HAClient
+from stratamq.store.identity import StoreIdentity
 from stratamq.store.log_reader import CommitLogReader
 from stratamq.store.replica import ReplicaLog, TruncateReport
 from stratamq.store.results import PutMessageStatus
@@ -45,7 +50,7 @@ class HAService:
     """Replication for one store; see the module docstring."""
 
     def __init__(self, config: StoreConfig, reader: CommitLogReader, replica: ReplicaLog,
-                 *, epoch_file: Path, life_start: int,
+                 *, identity: StoreIdentity, epoch_file: Path, life_start: int,
                  store_time_at: Callable[[int], int | None],
                  add_put_waiter: Callable[[Callable[[int], PutMessageStatus | None]], None],
                  dispatch_listeners: tuple[Callable[[Listener], None],
@@ -58,6 +63,7 @@ class HAService:
         self.role = config.broker_role
         self.reader = reader
         self.replica = replica
+        self.identity = identity
         self.epoch_file = epoch_file
         self.life_start = life_start
         self.store_time_at = store_time_at
@@ -75,7 +81,10 @@ class HAService:
         epoch_file = (Path(cfg.store_path_epoch_file) if cfg.store_path_epoch_file
                       else store.layout.epoch_file)
         life_start = store.recovery.end_offset if store.recovery is not None else 0
-        return cls(cfg, store.log_reader, store.replica, epoch_file=epoch_file,
+        if store.identity is None:
+            raise ReplicationConfigError("replication needs a store opened read-write")
+        return cls(cfg, store.log_reader, store.replica, identity=store.identity,
+                   epoch_file=epoch_file,
                    life_start=life_start, store_time_at=_store_time(store.log_reader),
                    add_put_waiter=store.add_put_waiter,
                    dispatch_listeners=(store.add_dispatch_listener,
@@ -91,8 +100,15 @@ class HAService:
             entry = self.epochs.begin(self.life_start, self.reader.min_offset)
             log.info("master epoch %d starts at CommitLog offset %d", entry.epoch,
                      entry.start_offset)
+            identity = self.identity
+            if identity.lineage is None:
+                log.warning("this master's CommitLog was of an unknown lineage: it is now its "
+                            "own, %s", identity.store_id)
+                identity.set_lineage(identity.store_id)
             self.server = HAServer(self.config, self.reader, self.epochs.offsets,
-                                   self.store_time_at, self.host)
+                                   self.store_time_at,
+                                   lambda: (identity.lineage or identity.store_id,
+                                            identity.store_id), self.host)
             self.server.start()
             if self.role is BrokerRole.SYNC_MASTER:
                 self.add_put_waiter(self.server.wait_for_slave)  # also wakes the senders
@@ -105,7 +121,7 @@ class HAService:
                 epochs.begin(report.offset, self.reader.min_offset)
 
             self.replica.on_truncate.append(record_cut)
-            self.client = HAClient(self.config, self.replica, self.reader)
+            self.client = HAClient(self.config, self.replica, self.reader, self.identity)
             self.client.start()
 
     @property
@@ -136,6 +152,12 @@ class HAService:
             info = self.client.runtime_info()
         else:
             info = {"master": self.is_master, "role": self.role.value}
+        info["storeId"] = self.identity.store_id
+        info["lineage"] = self.identity.lineage
+        client = self.client
+        info["lineageMismatch"] = client is not None and client.lineage_mismatch
+        if client is not None:
+            info["masterLineage"] = client.master_lineage
         entries = self.epochs.entries if self.epochs is not None else []
         info["epochs"] = [{"epoch": e.epoch, "startOffset": e.start_offset} for e in entries]
         return info

@@ -3,6 +3,11 @@
 
 One thread connects to ``haMasterAddress``, reports the log's end, and applies what arrives:
 
+* the master's lineage comes first (``protocol.judge_lineage``): a slave holding no bytes
+  takes it; a slave of another lineage keeps every byte, closes the link, logs at ERROR,
+  reports ``lineageMismatch`` and asks again every ``LINEAGE_RETRY`` s (``stratamq ha reseed``
+  clears its log to follow that master); a slave of unknown lineage follows without cutting
+  its log until the master's log has shown to hold what it holds;
 * transfer frames go to ``ReplicaLog.append`` at their offsets, the many frames of one read
   to ``ReplicaLog.append_pieces`` (written in place, not gathered first); a record cut by a
   frame's end waits for its rest in memory (and, written in place, past the log's end, where
@@ -40,12 +45,16 @@ from stratamq.ha.master import FlowMonitor
 from stratamq.ha.protocol import (
     Gap,
     HAConnectionState,
+    LineageVerdict,
     MasterEnd,
+    MasterLineage,
     Overlap,
     ProtocolError,
     SlaveConnection,
     Transfer,
+    judge_lineage,
 )
+from stratamq.store.identity import StoreIdentity
 from stratamq.store.log_reader import CommitLogReader
 from stratamq.store.replica import ReplicaDataError, ReplicaLog, TruncateReport
 
@@ -66,6 +75,9 @@ HELD_READ_WAIT = 0.02  # s, while dispatch is held
 # system call, no gathering copy); fewer bytes (a slave in step) are gathered and copied into
 # the map, as a put is.
 IN_PLACE_BYTES = 256 * 1024
+# A master of another lineage stays so until someone acts (restores its store, reseeds this
+# one): asked again this often, not at every heartbeat interval.
+LINEAGE_RETRY = 30.0  # s
 
 
 class _Tail:
@@ -115,14 +127,23 @@ class _Reconnect(Exception):
         self.wait = wait
 
 
+class _LineageMismatch(_Reconnect):
+    """The master's log is of another lineage than this slave's: follow nothing of it."""
+
+
 class HAClient:
     """Copies the master's CommitLog into this store; see the module docstring."""
 
     def __init__(self, config: StoreConfig, replica: ReplicaLog, reader: CommitLogReader,
-                 master_address: str | None = None) -> None:
+                 identity: StoreIdentity, master_address: str | None = None) -> None:
         self.config = config
         self.replica = replica
         self.reader = reader
+        self.identity = identity
+        self.master_lineage: str | None = None  # the master's, last heard
+        self.master_store_id: str | None = None
+        self.lineage_mismatch = False
+        self._confirming = False  # following a master of a lineage this log has not confirmed
         self.master_address = master_address or config.ha_master_address
         self.state = HAConnectionState.READY
         self.flow = FlowMonitor(False, 0)
@@ -159,11 +180,16 @@ class HAClient:
     def _run(self) -> None:
         pause = self.config.ha_send_heartbeat_interval / 1000
         while not self._stop.is_set():
-            wait = True
+            wait = pause
             try:
                 self._session()
+            except _LineageMismatch as exc:
+                wait = max(LINEAGE_RETRY, pause)
+                if str(exc) != self.last_error and not self._stop.is_set():
+                    log.error("replication from master %s: %s", self.master_address, exc)
+                self.last_error = str(exc)
             except _Reconnect as exc:
-                wait = exc.wait
+                wait = pause if exc.wait else 0
                 if str(exc):
                     self._note_error(str(exc))
             except (OSError, ProtocolError, ReplicaDataError) as exc:
@@ -174,7 +200,7 @@ class HAClient:
             finally:
                 self._close()
             if wait:
-                self._stop.wait(pause)
+                self._stop.wait(wait)
 
     def _note_error(self, why: str) -> None:
         if self._stop.is_set():
@@ -254,6 +280,8 @@ class HAClient:
         run_start = run_end = 0
         for event in events:
             if isinstance(event, Transfer):
+                if self._confirming:
+                    self._confirm()
                 size = len(event.body)
                 self.master_offset = event.offset + size
                 if run and event.offset == run_end:
@@ -265,7 +293,9 @@ class HAClient:
                 continue
             self._append(run, run_start, tail)
             run = []
-            if isinstance(event, Overlap):
+            if isinstance(event, MasterLineage):
+                self._judge(event)
+            elif isinstance(event, Overlap):
                 if event.offset < self.reader.min_offset:
                     continue  # this slave's copy starts later: nothing there to compare
                 local = self.reader.read_bytes(event.offset, len(event.body))
@@ -287,6 +317,8 @@ class HAClient:
                     f"ends at {event.expected}: the master no longer holds what lies between "
                     "(this slave needs a new copy of the master's store)")
             else:  # Heartbeat
+                if self._confirming:
+                    self._confirm()
                 self.master_offset = event.offset
                 self.last_error = ""
         self._append(run, run_start, tail)
@@ -329,7 +361,47 @@ class HAClient:
         tail.keep(start + done, bytes(view[done:]))
         self.last_error = ""  # replicating again
 
+    def _judge(self, event: MasterLineage) -> None:
+        """Follow the master only if its log is of this slave's lineage (see the module
+        docstring)."""
+        own = self.identity.lineage
+        replica = self.replica
+        holds = not replica.is_empty() and replica.end() > self.reader.min_offset
+        verdict = judge_lineage(own, event.lineage, holds_data=holds)
+        self.master_lineage, self.master_store_id = event.lineage, event.store_id
+        self.lineage_mismatch = verdict is LineageVerdict.MISMATCH
+        self._confirming = verdict is LineageVerdict.CONFIRM
+        if verdict is LineageVerdict.MISMATCH:
+            raise _LineageMismatch(
+                f"the master's CommitLog is of lineage {event.lineage} (store "
+                f"{event.store_id}), this slave's of {own}: the master's store was wiped or "
+                f"replaced. This slave keeps its log ({replica.end() - self.reader.min_offset} "
+                "bytes) and its topics and follows nothing of that master; `stratamq ha reseed "
+                "--store DIR` (broker stopped) discards them to follow it")
+        if verdict is LineageVerdict.ADOPT:
+            log.info("this slave holds no CommitLog bytes: it takes its master's lineage %s",
+                     event.lineage)
+            self.identity.set_lineage(event.lineage)
+        elif verdict is LineageVerdict.CONFIRM:
+            log.warning("this slave's CommitLog is of an unknown lineage: it follows master %s "
+                        "(lineage %s) without cutting its log until the master's log shows "
+                        "it holds what this slave holds", self.master_address, event.lineage)
+
+    def _confirm(self) -> None:
+        """The master streams from this slave's end: its log holds what this slave holds."""
+        assert self.master_lineage is not None
+        self._confirming = False
+        self.identity.set_lineage(self.master_lineage)
+        log.info("this slave's CommitLog is of its master's lineage %s", self.master_lineage)
+
     def _truncate(self, offset: int, reason: str) -> None:
+        if self._confirming:
+            self.lineage_mismatch = True
+            raise _LineageMismatch(
+                f"the master would cut this slave's log back to {offset} ({reason}), but this "
+                f"slave's log is of an unknown lineage and the master's of "
+                f"{self.master_lineage}: nothing is cut; `stratamq ha reseed --store DIR` "
+                "(broker stopped) discards this slave's log to follow that master")
         report = self.replica.truncate(offset, reason)
         self.last_truncation = report
 
@@ -361,6 +433,8 @@ class HAClient:
                 "transferredByteInSecond": self.flow.transferred_per_second(),
                 "connects": self.connects,
                 "lastError": self.last_error,
+                "masterLineage": self.master_lineage,
+                "masterStoreId": self.master_store_id,
                 "lastTruncation": (self.last_truncation.as_dict()
                                    if self.last_truncation is not None else None),
             },

@@ -15,6 +15,7 @@ The directory is RocketMQ's, so either system can open the other's store::
     <root>/config/popState/                           broker in-flight and progress state
     <root>/timerdb/  <root>/timercheck                DELAY messages by delivery time
     <root>/epochFileCheckpoint                        replication epochs (storePathEpochFile)
+    <root>/storeIdentity.json                         the store's id and its log's lineage
     <root>/compaction/                                compaction topics' logs (stratamq.compaction;
                                                       its layout.py names what is inside)
 
@@ -85,6 +86,11 @@ class StoreLayout:
     def epoch_file(self) -> Path:
         """Replication epochs (docs/formats/epoch-file.md); RocketMQ's default path."""
         return self.root / "epochFileCheckpoint"
+
+    @property
+    def identity(self) -> Path:
+        """The store's id and its CommitLog's lineage (docs/formats/store-identity.md)."""
+        return self.root / "storeIdentity.json"
 
     @property
     def deleted_topics(self) -> Path:

@@ -126,7 +126,8 @@ class TieredStore:
                local_topics: Callable[[], dict[str, list[int]]] | None = None
                ) -> list[dict[str, Any]]:
         """One row per topic/queue the tier or the local store holds (topics that are never
-        tiered left out): local and tier offsets, tier bytes, upload lag."""
+        tiered left out): local and tier offsets, tier bytes, upload lag, and what reads found
+        damaged or missing in the tier (``read_damage.ReadDamage.status``)."""
         queues = {(f.topic, f.queue_id) for f in self.files.files()}
         if local_topics is not None:
             queues |= {(t, q) for t, ids in local_topics().items() for q in ids
@@ -157,6 +158,7 @@ class TieredStore:
                 "tier_committed_offset": committed,
                 "tier_bytes": flat.committed_bytes() if flat is not None else 0,
                 "lag_messages": lag_messages, "lag_bytes": lag_bytes,
+                **self.fetcher.damage.status(topic, queue_id),
             })
         return rows
 
