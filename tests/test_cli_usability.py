@@ -182,6 +182,10 @@ def test_online_clean_and_lookups_reach_the_tier_and_the_store_remembers_it(tmp_
     assert stat["topics"]["Hist"]["messages"] == 120 and str(tier) in stat["tier"]
     assert any(q["local_min_offset"] > q["min_offset"] == 0
                for q in stat["topics"]["Hist"]["queues"])
+    # A store with tier metadata but no record of where its tier is says what it leaves out.
+    (broker.store / "config" / "tieredStoreLocation.json").unlink()
+    local = cli("store", "dump", "--store", str(broker.store), "--topic", "Hist")
+    assert len(lines(local)) < 120 and "left out" in local.stderr, local.stderr
 
 
 def test_lookups_apply_acl(tmp_path):

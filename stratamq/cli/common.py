@@ -39,6 +39,7 @@ from stratamq.store.results import GetMessageStatus
 from stratamq.tiered import TieredStore, tiering_enabled
 from stratamq.tiered import wire as wire_tier
 from stratamq.tiered.location import LOCATION_FILE, TierLocation, read_location
+from stratamq.tiered.naming import METADATA_FILE as TIER_METADATA_FILE
 
 
 def warn(text: str) -> None:
@@ -203,6 +204,10 @@ def _recorded_tier(root: Path, config: StoreConfig, read_only: bool
         warn(f"{exc}; its tier, if any, is not read")
         return config, None
     if recorded is None:
+        if read_only and (root / TIER_METADATA_FILE).exists():
+            warn(f"this store has tier metadata ({TIER_METADATA_FILE}) but no record of where "
+                 f"its tier is ({LOCATION_FILE}, written by brokers since it exists): messages "
+                 "only in the tier are left out; give the broker's --config to read them")
         return config, None
     if not read_only:
         warn(f"this store has a {recorded.describe()} (recorded in {LOCATION_FILE}); without "
