@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench clean remoting-clients
 
 setup: $(STAMP)
 
@@ -22,14 +22,21 @@ run: setup
 # Byte-compiled once up front: the suite starts hundreds of Python processes (brokers, CLI
 # calls, Spark workers), and where PYTHONDONTWRITEBYTECODE is set each would otherwise compile
 # the package from source again (a stale .pyc is only recompiled in memory, never wrong).
-test: setup
+test: setup remoting-clients
 	$(PY) -m compileall -q stratamq
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# The npm package ali-ons (a RocketMQ 4.x remoting client) for tests/test_remoting_ali_ons.py,
+# pinned by tests/remoting/package-lock.json; installed once (node_modules is not committed).
+remoting-clients:
+	@command -v npm >/dev/null || (apt-get update && apt-get install -y nodejs npm)
+	@[ -f tests/remoting/node_modules/ali-ons/package.json ] || \
+		(cd tests/remoting && npm ci --no-audit --no-fund --loglevel=error)
+
 bench: setup
 	$(PY) bench/store.py
 
 clean:
-	rm -rf $(VENV) data
+	rm -rf $(VENV) data tests/remoting/node_modules

@@ -901,6 +901,29 @@ class BrokerConfig:
         "whether clients must present a certificate signed by tls.server.trustCertPath",
         check=_one_of("none", "optional", "require", fold_case=True),
     )  # fmt: skip
+    # -- RocketMQ 4.x remoting (stratamq/remoting/) --
+    remoting_listen_port: int = _setting(
+        "remotingListenPort", -1, "port",
+        "port serving RocketMQ 4.x remoting clients (StrataMQ's own key; -1: off, 0: any free "
+        "port; the broker's listen port: one port for both, gRPC relayed to loopback); the "
+        "address registered with namesrvAddr",
+        minimum=-1, maximum=65535,
+    )  # fmt: skip
+    namesrv_addr: str = _setting(
+        "namesrvAddr", "", "host:port;...",
+        "NameServers the broker registers its remoting address and topics with (at start, "
+        "when a topic is created, every registerNameServerPeriod)",
+    )  # fmt: skip
+    message_delay_level: str = _setting(
+        "messageDelayLevel", "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
+        "levels", "delays of RocketMQ 4 delay levels 1, 2, ... (s, m, h, d): DELAY sends and "
+        "consumers' send-backs (%RETRY%<group>) over remoting",
+        check=lambda v: _delay_levels_problem(v),
+    )  # fmt: skip
+    register_name_server_period: int = _setting(
+        "registerNameServerPeriod", 30_000, "ms", "how often the broker registers with namesrvAddr",
+        minimum=10_000, maximum=60_000,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -909,6 +932,28 @@ class BrokerConfig:
             if value > self.max_invisible_time_mills:
                 raise InvalidSetting(f"{key}={value} is out of range: must be at most "
                                      f"maxInvisibleTimeMills ({self.max_invisible_time_mills} ms)")
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    """``messageDelayLevel`` ("1s 5s 10s ... 2h") as milliseconds per level; ValueError."""
+    units = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+    out = []
+    for item in text.split():
+        number, unit = item[:-1], item[-1:]
+        if unit not in units or not number.isdigit():
+            raise ValueError(f"{item!r} is not a delay like 10s, 1m, 2h or 1d")
+        out.append(int(number) * units[unit])
+    if not out:
+        raise ValueError("no delay level")
+    return out
+
+
+def _delay_levels_problem(value: Any) -> str | None:
+    try:
+        parse_delay_levels(str(value))
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _from_props(cls: type, props: dict[str, str], **overrides: Any) -> Any:

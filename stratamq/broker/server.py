@@ -121,6 +121,8 @@ class Broker:
         self._executor: ThreadPoolExecutor | None = None
         self.writer: GroupWriter | None = None
         self.servicer: MessagingServicer | None = None
+        self.remoting: Any = None  # remoting.broker.RemotingFrontend when remotingListenPort
+        self.grpc_port = 0  # where gRPC listens: the listen port, unless remoting shares it
 
     @property
     def endpoint(self) -> str:
@@ -263,14 +265,20 @@ class Broker:
                    else f"{self.listen_host}:{self.listen_port}")
         self.server_credentials = self._tls_credentials()
         loop = self._start_loop()
+        # remotingListenPort = the listen port: one port for both protocols. The remoting
+        # front door takes it and relays gRPC's connections to gRPC on a loopback port.
+        shared = 0 < cfg.remoting_listen_port == self.listen_port
         try:
-            port = self._on_loop(self._bind(address))
+            port = self._on_loop(self._bind("127.0.0.1:0" if shared else address))
             if not port:
                 raise OSError(f"cannot listen on {address}")
         except BaseException:
             self.server = None
             self._stop_loop()
             raise
+        self.grpc_port = port
+        if shared:
+            port = self.listen_port
         advertised = self.listen_host
         if advertised in ("0.0.0.0", "::", ""):
             advertised = self.store_config.broker_ip
@@ -364,6 +372,38 @@ class Broker:
                                   tier_admin_handler(self), replication_handler(self, self.run),
                                   compaction_admin_handler(self),
                                   message_admin_handler(self)))
+        if cfg.remoting_listen_port >= 0:  # RocketMQ 4.x clients (stratamq/remoting/)
+            self._on_loop(self._start_remoting(timer))
+
+    async def _start_remoting(self, timer: Any) -> None:
+        from stratamq.config import parse_delay_levels
+        from stratamq.remoting.broker import RemotingFrontend, registered_host
+
+        cfg = self.config
+        assert self.writer is not None
+        self.remoting = RemotingFrontend(
+            lookup=self.lookup, writer=self.writer, reader=self.store,
+            look_up=self.store.look_message_by_offset, query=self.store.query_messages,
+            state=self.state, polls=self.polls,
+            timer=timer, run=self.run, max_message_size=self.store_config.max_message_size,
+            delay_levels_ms=parse_delay_levels(cfg.message_delay_level),
+            identity={"clusterName": cfg.broker_cluster_name, "brokerName": cfg.broker_name,
+                      # RocketMQ's ids: 0 the master, a slave's above (clients send to 0).
+                      "brokerId": "1" if self.store_config.broker_role is BrokerRole.SLAVE
+                      else "0", "haServerAddr": ""}, acl=self.acl,
+            metrics=lambda: self.metrics)
+        shared = self.grpc_port != self.advertised[1]
+        try:
+            await self.remoting.start(
+                self.listen_host, cfg.remoting_listen_port,
+                ("127.0.0.1", self.grpc_port) if shared else None,
+                registered_host(self.store_config.broker_ip, self.listen_host),
+                cfg.namesrv_addr, cfg.register_name_server_period,
+                self.store_config.max_message_size)
+        except OSError as exc:  # (no errno: the CLI prints it as it is)
+            raise OSError(f"cannot listen on {self.listen_host}:{cfg.remoting_listen_port} "
+                          f"(remotingListenPort): {exc.strerror or exc}") from None
+        log.info("broker %s serving remoting on port %d", cfg.broker_name, self.remoting.port)
 
     def _on_dispatch(self, info: DispatchInfo) -> None:
         self.polls.notify(info.topic)
@@ -453,6 +493,8 @@ class Broker:
             if done.is_alive() or not self._stop_loop():
                 stopped = False
 
+        if self.remoting is not None:  # unregisters from the NameServers first
+            step("stopping remoting", lambda: self._on_loop(self.remoting.close(), 30.0))
         step("stopping the gRPC server", stop_server)
         self.server = None
         if self.replication is not None:

@@ -16,6 +16,7 @@ from stratamq.cli import (  # noqa: F401
     demo,
     ha,  # ha status
     message,  # message send, message consume, message get
+    namesrv,  # namesrv start
     spark,  # spark export
     store,
     store_clean,  # store clean

@@ -144,6 +144,8 @@ def broker_start(config_file: str | None, store_dir: str | None, listen: str | N
                    f"(store: {store_cfg.store_path_root_dir})")
         if b.replication is not None:
             click.echo(f"replication: {b.replication.describe()}")
+        if b.remoting is not None:
+            click.echo(f"remoting (RocketMQ 4.x clients) on port {b.remoting.port}")
         sys.stdout.flush()
         while not stop.wait(1.0):
             pass
