@@ -502,6 +502,16 @@ class StoreConfig:
         "endpoint of an S3-compatible server (http://host:port); '' = AWS. Credentials come "
         "from the standard AWS environment variables and files",
     )  # fmt: skip
+    max_msgs_num_batch: int = _setting(
+        "maxMsgsNumBatch", 64, "messages",
+        "most messages one online lookup returns (stratamq message query --max is capped to it)",
+        minimum=1, maximum=100_000,
+    )  # fmt: skip
+    tiered_store_s3_create_bucket: bool = _setting(
+        "tieredStoreS3CreateBucket", False, "bool",
+        "s3: create the bucket of tieredStoreFilePath at start-up when it does not exist "
+        "(false: a missing bucket stops the start with an error naming it)",
+    )  # fmt: skip
     tiered_storage_level: TieredStorageLevel = _setting(
         "tieredStorageLevel", TieredStorageLevel.NOT_IN_DISK,
         "DISABLE|NOT_IN_DISK|NOT_IN_MEM|FORCE",
@@ -761,6 +771,12 @@ class BrokerConfig:
         "listenHost", "127.0.0.1", "host",
         "address the gRPC server binds (StrataMQ's own key); 0.0.0.0 for every interface",
         check=_name,
+    )  # fmt: skip
+    channel_expired_timeout: int = _setting(
+        "channelExpiredTimeout", 120_000, "ms",
+        "a client with no heartbeat (or settings) for this long is dropped from the group's "
+        "clients (RocketMQ's scanNotActiveChannel); clients heartbeat every 10 s",
+        minimum=1000,
     )  # fmt: skip
     auto_create_topic_enable: bool = _setting(
         "autoCreateTopicEnable", False, "bool",

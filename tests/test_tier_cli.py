@@ -72,11 +72,14 @@ def test_tier_commands_offline(tmp_path):
     dumped = lines(cli("store", "dump", *where, "--topic", "Orders").stdout)
     assert len(dumped) == 300 and {d["queue_offset"] for d in dumped} == set(range(150))
 
-    # Without the tier's config the commands say so; --store and --endpoint are exclusive.
-    off = cli("tier", "status", "--store", str(store_dir))
-    assert off.returncode == 1 and "tiered storage is off" in off.stderr
+    # Without the tier's config: a read-only command reads the tier the store directory
+    # records; one that would change the store says it sees the local part only and refuses.
+    recorded = cli("tier", "status", "--store", str(store_dir))
+    assert recorded.returncode == 0, recorded.stderr
+    assert lines(recorded.stdout) == lines(cli("tier", "status", *where).stdout)
     off = cli("store", "clean", "--store", str(store_dir), "--tiered-only")
     assert off.returncode == 1 and "tiered storage is off" in off.stderr
+    assert "tieredStoreLocation.json" in off.stderr
     both = cli("tier", "flush", "--store", str(store_dir), "--endpoint", "127.0.0.1:1")
     assert both.returncode == 2 and "--store DIR" in both.stderr
 

@@ -108,7 +108,7 @@ class Broker:
         self.timer: Any = None
         self.replication: Any = None  # broker/replication.py, made in _build
         self.server_credentials: grpc.ServerCredentials | None = None
-        self.clients = ClientRegistry()
+        self.clients = ClientRegistry(self.config.channel_expired_timeout)
         self.server: grpc.aio.Server | None = None
         self.store: MessageStore
         self.tiered: Any = None  # stratamq.tiered.TieredStore when tieredBackendServiceProvider
@@ -389,11 +389,13 @@ class Broker:
             producers=self.producer_streams)
         self.servicer = MessagingServicer(services)
         from stratamq.broker.admin import admin_handler
+        from stratamq.broker.message_admin import message_admin_handler
         from stratamq.broker.tier_admin import tier_admin_handler
 
         self._on_loop(self._serve(self.servicer, admin_handler(self, self.run),
                                   tier_admin_handler(self), replication_handler(self, self.run),
-                                  compaction_admin_handler(self)))
+                                  compaction_admin_handler(self),
+                                  message_admin_handler(self)))
         if cfg.remoting_listen_port >= 0:  # RocketMQ 4.x clients (stratamq/remoting/)
             self._on_loop(self._start_remoting(timer))
 

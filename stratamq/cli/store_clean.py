@@ -36,7 +36,7 @@ def store_clean(store_dir: str, force: bool, tiered_only: bool) -> None:
     if tiered_only:
         if force:
             raise click.UsageError("--tiered-only and --force do not go together")
-        emit(_clean_tiered(store_dir))
+        emit(clean_tiered(store_dir))
         return
     s = open_store(store_dir, read_only=False)
     try:
@@ -47,29 +47,17 @@ def store_clean(store_dir: str, force: bool, tiered_only: bool) -> None:
     emit({"store": store_dir, **report.as_dict()})
 
 
-def _clean_tiered(store_dir: str) -> dict:
-    s, tier = open_store_tiered(store_dir, read_only=False)
+def clean_tiered(store_dir: str) -> dict:
+    from stratamq.tiered.local_clean import delete_tiered_commitlog
+
+    s, tier = open_store_tiered(store_dir, read_only=False, when_locked=(
+        "; on a running broker: stratamq tier clean --endpoint HOST:PORT"))
     try:
         if tier is None or tier.uploader is None:
             raise click.ClickException(
                 f"tiered storage is off for {store_dir}: give the broker's --config (with "
                 "tieredBackendServiceProvider and tieredStoreFilePath)")
-        files = s.commitlog.files
-        # Below the verified offset every record is in the tier (its listing and last records
-        # checked now); the file must also be flushed and dispatched (it always is after an
-        # open, which replays to the end).
-        verified = tier.uploader.verify_coverage()
-        tiered = min(verified, files.flushed_where, s.reput.reput_from)
-        before = files.min_offset()
-        sizes = {mf.path: mf.file_size for mf in files.files}
-        gone = files.delete_below(tiered, s.config.destroy_mapped_file_interval_forcibly)
-        return {"store": store_dir, "tiered_offset": tiered,
-                "commitlog_files": [f"commitlog/{mf.path.name}" for mf in gone],
-                "deleted": {"commitlog": len(gone)},
-                "bytes_freed": sum(sizes[mf.path] for mf in gone),
-                "min_offset": files.min_offset(), "min_offset_before": before,
-                "tier_unverified": [{"topic": t, "queue_id": q, "reason": why} for (t, q), why
-                                    in sorted(tier.uploader.coverage.problems.items())]}
+        return {"store": store_dir, **delete_tiered_commitlog(s, tier)}
     finally:
         close_store(s)
         if tier is not None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stratamq.config import StoreConfig, TieredStorageLevel, tier_provider
-from stratamq.tiered.drivers import FileSegmentFactory, TierIOError
+from stratamq.tiered.drivers import FileSegmentFactory, TierBucketMissing, TierIOError
 from stratamq.tiered.fetcher import TierFetcher
 from stratamq.tiered.flat_message_file import FlatFileStore, FlatMessageFile
 from stratamq.tiered.index_service import IndexStoreService
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from stratamq.store.message_store import MessageStore
 
 __all__ = ["FlatFileStore", "FlatMessageFile", "MetadataCorrupt", "MetadataMissing",
-           "TierIOError", "TieredStore", "tiering_enabled", "wire"]
+           "TierBucketMissing", "TierIOError", "TieredStore", "tiering_enabled", "wire"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ class TieredStore:
         self.read_only = read_only
         self.background = background
         self.factory = FileSegmentFactory(config, cluster, fs=fs)
+        self.factory.check_bucket(create=not read_only and config.tiered_store_s3_create_bucket)
         if not read_only:
             self.factory.list_broker(broker)  # before this process writes anything there
         self.metadata = MetadataStore(config.root, read_only=read_only)
@@ -229,6 +230,14 @@ def wire(store: MessageStore, *, cluster: str, broker: str,
         from stratamq.tiered.offloaded import adopt
 
         adopt(config, cluster, broker)
+    provider = tier_provider(config)
+    if not store.read_only and provider != "memory":
+        # So that offline commands find the tier without the broker's --config.
+        from stratamq.tiered.location import TierLocation, record_location
+
+        record_location(config.root, TierLocation(
+            provider or "", config.tiered_store_file_path, config.tiered_store_s3_endpoint,
+            cluster, broker))
     view = StoreView(lambda: store.consume_queues, lambda: store.commitlog,
                      config.access_message_in_memory_max_ratio)
     tier = TieredStore(config, cluster, broker, view=view,

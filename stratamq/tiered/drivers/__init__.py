@@ -23,13 +23,17 @@ from stratamq.tiered.drivers.base import (
 )
 from stratamq.tiered.naming import BROKER_CONFIG_DIR, FileSegmentType, cluster_dir, segment_path
 
-__all__ = ["AppendResult", "FileSegment", "FileSegmentFactory", "SegmentLimits", "TierCorrupt",
-           "TierIOError", "open_filesystem"]
+__all__ = ["AppendResult", "FileSegment", "FileSegmentFactory", "SegmentLimits",
+           "TierBucketMissing", "TierCorrupt", "TierIOError", "open_filesystem"]
 
 log = logging.getLogger(__name__)
 
 # The uploader's file types, as directories of a queue (a compaction topic's are COMPACTION).
 QUEUE_FILE_TYPES = frozenset(t.name for t in FileSegmentType)
+
+
+class TierBucketMissing(TierIOError):
+    """The S3 bucket the tier is configured in does not exist (a set-up error, not retried)."""
 
 
 def open_filesystem(url: str, endpoint: str = "") -> tuple[Any, str]:
@@ -81,6 +85,7 @@ class FileSegmentFactory:
                                     config.tiered_store_max_pending_limit)
         self.fs: Any = fs
         self.fs_root = ""
+        self._s3_endpoint = config.tiered_store_s3_endpoint
         if provider == "s3" and fs is None:
             self.fs, self.fs_root = open_filesystem(self.root, config.tiered_store_s3_endpoint)
         elif provider == "s3":
@@ -259,6 +264,36 @@ class FileSegmentFactory:
 
         return MemoryFileSegment(self.limits, file_type, file_path, base_offset,
                                  self.full_path(relative))
+
+    def check_bucket(self, create: bool) -> None:
+        """On S3: the bucket of ``tieredStoreFilePath`` exists, or (``create``) is created now.
+
+        A missing bucket is a set-up mistake, not an outage: without this check the broker
+        would start and fail every upload. TierBucketMissing names the bucket and the two ways
+        out. Any other failure (the server is down) is only logged: uploads retry."""
+        if self.provider != "s3" or not hasattr(self.fs, "call_s3"):
+            return
+        bucket = self.fs_root.split("/", 1)[0]
+        try:
+            self.fs.call_s3("head_bucket", Bucket=bucket)
+            return
+        except FileNotFoundError:
+            pass
+        except Exception as exc:  # botocore / aiohttp errors are not OSErrors
+            log.warning("tier: cannot check bucket %r at %s: %s", bucket,
+                        self._s3_endpoint or "AWS", exc)
+            return
+        if not create:
+            raise TierBucketMissing(
+                f"the tier's bucket {bucket!r} (tieredStoreFilePath={self.root}) does not exist "
+                f"at {self._s3_endpoint or 'AWS S3'}: create it, or set "
+                f"tieredStoreS3CreateBucket=true to have the broker create it")
+        try:
+            self.fs.mkdir(bucket)
+        except Exception as exc:
+            raise TierIOError(f"cannot create the tier's bucket {bucket!r} at "
+                              f"{self._s3_endpoint or 'AWS S3'}: {exc}") from exc
+        log.info("tier: created bucket %r (tieredStoreS3CreateBucket=true)", bucket)
 
     def describe(self) -> str:
         return f"{self.provider} tier at {self.root or '(process memory)'}"
