@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser run test bench clean
+.PHONY: setup browser run test bench clean remoting-clients
 
 setup: $(STAMP)
 
@@ -29,14 +29,21 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			chromium chromium-driver >/dev/null; fi
 
-test: setup browser
+test: setup remoting-clients browser
 	$(PY) -m compileall -q stratamq
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# The npm package ali-ons (a RocketMQ 4.x remoting client) for tests/test_remoting_ali_ons.py,
+# pinned by tests/remoting/package-lock.json; installed once (node_modules is not committed).
+remoting-clients:
+	@command -v npm >/dev/null || (apt-get update && apt-get install -y nodejs npm)
+	@[ -f tests/remoting/node_modules/ali-ons/package.json ] || \
+		(cd tests/remoting && npm ci --no-audit --no-fund --loglevel=error)
+
 bench: setup
 	$(PY) bench/store.py
 
 clean:
-	rm -rf $(VENV) data
+	rm -rf $(VENV) data tests/remoting/node_modules

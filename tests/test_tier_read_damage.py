@@ -189,18 +189,24 @@ def test_lost_tier_data_is_a_gap_crossed_in_one_read(tmp_path, caplog, kind, how
 
 def test_what_the_tier_lost_is_served_by_the_local_store_that_still_holds_it(tmp_path):
     """FORCE reads the tier first: files it lost fall through to the local copies; with the
-    local head cleaned up, a read at 0 skips to what the local store still holds."""
+    local head cleaned up (while the tier held it: clean-up keeps what the tier lost), a read
+    at 0 skips to what the local store still holds."""
     store, tier = open_tiered(tier_config(tmp_path, tiered_storage_level="FORCE",
                                           **SMALL_FILES))
     try:
         fill(store, 200)
         before = read_all(store, 0)
         assert tier.flush(60)
-        for path in tier_files(tmp_path, "COMMIT_LOG"):
+        saved = {path: path.read_bytes() for path in tier_files(tmp_path, "COMMIT_LOG")}
+        for path in saved:
             path.unlink()
         got, empty = read_following(store, 0)
         assert got == before and not empty  # all of it from the local store
+        for path, data in saved.items():  # the tier holds it again: the local head may go
+            path.write_bytes(data)
         drop_local(store, tier)
+        for path in saved:
+            path.unlink()
         local_low = store.local_source.offsets(TOPIC, 0).low
         got, empty = read_following(store, 0)
         assert got == {o: b for o, b in before.items() if o >= local_low}

@@ -338,6 +338,22 @@ class PopEngine:
 
     # -- progress -------------------------------------------------------------------------------
 
+    def consumed_offsets(self) -> dict[tuple[str, int], dict[str, int]]:
+        """Per (topic, queue id), each group's consumed offset: its pop progress (everything
+        below is acked), else the offset it committed by UpdateOffset; 0 for a queue of the
+        topic it has consumed nothing of. What the store's forced clean-up keeps files for
+        (``MessageStore.set_consumed_offsets``); called from the clean-up thread."""
+        out: dict[tuple[str, int], dict[str, int]] = {}
+        for group, topic in self.state.groups_of():
+            cfg = self.meta.topic(topic)
+            qids = range(cfg.queue_count) if cfg else self.state.cursor_queues(group, topic)
+            for q in qids:
+                done = self.state.committed(group, topic, q)
+                if done is None:
+                    done = self.state.offset(group, topic, q)
+                out.setdefault((topic, q), {})[group] = done or 0
+        return out
+
     def progress(self, group: str) -> list[dict]:
         """Per topic and queue: max offset, the group's consumed offset, in flight, lag."""
         rows = []

@@ -343,6 +343,7 @@ class _JsonTable:
         self.lock = threading.RLock()
         self.entries: dict[str, Any] = {}
         self.counter = 0
+        self.listeners: list[Callable[[], None]] = []  # called after each save
         if path.exists():
             self._load(load_entry)
 
@@ -399,6 +400,8 @@ class _JsonTable:
                                     sorted(self.entries.items())}}  # fmt: skip
             data = json.dumps(doc, indent=2, sort_keys=True).encode("utf-8")
             atomic_write(self.path, data, backup=True)
+        for listener in self.listeners:
+            listener()
 
 
 class MetadataStore:
@@ -413,6 +416,16 @@ class MetadataStore:
                                   GroupConfig.from_json, GroupConfig.to_json)
 
     # -- topics ---------------------------------------------------------------------------------
+
+    @property
+    def topics_version(self) -> int:
+        """The topic table's ``dataVersion.counter``: one more after each change."""
+        return self._topics.counter
+
+    def add_topics_listener(self, listener: Callable[[], None]) -> None:
+        """``listener()`` after each change of the topic table, on the changing thread (the
+        remoting broker registers with its NameServers at once)."""
+        self._topics.listeners.append(listener)
 
     def topic(self, name: str) -> TopicConfig | None:
         return self._topics.entries.get(name)

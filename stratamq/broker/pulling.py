@@ -31,7 +31,7 @@ from stratamq.message import RecordCorrupt
 from stratamq.store.filter import TagFilter
 from stratamq.store.results import GetMessageStatus
 
-__all__ = ["PULL_FORMAT_KEY", "PULL_FORMAT_RECORDS", "PullService"]
+__all__ = ["PULL_FORMAT_KEY", "PULL_FORMAT_RECORDS", "PullService", "consumer_offset"]
 
 Code = pb.Code
 log = logging.getLogger(__name__)
@@ -43,6 +43,13 @@ _Answer = list[svc.PullMessageResponse] | None  # None: at the end of the queue
 
 _FOUND = (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
           GetMessageStatus.MESSAGE_WAS_REMOVING)
+
+
+def consumer_offset(state: PopState, group: str, topic: str, qid: int) -> int | None:
+    """A group's consumer offset of a queue, whichever protocol committed it (gRPC's
+    ``UpdateOffset``, remoting's ``UPDATE_CONSUMER_OFFSET``), else its pop progress."""
+    offset = state.offset(group, topic, qid)
+    return state.committed(group, topic, qid) if offset is None else offset
 
 
 def _record_message(record: object, topic: str, qid: int) -> pb.Message:
@@ -214,9 +221,7 @@ class PullService:
         self.lookup.authorize(call, f"Topic:{request.message_queue.topic.name}", "Get")
         group = self.lookup.group(request.group.name, call)
         topic, qid = self.lookup.named_queue(request.message_queue)
-        offset = self.state.offset(group.name, topic.name, qid)
-        if offset is None:
-            offset = self.state.committed(group.name, topic.name, qid)
+        offset = consumer_offset(self.state, group.name, topic.name, qid)
         if offset is None:
             raise BrokerError(Code.OFFSET_NOT_FOUND,
                               f"group {group.name!r} has no offset for {topic.name}/{qid}")

@@ -25,11 +25,16 @@ RPCs:
   type. Unknown topic: ``TOPIC_NOT_FOUND`` (auto-create is off by default).
 * ``Heartbeat`` / ``NotifyClientTermination``: the broker tracks live clients per group.
 * ``Telemetry``: each ``settings`` command is answered with the broker's settings
-  (``ClientService.settings``).
+  (``ClientService.settings``); a producer's stream also carries the broker's transaction
+  checks (``RecoverOrphanedTransactionCommand``, see ``broker/transactions.py``).
 * ``SendMessage``: NORMAL / FIFO (the message group picks the queue by hash) / DELAY (held in
-  the timer topic; ``UNSUPPORTED`` when no timer service runs). The message type must match
-  the topic's. One put per request, combined with concurrent requests' puts by the writer.
-  A ``body_digest`` that does not match the body refuses the request ``MESSAGE_CORRUPTED``.
+  the timer topic; ``UNSUPPORTED`` when no timer service runs) / TRANSACTION (stored as a half
+  message, answered with its transaction id). The message type must match the topic's. One put
+  per request, combined with concurrent requests' puts by the writer. A ``body_digest`` that
+  does not match the body refuses the request ``MESSAGE_CORRUPTED``.
+* ``EndTransaction``: commit or roll back a half message (``broker/transactions.py``); open
+  ones are checked back with a ``RecoverOrphanedTransactionCommand`` down a producer's
+  ``Telemetry`` stream.
 * ``ReceiveMessage`` (server stream: status, then the messages, then the delivery timestamp),
   ``AckMessage``, ``ChangeInvisibleDuration``, ``ForwardMessageToDeadLetterQueue``,
   ``QueryAssignment`` (one assignment per topic with queue id -1: a receive pops across every
@@ -68,9 +73,8 @@ Offset-based reads, for replaying a queue from any offset (what the Spark source
   ``ILLEGAL_OFFSET`` with the max offset as ``next_offset`` (the broker's
   OFFSET_OVERFLOW_BADLY, which moves a RocketMQ consumer's offset back).
 
-Not supported (answered ``NOT_IMPLEMENTED``): transactions (``EndTransaction``),
-``RecallMessage``, lite topics (``SyncLiteSubscription``), SQL92 filters
-(``ILLEGAL_FILTER_EXPRESSION``).
+Not supported (answered ``NOT_IMPLEMENTED``): ``RecallMessage``, lite topics
+(``SyncLiteSubscription``), SQL92 filters (``ILLEGAL_FILTER_EXPRESSION``).
 
 Thread-safety: every handler runs on the broker's event loop; the logic it calls in the
 executor is thread-safe (see each module).
@@ -277,6 +281,9 @@ class Services:
     writer: GroupWriter
     run: Run
     metrics: Callable[[], Any]  # the current metrics sink (on_rpc)
+    # broker/transactions.py: EndTransaction, and the producers' streams checks go down.
+    transactions: Any = None
+    producers: Any = None
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
@@ -343,13 +350,38 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if task is not None:
             self.telemetry_tasks.add(task)
         call = call_of(context)
+        # Answers to the client's commands and commands of the broker's own (a transaction
+        # check) share the stream: both go through this outbox, read in one place.
+        outbox: asyncio.Queue[Any] = asyncio.Queue()
+        producers = self.s.producers
+
+        async def read() -> None:
+            try:
+                async for cmd in request_iterator:
+                    if cmd.__class__ is Undecodable:
+                        outbox.put_nowait(cmd)  # refused where the stream is answered
+                        return
+                    if cmd.HasField("settings"):
+                        answer = await self.run(self.s.clients.settings, cmd.settings, call)
+                        if producers is not None and cmd.settings.HasField("publishing"):
+                            producers.register(outbox, frozenset(
+                                t.name for t in cmd.settings.publishing.topics))
+                        outbox.put_nowait(answer)
+            except BaseException as exc:
+                outbox.put_nowait(exc)
+            else:
+                outbox.put_nowait(None)
+
+        reader: asyncio.Future[None] | None = None
         try:
             self.s.lookup.authorize(call, "Cluster", "Get")
-            async for cmd in request_iterator:
-                if cmd.__class__ is Undecodable:  # no TelemetryCommand: the stream ends
-                    await _refuse_undecodable(cmd, context)
-                if cmd.HasField("settings"):
-                    yield await self.run(self.s.clients.settings, cmd.settings, call)
+            reader = asyncio.ensure_future(read())
+            while (item := await outbox.get()) is not None:
+                if item.__class__ is Undecodable:  # no TelemetryCommand: the stream ends
+                    await _refuse_undecodable(item, context)
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
         except BrokerError as exc:
             yield svc.TelemetryCommand(status=ok_status(exc.code, exc.message))
         except (asyncio.CancelledError, grpc.RpcError, grpc.aio.AbortError):
@@ -358,6 +390,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
             if not context.done():
                 yield svc.TelemetryCommand(status=failure_status("Telemetry", None, exc))
         finally:
+            if reader is not None:
+                reader.cancel()
+            if producers is not None:
+                producers.forget(outbox)
             if task is not None:
                 self.telemetry_tasks.discard(task)
 
@@ -437,11 +473,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return await self._blocking("GetOffset", svc.GetOffsetResponse,
                                     self.s.pulling.get_offset, request, context)
 
-    # -- not supported --------------------------------------------------------------------------
+    # -- transactions ---------------------------------------------------------------------------
 
     async def EndTransaction(self, request, context):
-        return await self._refuse("EndTransaction", svc.EndTransactionResponse,
-                                  "transactional messages are not supported yet")
+        if self.s.transactions is None:
+            return await self._refuse("EndTransaction", svc.EndTransactionResponse,
+                                      "transactional messages are not served by this broker")
+        return await self._blocking("EndTransaction", svc.EndTransactionResponse,
+                                    self.s.transactions.end_transaction, request, context)
+
+    # -- not supported --------------------------------------------------------------------------
 
     async def RecallMessage(self, request, context):
         return await self._refuse("RecallMessage", svc.RecallMessageResponse,

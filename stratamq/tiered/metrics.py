@@ -66,6 +66,13 @@ class TierCollector(Collector):
                             up.skipped_messages)
             yield self._one(gauge, "stratamq_tiered_store_retention_hold_bytes",
                             "local CommitLog bytes held for the tier", up.retention_hold_bytes())
+            yield self._one(gauge, "stratamq_tiered_store_unverified_queues",
+                            "tier queues whose committed data the tier's listing or last "
+                            "record did not confirm (their local files are kept)",
+                            up.coverage.unverified_queues)
+            yield self._one(gauge, "stratamq_tiered_store_failing",
+                            "1 while the tier's uploads fail (backing off), else 0",
+                            1 if up.health.failures else 0)
         yield self._one(counter, "rocketmq_tiered_store_messages_out",
                         "messages the tier served", tier.fetcher.served)
         yield self._one(counter, "stratamq_tiered_store_corrupt_records",
