@@ -71,9 +71,9 @@ def main() -> None:
                               "topics": args.topics, "groups": args.groups,
                               "samples": args.samples}}), flush=True)
     root = Path(tempfile.mkdtemp(prefix="stratamq-bench-console-"))
-    proc, endpoint = _start_broker(root)
-    console = None
+    proc, console = None, None
     try:
+        proc, endpoint = _start_broker(root)
         with AdminClient(endpoint, timeout=60) as admin:
             for i in range(args.topics):
                 admin.call("CreateTopic", topic=f"Topic{i:04d}", queues=4)
@@ -127,8 +127,9 @@ def main() -> None:
     finally:
         if console is not None:
             console.stop()
-        proc.terminate()
-        proc.wait(60)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
         shutil.rmtree(root, ignore_errors=True)
 
 

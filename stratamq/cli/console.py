@@ -9,6 +9,7 @@ import click
 
 from stratamq.cli.admin import Connection, endpoint_option
 from stratamq.cli.app import main
+from stratamq.cli.common import warn
 
 
 @main.command("console")
@@ -29,6 +30,10 @@ def console(endpoint: Connection, listen: str, read_only: bool) -> None:
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {listen}: {exc.strerror or exc}"
                                    ) from None
+    if server.host not in ("127.0.0.1", "::1", "localhost"):
+        warn(f"the console serves {server.host}, not just loopback: whoever reaches it acts "
+             f"on the broker as {endpoint.access_key or 'the console'}"
+             f"{'' if read_only else ' and can change it (--read-only to refuse changes)'}")
     click.echo(f"StrataMQ console on {server.url} for {endpoint.endpoint}"
                f"{' (read-only)' if read_only else ''}", err=True)
     # uvicorn stops gracefully on SIGINT/SIGTERM, then raises the signal again to the handler
