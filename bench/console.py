@@ -102,9 +102,8 @@ def main() -> None:
                     _optional(admin, "TopicStatus", topic="%DLQ%Group0000"))),
                 ("message", "/messages?topic=Topic0000&queue=0&offset=0",
                  lambda: messaging.get("Topic0000", 0, 0, group="stratamq-console")),
-                ("dlq", "/dlq?group=Group0000", lambda: (
-                    _optional(admin, "TopicStatus", topic="%DLQ%Group0000"),
-                    admin.call("ListGroups"))),
+                ("dlq", "/dlq?group=Group0000", lambda: _optional(
+                    admin, "TopicStatus", topic="%DLQ%Group0000")),
             ]
             for name, path, rpcs in pages:
                 page_t, rpc_t, size = [], [], 0

@@ -260,8 +260,7 @@ class Console:
         rows = await self.rpc(self.broker.dead_letters, group) if group else []
         for row in rows:
             row["views"] = body_views(row["body"])
-        groups = (await self.rpc(self.broker.call, "ListGroups"))["groups"]
-        return self.render(request, "dlq.html", group=group, rows=rows, groups=groups,
+        return self.render(request, "dlq.html", group=group, rows=rows,
                            dlq_topic=DLQ_PREFIX + group)
 
     async def resend(self, request: Request, form: dict[str, Any]) -> str:
