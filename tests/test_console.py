@@ -298,4 +298,6 @@ def test_charts_sample_the_brokers_traffic_and_lag(broker):
     assert charts["Bytes in"][0][1] > 0
     lag = charts["Consumer lag (all groups)"]
     assert lag[-1][1] - lag[0][1] == 5  # the five sent since ChartedGroup consumed
+    rate_in, rate_out = sampler.topic_rates()["Charted"]  # the Topics page's columns
+    assert rate_in > 0 and rate_out == 0
     assert "<polyline" in svg_chart(charts["Consumer lag (all groups)"], "messages")

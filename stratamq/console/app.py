@@ -157,7 +157,8 @@ class Console:
 
     async def topics(self, request: Request) -> Response:
         topics = (await self.rpc(self.broker.call, "ListTopics"))["topics"]
-        return self.render(request, "topics.html", **_paged(request, topics, "topic"))
+        return self.render(request, "topics.html", rates=self.sampler.topic_rates(),
+                           **_paged(request, topics, "topic"))
 
     async def topic(self, request: Request) -> Response:
         name = request.path_params["name"]

@@ -30,6 +30,9 @@ class Sampler:
         self.samples: deque[tuple[float, int, int, int, int]] = deque(
             maxlen=max(2, int(WINDOW_S / interval_s) + 1))
         self.last_error: str | None = None
+        # Per topic, the last two samples' (time, messages stored, messages consumed).
+        self._topic_samples: deque[tuple[float, dict[str, int], dict[str, int]]] = deque(
+            maxlen=2)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -52,18 +55,34 @@ class Sampler:
             topics = self.broker.call("ListTopics")["topics"]
             status = self.broker.call("BrokerStatus")
             groups = self.broker.call("ListGroups")["groups"][:MAX_GROUPS_SAMPLED]
-            consumed = lag = 0
+            lag = 0
+            consumed_by_topic: dict[str, int] = {}
             for g in groups:
                 progress = self.broker.call("GroupProgress", group=g["group"])
                 lag += int(progress["lag"])
-                consumed += sum(int(q["consumer_offset"] or 0) for q in progress["queues"])
+                for q in progress["queues"]:
+                    consumed_by_topic[q["topic"]] = (consumed_by_topic.get(q["topic"], 0)
+                                                     + int(q["consumer_offset"] or 0))
         except AdminError as exc:
             self.last_error = str(exc)
             return
-        stored = sum(int(t["messages"]) for t in topics)
-        self.samples.append((time.time(), stored, int(status["commitlog"]["max_offset"]),
-                             consumed, lag))
+        now = time.time()
+        stored_by_topic = {t["topic"]: int(t["messages"]) for t in topics}
+        self._topic_samples.append((now, stored_by_topic, consumed_by_topic))
+        self.samples.append((now, sum(stored_by_topic.values()),
+                             int(status["commitlog"]["max_offset"]),
+                             sum(consumed_by_topic.values()), lag))
         self.last_error = None
+
+    def topic_rates(self) -> dict[str, tuple[float, float]]:
+        """Per topic, (messages in/s, messages consumed/s) between the last two samples."""
+        if len(self._topic_samples) < 2:
+            return {}
+        (t0, stored0, done0), (t1, stored1, done1) = self._topic_samples
+        span = t1 - t0 or 1.0
+        return {name: (max(0, stored1[name] - stored0.get(name, 0)) / span,
+                       max(0, done1.get(name, 0) - done0.get(name, 0)) / span)
+                for name in stored1}
 
     def series(self) -> list[tuple[str, str, list[tuple[float, float]]]]:
         """(title, unit, [(time, value)]) per chart."""
