@@ -102,6 +102,16 @@ def test_every_page_loads_with_no_error_and_a_screenshot(broker, console, driver
     create_topic(broker, "Pages", 2)
     _send(broker, "Pages", b'{"order": 1, "items": ["a", "b"]}', "page-key")
     assert _consume(broker, "PagesGroup", "Pages", 1) == [b'{"order": 1, "items": ["a", "b"]}']
+    from rocketmq import FilterExpression, SimpleConsumer
+
+    consumer = SimpleConsumer(config(broker.endpoint), "PagesGroup",
+                              {"Pages": FilterExpression("*")}, await_duration=1)
+    consumer.startup()  # a connected client, shown on its group's page
+    try:
+        _open(driver, console.url + "/groups/PagesGroup")
+        assert "s ago" in _text(driver, "#clients")  # not "no connected clients"
+    finally:
+        consumer.shutdown()
     for name, path in [("overview", "/"), ("topics", "/topics"), ("topic", "/topics/Pages"),
                        ("groups", "/groups"), ("group", "/groups/PagesGroup"),
                        ("messages", "/messages?topic=Pages&queue=0&offset=0"),
