@@ -15,8 +15,6 @@ from waiting import wait_until
 from stratamq.client.admin import AdminClient, AdminError
 from stratamq.client.messaging import MessagingClient
 
-pytest.importorskip("selenium")
-
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
