@@ -1,0 +1,185 @@
+"""A broker group in controller mode between real processes: 3 etcd members (Debian's
+etcd-server on loopback), a master and a slave broker (``enableControllerMode``), the master
+SIGKILLed or SIGSTOPped past its lease; every acknowledged message stays readable and no two
+brokers acknowledge writes as master."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+from broker_proc import create_topics, free_port
+from etcd_cluster import EtcdCluster
+from pulling import pull_queue
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc
+from test_broker_harness import BrokerProcess
+from waiting import wait_until
+
+from stratamq.client.admin import AdminClient, AdminError
+
+TOPIC = "Fail"
+QUEUES = 2
+TTL_MS = 3000
+
+
+class Member(BrokerProcess):
+    def __init__(self, root: Path, etcd: str, broker_id: int) -> None:
+        self.broker_id = broker_id
+        self.port, self.ha_port = free_port(), free_port()
+        store = root / f"b{broker_id}"
+        create_topics(store, [(TOPIC, QUEUES, "NORMAL")])
+        settings = {
+            "mappedFileSizeCommitLog": str(4 << 20), "mappedFileSizeConsumeQueue": "200000",
+            "enableControllerMode": "true", "etcdEndpoints": etcd, "brokerName": "g",
+            "brokerClusterName": "c1", "brokerId": str(broker_id),
+            "etcdLeaseTtlMs": str(TTL_MS), "haListenPort": str(self.ha_port),
+            "haSendHeartbeatInterval": "300", "haHousekeepingInterval": "3000",
+            "haStateSyncInterval": "300", "grpcThreadPoolNums": "16"}
+        super().__init__(store, "".join(f"{k}={v}\n" for k, v in settings.items()),
+                         listen=f"127.0.0.1:{self.port}")
+
+    def cluster(self) -> dict:
+        with AdminClient(self.endpoint, timeout=5) as client:
+            return client.call_service("stratamq.admin.v1.Replication", "HaStatus")["cluster"]
+
+    def is_writable_master(self) -> bool:
+        try:
+            return bool(self.cluster()["writable"])
+        except (AdminError, OSError, grpc.RpcError):
+            return False
+
+
+def send(endpoint: str, bodies: list[bytes]) -> list[int]:
+    """Send ``bodies`` in one request; the status code of each."""
+    msgs = []
+    for body in bodies:
+        sp = pb.SystemProperties(message_id=uuid.uuid4().hex.upper())
+        sp.born_timestamp.GetCurrentTime()
+        sp.born_host = "127.0.0.1"
+        msgs.append(pb.Message(topic=pb.Resource(name=TOPIC), body=body, system_properties=sp))
+    with grpc.insecure_channel(endpoint) as channel:
+        reply = service_pb2_grpc.MessagingServiceStub(channel).SendMessage(
+            svc.SendMessageRequest(messages=msgs), timeout=10)
+    return [e.status.code for e in reply.entries]
+
+
+def readable(endpoint: str) -> dict[bytes, tuple[int, int]]:
+    return {m.body: (qid, m.system_properties.queue_offset) for qid in range(QUEUES)
+            for m in pull_queue(endpoint, TOPIC, qid, batch_size=512)}
+
+
+def assert_all_readable(endpoint: str, acked: dict[bytes, str]) -> None:
+    """Every acknowledged message is readable at ``endpoint`` once its dispatch caught up."""
+    missing: list[bytes] = []
+
+    def none_missing() -> bool:
+        on_broker = readable(endpoint)
+        missing[:] = [b for b in acked if b not in on_broker]
+        return not missing
+
+    try:
+        wait_until(none_missing, timeout=30, what="every acknowledged message", interval=0.5)
+    except AssertionError:
+        by = sorted({acked[b] for b in missing})
+        raise AssertionError(f"{len(missing)} of {len(acked)} acknowledged messages are not "
+                             f"readable at {endpoint} (acknowledged by {by}): "
+                             f"{sorted(missing)[:10]}") from None
+
+
+class Producer:
+    """Sends to whichever member is master, as a client re-querying routes would."""
+
+    def __init__(self, members: list[Member]) -> None:
+        self.members = members
+        self.acked: dict[bytes, str] = {}  # body -> the endpoint that acknowledged it
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            for m in self.members:
+                bodies = [b"m-%06d-%d" % (i, j) for j in range(5)]
+                i += 1
+                try:
+                    codes = send(m.endpoint, bodies)
+                except grpc.RpcError:
+                    continue
+                for body, code in zip(bodies, codes):
+                    if code == pb.OK:
+                        self.acked[body] = m.endpoint
+
+
+@pytest.fixture
+def group(tmp_path):
+    etcd = EtcdCluster(tmp_path, size=3)
+    members = [Member(tmp_path, etcd.endpoints, i) for i in (1, 2)]
+    yield members
+    for m in members:
+        if m.proc is not None and m.proc.poll() is None:
+            os.kill(m.proc.pid, signal.SIGCONT)
+            m.terminate()
+    etcd.stop()
+
+
+def _start(group: list[Member]) -> tuple[Member, Member]:
+    for m in group:
+        m.start()
+    wait_until(lambda: any(m.is_writable_master() for m in group), timeout=60,
+               what="a master to be elected")
+    master = next(m for m in group if m.is_writable_master())
+    slave = next(m for m in group if m is not master)
+    wait_until(lambda: slave.cluster()["masterBrokerId"] == master.broker_id, timeout=60,
+               what="the slave to follow the master")
+    # Caught up, the slave joins the SyncStateSet: from then on it may be elected.
+    wait_until(lambda: master.cluster()["syncStateSet"] == [1, 2], timeout=60,
+               what="the slave to join the SyncStateSet")
+    return master, slave
+
+
+def test_a_killed_masters_slave_is_elected_and_keeps_every_acknowledged_message(group):
+    master, slave = _start(group)
+    epoch = master.cluster()["epoch"]
+    producer = Producer(group)
+    producer.thread.start()
+    wait_until(lambda: len(producer.acked) >= 500, timeout=60, what="500 acknowledged sends")
+    master.kill()
+    wait_until(slave.is_writable_master, timeout=60, what="the slave to be elected")
+    assert slave.cluster()["epoch"] > epoch
+    count = len(producer.acked)
+    wait_until(lambda: len(producer.acked) > count, timeout=60,
+               what="sends acknowledged by the new master")
+    producer.stop.set()
+    producer.thread.join(30)
+    assert_all_readable(slave.endpoint, producer.acked)
+
+
+def test_a_master_stopped_past_its_lease_refuses_writes_on_waking_and_follows(group):
+    master, slave = _start(group)
+    producer = Producer(group)
+    producer.thread.start()
+    wait_until(lambda: len(producer.acked) >= 200, timeout=60, what="200 acknowledged sends")
+    os.kill(master.proc.pid, signal.SIGSTOP)
+    stopped_at = len(producer.acked)
+    wait_until(slave.is_writable_master, timeout=60, what="the slave to be elected")
+    wait_until(lambda: len(producer.acked) > stopped_at, timeout=60,
+               what="sends acknowledged by the new master")
+    os.kill(master.proc.pid, signal.SIGCONT)
+    # On waking, before its loop has run, the old master refuses: its fence has lapsed.
+    codes = send(master.endpoint, [b"after-wake"])
+    assert codes != [pb.OK]
+    wait_until(lambda: master.cluster()["masterBrokerId"] == slave.broker_id, timeout=60,
+               what="the old master to follow the new one")
+    assert not master.cluster()["writable"]
+    producer.stop.set()
+    producer.thread.join(30)
+    assert_all_readable(slave.endpoint, producer.acked)
+    # The old master copies the new master's log again: every acknowledged message is there.
+    assert_all_readable(master.endpoint, producer.acked)
