@@ -183,3 +183,50 @@ def test_a_master_stopped_past_its_lease_refuses_writes_on_waking_and_follows(gr
     assert_all_readable(slave.endpoint, producer.acked)
     # The old master copies the new master's log again: every acknowledged message is there.
     assert_all_readable(master.endpoint, producer.acked)
+
+
+def _cli(*args: str) -> list[dict]:
+    import json
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "stratamq.cli", "cluster", *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+def test_status_lines_and_a_planned_switch_under_load(group, tmp_path):
+    master, slave = _start(group)
+    etcd = group[0].conf.read_text().split("etcdEndpoints=")[1].split("\n")[0]
+    by_etcd = _cli("status", "--etcd", etcd, "--cluster", "c1")
+    assert len(by_etcd) == 1
+    line = by_etcd[0]
+    assert list(line) == ["cluster", "brokerName", "masterBrokerId", "masterEpoch",
+                          "syncStateSet", "brokers"]
+    assert (line["cluster"], line["brokerName"], line["masterBrokerId"], line["syncStateSet"]) \
+        == ("c1", "g", master.broker_id, [1, 2])
+    assert [list(b) for b in line["brokers"]] == [
+        ["brokerId", "endpoint", "role", "maxOffset", "leaseAgeMs"]] * 2
+    assert {b["endpoint"]: b["role"] for b in line["brokers"]} == {
+        master.endpoint: "MASTER", slave.endpoint: "SLAVE"}
+    by_broker = _cli("status", "--endpoint", slave.endpoint)
+    assert [(g["masterBrokerId"], g["masterEpoch"]) for g in by_broker] == [
+        (line["masterBrokerId"], line["masterEpoch"])]
+
+    producer = Producer(group)
+    producer.thread.start()
+    wait_until(lambda: len(producer.acked) >= 200, timeout=60, what="200 acknowledged sends")
+    switched = _cli("elect", "--broker-name", "g", "--broker-id", str(slave.broker_id),
+                    "--etcd", etcd, "--cluster", "c1")
+    assert switched[0]["masterBrokerId"] == slave.broker_id
+    assert switched[0]["masterEpoch"] > line["masterEpoch"]
+    count = len(producer.acked)
+    wait_until(lambda: len(producer.acked) > count + 100, timeout=60,
+               what="sends acknowledged after the switch")
+    producer.stop.set()
+    producer.thread.join(30)
+    assert_all_readable(slave.endpoint, producer.acked)
+    wait_until(lambda: master.cluster()["masterBrokerId"] == slave.broker_id, timeout=60,
+               what="the old master to follow the new one")
+    assert_all_readable(master.endpoint, producer.acked)

@@ -386,6 +386,26 @@ class BrokerReplication:
             info["cluster"] = cluster.status()
         return info
 
+    def ClusterStatus(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"groups": self._cluster().group_status()}
+
+    def ClusterElect(self, req: dict[str, Any]) -> dict[str, Any]:
+        from stratamq.cluster.status import ElectError
+
+        broker_id = req.get("brokerId")
+        try:
+            return self._cluster().elect(str(req.get("brokerName") or ""),
+                                         None if broker_id is None else int(broker_id))
+        except (ElectError, ValueError, TypeError) as exc:
+            raise MetadataError("precondition", str(exc)) from None
+
+    def _cluster(self) -> Any:
+        cluster = getattr(self.b, "cluster", None)
+        if cluster is None:
+            raise MetadataError("precondition", "this broker is not in controller mode "
+                                "(enableControllerMode=true with etcdEndpoints)")
+        return cluster
+
     def SyncState(self, req: dict[str, Any]) -> dict[str, Any]:
         if self.is_slave:
             raise MetadataError("precondition", "this broker is a SLAVE: ask its master for "
@@ -403,7 +423,9 @@ def replication_handler(broker: Broker, run: Any) -> grpc.GenericRpcHandler:
     replication = broker.replication
     return json_methods_handler(
         broker, SERVICE, {"HaStatus": (replication.HaStatus, "Get"),
-                          "SyncState": (replication.SyncState, "Update")}, run)
+                          "SyncState": (replication.SyncState, "Update"),
+                          "ClusterStatus": (replication.ClusterStatus, "Get"),
+                          "ClusterElect": (replication.ClusterElect, "Update")}, run)
 
 
 class _ReplicationCollector:

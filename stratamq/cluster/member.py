@@ -394,8 +394,8 @@ class ClusterMember:
         target = request.get("brokerId")
         if not isinstance(target, int) or target == self.me.broker_id:
             return
-        if target not in self._live():
-            return  # not alive: nothing to switch to (the CLI said so already)
+        if target not in self._live() or self.sync is None or target not in self.sync.written:
+            return  # not alive, or may lack acknowledged messages (the CLI said so already)
         log.info("cluster: planned switch of %s to broker %d: stepping down", self.me.group,
                  target)
         self.fence.drop()

@@ -85,6 +85,19 @@ class ClusterNode:
         else:
             self.switch_role(BrokerRole.SLAVE, master.ha_address, master.endpoint)
 
+    def group_status(self) -> list[dict]:
+        """``cluster status`` as this broker's etcd says it (``status.py``)."""
+        from stratamq.cluster.status import group_status
+
+        return group_status(self.coordination, self.member.prefix, self.member.me.cluster)
+
+    def elect(self, group: str, broker_id: int | None) -> dict:
+        """``cluster elect`` through this broker (``status.request_election``)."""
+        from stratamq.cluster.status import request_election
+
+        return request_election(self.coordination, self.member.prefix, self.member.me.cluster,
+                                group, broker_id)
+
     def status(self) -> dict:
         m = self.member
         master = m.master
