@@ -248,3 +248,35 @@ def test_status_lines_and_a_planned_switch_under_load(group, tmp_path):
     wait_until(lambda: master.cluster()["masterBrokerId"] == slave.broker_id, timeout=60,
                what="the old master to follow the new one")
     assert_all_readable(master.endpoint, producer.acked)
+
+
+def test_all_of_etcd_down_stops_writes_not_reads_and_no_election(group):
+    master, slave = _start(group)
+    epoch = master.cluster()["epoch"]
+    acked = {}
+    for i in range(20):
+        body = b"before-%d" % i
+        assert send(master.endpoint, [body]) == [pb.OK]
+        acked[body] = master.endpoint
+    assert master.etcd is not None
+    for member in master.etcd.members:
+        member.stop(signal.SIGKILL)
+    # Once its renewal is overdue the master refuses writes (it cannot know whether another
+    # broker was elected); nobody else is elected meanwhile.
+    wait_until(lambda: send_replies(master.endpoint, [b"during"])[0][0] != pb.OK, timeout=60,
+               what="the master to refuse writes without etcd")
+    [(_, why)] = send_replies(master.endpoint, [b"during"])
+    assert "etcd lease" in why, why
+    assert not slave.is_writable_master()
+    assert_all_readable(master.endpoint, acked)  # reads go on
+    assert_all_readable(slave.endpoint, acked)
+    initial = ",".join(f"{m.name}={m.peer_url}" for m in master.etcd.members)
+    for member in master.etcd.members:
+        member.start(initial)
+    master.etcd.wait_healthy()
+    # etcd back: the same master renews its lease (etcd extends leases across its own
+    # restart) and takes writes again, at the same epoch.
+    wait_until(lambda: send(master.endpoint, [b"after"]) == [pb.OK], timeout=60,
+               what="writes to resume on the master")
+    assert master.cluster()["epoch"] == epoch
+    assert not slave.is_writable_master()
