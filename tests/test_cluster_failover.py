@@ -30,15 +30,15 @@ TTL_MS = 3000
 
 
 class Member(BrokerProcess):
-    def __init__(self, root: Path, etcd: str, broker_id: int) -> None:
+    def __init__(self, root: Path, etcd: str, broker_id: int, group: str = "g") -> None:
         self.broker_id = broker_id
         self.etcd: EtcdCluster | None = None
         self.port, self.ha_port = free_port(), free_port()
-        store = root / f"b{broker_id}"
+        store = root / f"{group}-b{broker_id}"
         create_topics(store, [(TOPIC, QUEUES, "NORMAL")])
         settings = {
             "mappedFileSizeCommitLog": str(4 << 20), "mappedFileSizeConsumeQueue": "200000",
-            "enableControllerMode": "true", "etcdEndpoints": etcd, "brokerName": "g",
+            "enableControllerMode": "true", "etcdEndpoints": etcd, "brokerName": group,
             "brokerClusterName": "c1", "brokerId": str(broker_id),
             "etcdLeaseTtlMs": str(TTL_MS), "haListenPort": str(self.ha_port),
             "haSendHeartbeatInterval": "300", "haHousekeepingInterval": "3000",
@@ -280,3 +280,42 @@ def test_all_of_etcd_down_stops_writes_not_reads_and_no_election(group):
                what="writes to resume on the master")
     assert master.cluster()["epoch"] == epoch
     assert not slave.is_writable_master()
+
+
+def test_topic_create_on_every_group_of_the_cluster(tmp_path):
+    etcd = EtcdCluster(tmp_path, size=1)
+    brokers = [Member(tmp_path, etcd.endpoints, 1, group) for group in ("ga", "gb")]
+    try:
+        for b in brokers:
+            b.start()
+        for b in brokers:
+            wait_until(b.is_writable_master, timeout=60, what=f"{b.store.name} to be master")
+        import json
+        import subprocess
+        import sys
+
+        r = subprocess.run([sys.executable, "-m", "stratamq.cli", "topic", "create", "--topic",
+                            "Everywhere", "--queues", "3", "--cluster", "c1", "--endpoint",
+                            brokers[0].endpoint], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        lines = [json.loads(line) for line in r.stdout.splitlines()]
+        assert [(line["brokerName"], line["endpoint"]) for line in lines] == [
+            ("ga", brokers[0].endpoint), ("gb", brokers[1].endpoint)]
+        for b in brokers:  # a send to the topic is taken by each group's master
+            assert send_to(b.endpoint, "Everywhere") == pb.OK
+    finally:
+        for b in brokers:
+            if b.proc is not None and b.proc.poll() is None:
+                b.terminate()
+        etcd.stop()
+
+
+def send_to(endpoint: str, topic: str) -> int:
+    sp = pb.SystemProperties(message_id=uuid.uuid4().hex.upper())
+    sp.born_timestamp.GetCurrentTime()
+    sp.born_host = "127.0.0.1"
+    msg = pb.Message(topic=pb.Resource(name=topic), body=b"x", system_properties=sp)
+    with grpc.insecure_channel(endpoint) as channel:
+        reply = service_pb2_grpc.MessagingServiceStub(channel).SendMessage(
+            svc.SendMessageRequest(messages=[msg]), timeout=10)
+    return reply.entries[0].status.code

@@ -125,3 +125,34 @@ def cluster_elect(broker_name: str, broker_id: int | None, endpoint: str | None,
         raise click.ClickException(str(exc)) from None
     finally:
         coord.close()
+
+
+def create_topic_everywhere(conn: Any, cluster_name: str, request: dict[str, Any]
+                            ) -> list[dict[str, Any]]:
+    """``topic create --cluster``: CreateTopic on the master of every broker group of the
+    cluster that the broker at ``conn`` belongs to (RocketMQ's ``updateTopic -c``). One result
+    per group, ``{"brokerName", "endpoint", "topic"}`` or ``{"brokerName", "error"}``."""
+    from stratamq.cli.admin import Connection
+    from stratamq.client.admin import AdminClient, AdminError
+
+    status = _via_broker(conn.endpoint, conn.access_key, conn.secret_key, "ClusterStatus")
+    groups = [g for g in status["groups"] if g["cluster"] == cluster_name]
+    if not groups:
+        raise click.ClickException(f"the broker at {conn.endpoint} knows no broker group of "
+                                   f"cluster {cluster_name!r} (is it in controller mode?)")
+    out = []
+    for g in groups:
+        master = next((b for b in g["brokers"] if b["brokerId"] == g["masterBrokerId"]), None)
+        if master is None:
+            out.append({"brokerName": g["brokerName"], "error": "no master elected"})
+            continue
+        try:
+            with AdminClient(Connection(master["endpoint"], conn.access_key,
+                                        conn.secret_key)) as client:
+                topic = client.call("CreateTopic", **request)["topic"]
+            out.append({"brokerName": g["brokerName"], "endpoint": master["endpoint"],
+                        "topic": topic})
+        except (AdminError, OSError) as exc:
+            out.append({"brokerName": g["brokerName"], "endpoint": master["endpoint"],
+                        "error": str(exc)})
+    return out
