@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
+from stratamq.benchmarks.etcd_members import EtcdCluster
 from stratamq.cluster.coordination import CoordinationUnavailable, LeaseLost, WatchEvent
 from stratamq.cluster.election import Candidate, elect
 from stratamq.cluster.etcd import EtcdCoordination, parse_endpoints
 from stratamq.cluster.member import BrokerIdentity, ClusterMember, MasterInfo
-from tests.etcd_cluster import EtcdCluster
 from tests.waiting import wait_until
 
 
@@ -171,7 +171,9 @@ class _Node:
             EtcdCoordination(endpoints), me, "/stratamq/c1", ttl_ms,
             max_offset=lambda: self.offset,
             last_epoch=lambda: self.epochs[-1] if self.epochs else 0,
-            on_master=self.epochs.append, on_slave=self.following.append)
+            on_master=self.epochs.append, on_slave=self.following.append,
+            # One slave link, caught up: as a master with a slave that has every byte.
+            progress=lambda: (self.offset, self.offset, 1))
 
 
 def test_the_most_advanced_broker_is_elected_and_a_dead_masters_group_elects_again(etcd):
@@ -190,6 +192,8 @@ def test_the_most_advanced_broker_is_elected_and_a_dead_masters_group_elects_aga
         wait_until(lambda: b.following and b.following[-1] is not None, timeout=30,
                    what="b to follow a")
         assert b.following[-1].broker_id == 1
+        wait_until(lambda: a.member.sync is not None and a.member.sync.written == {1, 2},
+                   timeout=30, what="b to join the SyncStateSet")
         # a stops renewing (its process is gone): its fence lapses before its lease does.
         a_writable_when_b_elected: list[bool] = []
         b.member.on_master = lambda epoch: (

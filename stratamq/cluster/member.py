@@ -44,6 +44,7 @@ from stratamq.cluster.coordination import (
     Coordination,
     CoordinationError,
     CoordinationUnavailable,
+    KeyValue,
     LeaseLost,
     WatchEvent,
 )
@@ -90,6 +91,12 @@ def group_keys(prefix: str, group: str) -> dict[str, str]:
     return {"master": f"{base}/master", "epoch": f"{base}/epoch",
             "syncStateSet": f"{base}/syncStateSet", "elect": f"{base}/elect",
             "brokers": f"{prefix}/brokers/{group}/"}
+
+
+def _without_offset(registration: bytes) -> dict:
+    d = json.loads(registration)
+    d.pop("maxOffset", None)
+    return d
 
 
 class Fence:
@@ -156,6 +163,8 @@ class ClusterMember:
         self.epoch = 0  # of this broker's mastership, while it is master
         self.last_error = ""
         self._registered = b""
+        self._snapshot: dict[str, KeyValue] = {}  # the group's keys as read this pass
+        self._broker_kvs: list[KeyValue] | None = None  # the registrations, read on demand
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._unwatch: Callable[[], None] | None = None
@@ -248,13 +257,26 @@ class ClusterMember:
         return max(self.last_epoch(), following.epoch if following is not None else 0)
 
     def _register(self) -> None:
+        """Put the registration when it changed; a change of max offset alone at most once
+        every third pass (a TTL): it only ranks candidates of the SyncStateSet, which all
+        hold what was acknowledged, so a little staleness costs nothing but etcd writes do."""
         value = self._registration()
-        if value != self._registered:
-            self.coord.put(self.my_key, value, self.lease)
-            self._registered = value
+        if value == self._registered:
+            return
+        self._passes_since_put += 1
+        if (self._registered and self._passes_since_put < 3
+                and _without_offset(value) == _without_offset(self._registered)):
+            return
+        self.coord.put(self.my_key, value, self.lease)
+        self._registered = value
+        self._passes_since_put = 0
 
     def _act(self) -> None:
-        current = self.coord.get(self.keys["master"])
+        # One read of the group's keys per pass (the registrations only when needed).
+        self._snapshot = {kv.key: kv for kv in self.coord.get_prefix(
+            f"{self.prefix}/groups/{self.me.group}/")}
+        self._broker_kvs = None
+        current = self._snapshot.get(self.keys["master"])
         master = MasterInfo.parse(current.value) if current is not None else None
         self.master = master
         if current is not None and master is not None:
@@ -273,9 +295,14 @@ class ClusterMember:
             self._step_down(None)  # the key went (revoked): never write without it
         self._try_elect()
 
+    def _brokers(self) -> list[KeyValue]:
+        if self._broker_kvs is None:
+            self._broker_kvs = self.coord.get_prefix(self.keys["brokers"])
+        return self._broker_kvs
+
     def _registrations(self) -> list[dict]:
         out = []
-        for kv in self.coord.get_prefix(self.keys["brokers"]):
+        for kv in self._brokers():
             try:
                 value = json.loads(kv.value)
             except ValueError:
@@ -302,7 +329,7 @@ class ClusterMember:
 
     def _live(self) -> dict[int, Candidate]:
         live = {}
-        for kv in self.coord.get_prefix(self.keys["brokers"]):
+        for kv in self._brokers():
             try:
                 d = json.loads(kv.value)
                 live[int(d["brokerId"])] = Candidate(int(d["brokerId"]), int(d["epoch"]),
@@ -312,7 +339,7 @@ class ClusterMember:
         return live
 
     def _json(self, key: str) -> dict | None:
-        kv = self.coord.get(key)
+        kv = self._snapshot.get(key)
         if kv is None:
             return None
         try:
@@ -341,7 +368,7 @@ class ClusterMember:
             self._no_candidate = why
             self._step_down(None)
             return
-        epoch_kv = self.coord.get(self.keys["epoch"])
+        epoch_kv = self._snapshot.get(self.keys["epoch"])
         epoch = (int(epoch_kv.value) if epoch_kv is not None else 0) + 1
         epoch = max(epoch, self.last_epoch() + 1)  # never below what this store has recorded
         mine = MasterInfo(self.me.broker_id, epoch, self.me.endpoint, self.me.ha_address)
@@ -388,6 +415,7 @@ class ClusterMember:
 
     _following: MasterInfo | None = None
     _no_candidate = ""
+    _passes_since_put = 0
 
     def _planned_switch(self, master_revision: int) -> None:
         request = self._json(self.keys["elect"]) or {}

@@ -106,4 +106,6 @@ class ClusterNode:
                 "writable": m.fence.writable(),
                 "masterBrokerId": master.broker_id if master is not None else None,
                 "syncStateSet": sorted(m.sync.written) if m.sync is not None else None,
-                "lastError": m.last_error}
+                "lastError": m.last_error,
+                # Sent since start (the benchmark's etcd requests per broker per second).
+                "etcdRequests": getattr(self.coordination, "requests", None)}

@@ -1,4 +1,4 @@
-"""Real etcd members on loopback for the cluster tests (no tests here).
+"""Real etcd members on loopback, for the cluster tests and `bench/cluster.py`.
 
 Each member is Debian's ``etcd`` binary (package ``etcd-server``; the Makefile's test target
 installs it where missing) in its own directory under the test's tmp path, on free loopback
