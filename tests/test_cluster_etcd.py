@@ -206,3 +206,36 @@ def test_the_most_advanced_broker_is_elected_and_a_dead_masters_group_elects_aga
     finally:
         b.member.stop()
         a.member.stop()
+
+
+def test_a_planned_switch_is_refused_to_a_dead_broker_or_one_outside_the_set(etcd):
+    from stratamq.cluster.status import ElectError, group_status, request_election
+
+    a = _Node(etcd.endpoints, 1, 2000, offset=100)
+    b = _Node(etcd.endpoints, 2, 2000, offset=50)
+    b.member.progress = lambda: (50, None, 0)  # b never catches up: it stays out of the set
+    a.member.progress = lambda: (100, None, 0)
+    for n in (a, b):
+        n.member._renew()
+        n.member._register()
+    a.member.start()
+    b.member.start()
+    try:
+        wait_until(lambda: a.member.fence.writable(), timeout=30, what="a to be master")
+        wait_until(lambda: b.following and b.following[-1] is not None, timeout=30,
+                   what="b to follow a")
+        c = EtcdCoordination(etcd.endpoints)
+        [line] = group_status(c, "/stratamq/c1", "c1")
+        assert (line["brokerName"], line["masterBrokerId"], line["syncStateSet"]) == ("g", 1, [1])
+        assert [m["brokerId"] for m in line["brokers"]] == [1, 2]
+        with pytest.raises(ElectError, match="not alive"):
+            request_election(c, "/stratamq/c1", "c1", "g", 3)
+        with pytest.raises(ElectError, match="not in g's SyncStateSet"):
+            request_election(c, "/stratamq/c1", "c1", "g", 2)
+        with pytest.raises(ElectError, match="no broker group"):
+            request_election(c, "/stratamq/c1", "c1", "nope", 1)
+        assert request_election(c, "/stratamq/c1", "c1", "g", None)["masterBrokerId"] == 1
+        assert a.member.fence.writable()  # nothing changed
+    finally:
+        b.member.stop()
+        a.member.stop()
