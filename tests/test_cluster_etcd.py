@@ -176,21 +176,30 @@ class _Node:
             progress=lambda: (self.offset, self.offset, 1))
 
 
-def test_the_most_advanced_broker_is_elected_and_a_dead_masters_group_elects_again(etcd):
+def _master_and_slave(etcd: EtcdCluster, slave_catches_up: bool = True
+                      ) -> tuple[_Node, _Node]:
+    """Two members of group g, both registered before either elects (so the policy sees
+    both): a (further ahead) is elected and b follows it."""
     a = _Node(etcd.endpoints, 1, 2000, offset=100)
     b = _Node(etcd.endpoints, 2, 2000, offset=50)
-    # Both registered before either elects, so the policy sees both.
+    if not slave_catches_up:
+        a.member.progress = lambda: (100, None, 0)
     for n in (a, b):
         n.member._renew()
         n.member._register()
     b.member.start()
     a.member.start()
+    wait_until(lambda: a.member.fence.writable(), timeout=30, what="a to be master")
+    wait_until(lambda: b.following and b.following[-1] is not None, timeout=30,
+               what="b to follow a")
+    return a, b
+
+
+def test_the_most_advanced_broker_is_elected_and_a_dead_masters_group_elects_again(etcd):
+    a, b = _master_and_slave(etcd)
     try:
-        wait_until(lambda: a.member.fence.writable(), timeout=30, what="a to be master")
         assert a.epochs == [1]
         assert not b.member.fence.writable()
-        wait_until(lambda: b.following and b.following[-1] is not None, timeout=30,
-                   what="b to follow a")
         assert b.following[-1].broker_id == 1
         wait_until(lambda: a.member.sync is not None and a.member.sync.written == {1, 2},
                    timeout=30, what="b to join the SyncStateSet")
@@ -211,19 +220,8 @@ def test_the_most_advanced_broker_is_elected_and_a_dead_masters_group_elects_aga
 def test_a_planned_switch_is_refused_to_a_dead_broker_or_one_outside_the_set(etcd):
     from stratamq.cluster.status import ElectError, group_status, request_election
 
-    a = _Node(etcd.endpoints, 1, 2000, offset=100)
-    b = _Node(etcd.endpoints, 2, 2000, offset=50)
-    b.member.progress = lambda: (50, None, 0)  # b never catches up: it stays out of the set
-    a.member.progress = lambda: (100, None, 0)
-    for n in (a, b):
-        n.member._renew()
-        n.member._register()
-    a.member.start()
-    b.member.start()
+    a, b = _master_and_slave(etcd, slave_catches_up=False)  # b stays out of the set
     try:
-        wait_until(lambda: a.member.fence.writable(), timeout=30, what="a to be master")
-        wait_until(lambda: b.following and b.following[-1] is not None, timeout=30,
-                   what="b to follow a")
         c = EtcdCoordination(etcd.endpoints)
         [line] = group_status(c, "/stratamq/c1", "c1")
         assert (line["brokerName"], line["masterBrokerId"], line["syncStateSet"]) == ("g", 1, [1])
