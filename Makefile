@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean etcd
+.PHONY: setup run test bench clean etcd remoting-clients
 
 setup: $(STAMP)
 
@@ -19,23 +19,30 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/stratamq broker start --store ./data
 
-# Byte-compiled once up front: the suite starts hundreds of Python processes (brokers, CLI
-# calls, Spark workers), and where PYTHONDONTWRITEBYTECODE is set each would otherwise compile
-# the package from source again (a stale .pyc is only recompiled in memory, never wrong).
 # The cluster tests start their own etcd members: Debian's etcd-server, installed where missing
 # (as root, as CI runs; quiet and nothing to do where etcd is on PATH).
 etcd:
 	@command -v etcd >/dev/null || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; }
 
-test: setup etcd
+# Byte-compiled once up front: the suite starts hundreds of Python processes (brokers, CLI
+# calls, Spark workers), and where PYTHONDONTWRITEBYTECODE is set each would otherwise compile
+# the package from source again (a stale .pyc is only recompiled in memory, never wrong).
+test: setup etcd remoting-clients
 	$(PY) -m compileall -q stratamq
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# The npm package ali-ons (a RocketMQ 4.x remoting client) for tests/test_remoting_ali_ons.py,
+# pinned by tests/remoting/package-lock.json; installed once (node_modules is not committed).
+remoting-clients:
+	@command -v npm >/dev/null || (apt-get update && apt-get install -y nodejs npm)
+	@[ -f tests/remoting/node_modules/ali-ons/package.json ] || \
+		(cd tests/remoting && npm ci --no-audit --no-fund --loglevel=error)
+
 bench: setup
 	$(PY) bench/store.py
 
 clean:
-	rm -rf $(VENV) data
+	rm -rf $(VENV) data tests/remoting/node_modules

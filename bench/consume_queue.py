@@ -9,6 +9,12 @@ one per target with its ratio:
 * 100,000 queues: RocksDB restart < 2 s
 * RocksDB reads at least half as fast as file reads (same queue count)
 
+Then many queues of one message each (10,000 queues, ``--many-queues N`` to change): the time
+to dispatch them (every queue's first ConsumeQueue file created, ``put_s``) and to reopen the
+store (``restart_s``), files vs RocksDB in the same run (target: files within 3x of RocksDB;
+``--many-queues-only`` runs just this part), in wall time and in the process's CPU time
+(``put_cpu_s``, ``restart_cpu_s``; wall time on a shared machine mostly measures its disk).
+
 Then a throughput run per store (1,000 queues x 100 messages of 1 KiB) whose put and get rates
 are given as ratios of Apache RocketMQ's RocksDB mode on this machine (about 65,000 puts/s and
 480,000 gets/s of 1 KiB messages).
@@ -36,6 +42,8 @@ FD_HEADROOM = 256  # descriptors the store needs besides one per queue
 
 
 THROUGHPUT_QUEUES, THROUGHPUT_PER_QUEUE, THROUGHPUT_BODY = 1_000, 100, 1024
+MANY_QUEUES = 10_000  # queues of one message each: the cost of creating ConsumeQueue files
+MANY_QUEUES_MAX_RATIO = 3.0  # files within 3x of RocksDB (issue 29)
 
 
 def raise_nofile_limit() -> dict:
@@ -87,9 +95,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1,000 and 20,000 queues only")
     parser.add_argument("--messages-per-queue", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--many-queues", type=int, default=MANY_QUEUES,
+                        help="queues of one message each for the file-creation run")
+    parser.add_argument("--many-queues-only", action="store_true",
+                        help="run only the many-queues comparison")
     args = parser.parse_args()
     counts = [1_000, 20_000] if args.quick else [1_000, 20_000, 100_000]
     print(json.dumps(raise_nofile_limit()), flush=True)
+    many = many_queues(args.many_queues, args.timeout)
+    if args.many_queues_only:
+        for line in many:
+            print(json.dumps(line), flush=True)
+        return
     results: dict[tuple[int, str], dict] = {}
     for queues in counts:
         for store_type in ("defaultRocksDB", "default"):
@@ -141,8 +158,27 @@ def main() -> None:
                     "get_msgs_per_s": line.get("get_msgs_per_s"),
                     "put_vs_rocketmq_rocksdb": line.get("put_vs_rocketmq_rocksdb"),
                     "get_vs_rocketmq_rocksdb": line.get("get_vs_rocketmq_rocksdb")})
-    for line in out:
+    for line in [*many, *out]:
         print(json.dumps(line), flush=True)
+
+
+def many_queues(queues: int, timeout: float) -> list[dict]:
+    """Dispatch and reopen ``queues`` queues of one message each, RocksDB then files; the
+    runs' lines are printed as they finish, the comparison lines returned."""
+    runs = {}
+    for store_type in ("defaultRocksDB", "default"):
+        runs[store_type] = run_one(queues, 1, store_type, timeout)
+        print(json.dumps(runs[store_type]), flush=True)
+    out = []
+    for what, field in (("dispatch", "put_s"), ("reopen", "restart_s"),
+                        ("dispatch_cpu", "put_cpu_s"), ("reopen_cpu", "restart_cpu_s")):
+        rocks, files = runs["defaultRocksDB"].get(field), runs["default"].get(field)
+        ratio = round(files / rocks, 2) if files and rocks else None
+        line = target(f"files_vs_rocksdb_{what}_{queues}_queues_1_msg", ratio,
+                      MANY_QUEUES_MAX_RATIO)
+        line.update({f"rocksdb_{field}": rocks, f"files_{field}": files})
+        out.append(line)
+    return out
 
 
 if __name__ == "__main__":

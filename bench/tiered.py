@@ -159,7 +159,10 @@ def config(root: Path, endpoint: str, bucket: str, **extra) -> StoreConfig:
         "tiered_backend_service_provider": "s3", "tiered_store_file_path": f"s3://{bucket}/t",
         "tiered_store_s3_endpoint": endpoint,
         "tiered_store_index_file_max_hash_slot_num": 50_000,
-        "tiered_store_index_file_max_index_num": 40_000, **extra})
+        "tiered_store_index_file_max_index_num": 40_000,
+        # Every flush seals the index file it wrote (as before RocketMQ's idle rule): the
+        # upload figures include sealing and uploading it, and the lookups need sealed files.
+        "tiered_store_index_file_rolling_idle_interval": 0, **extra})
 
 
 def main() -> None:

@@ -26,9 +26,9 @@ from stratamq.message import Host
 from stratamq.store.index_file import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE
 from stratamq.store.index_file import file_size as index_file_size
 
-__all__ = ["BrokerConfig", "BrokerRole", "FlushDiskType", "InvalidSetting", "StoreConfig",
-           "TieredStorageLevel", "UnknownSettings", "load_broker_conf", "settings_table",
-           "tier_provider"]
+__all__ = ["BrokerConfig", "BrokerRole", "DiskFullPolicy", "FlushDiskType", "InvalidSetting",
+           "StoreConfig", "TieredStorageLevel", "UnknownSettings", "load_broker_conf",
+           "settings_table", "tier_provider"]
 
 # The broker sizes gRPC's (int32) message limits at maxMessageSize + 1 MiB of headroom.
 MAX_MESSAGE_SIZE_LIMIT = 1024 * 1024 * 1024
@@ -46,6 +46,18 @@ class BrokerRole(StrEnum):
     ASYNC_MASTER = "ASYNC_MASTER"
     SYNC_MASTER = "SYNC_MASTER"
     SLAVE = "SLAVE"
+
+
+class DiskFullPolicy(StrEnum):
+    """What the store does when its disk fills past ``diskSpaceCleanForciblyRatio``.
+
+    ``REFUSE_PUTS``: delete early only CommitLog files every consumer group has consumed (or
+    the tier holds); past ``diskSpaceWarningLevelRatio`` refuse puts until space is freed.
+    ``DELETE_OLDEST``: RocketMQ's ``cleanFileForciblyEnable``: the oldest files go whether
+    consumed or not, each loss logged at ERROR and counted."""
+
+    REFUSE_PUTS = "REFUSE_PUTS"
+    DELETE_OLDEST = "DELETE_OLDEST"
 
 
 class UnknownSettings(ValueError):
@@ -412,16 +424,16 @@ class StoreConfig:
     )  # fmt: skip
     disk_max_used_space_ratio: int = _setting(
         "diskMaxUsedSpaceRatio", 75, "%", "past this disk usage expired files go at any hour",
-        minimum=0, maximum=100,
+        minimum=1, maximum=99,
     )  # fmt: skip
     disk_space_clean_forcibly_ratio: int = _setting(
         "diskSpaceCleanForciblyRatio", 85, "%",
         "past this disk usage the oldest files go even if not expired",
-        minimum=0, maximum=100,
+        minimum=1, maximum=99,
     )  # fmt: skip
     disk_space_warning_level_ratio: int = _setting(
         "diskSpaceWarningLevelRatio", 90, "%", "past this disk usage puts are rejected",
-        minimum=0, maximum=100,
+        minimum=1, maximum=99,
     )  # fmt: skip
     clean_resource_interval: int = _setting(
         "cleanResourceInterval", 10_000, "ms", "how often the clean-up service looks",
@@ -442,7 +454,13 @@ class StoreConfig:
     )  # fmt: skip
     clean_file_forcibly_enable: bool = _setting(
         "cleanFileForciblyEnable", True, "bool",
-        "past diskSpaceCleanForciblyRatio, delete unexpired files too",
+        "past diskSpaceCleanForciblyRatio, delete unexpired files too (false: never)",
+    )  # fmt: skip
+    disk_full_policy: DiskFullPolicy = _setting(
+        "diskFullPolicy", DiskFullPolicy.REFUSE_PUTS, "policy",
+        "past diskSpaceCleanForciblyRatio: REFUSE_PUTS deletes only files every consumer "
+        "group consumed (or the tier holds), then refuses puts; DELETE_OLDEST deletes the "
+        "oldest files anyway, logging each loss at ERROR",
     )  # fmt: skip
     dispatcher_hold_max_bytes: int = _setting(
         "dispatcherRetentionHoldMaxBytes", 16 * 1024**3, "bytes",
@@ -483,6 +501,16 @@ class StoreConfig:
         "tieredStoreS3Endpoint", "", "url",
         "endpoint of an S3-compatible server (http://host:port); '' = AWS. Credentials come "
         "from the standard AWS environment variables and files",
+    )  # fmt: skip
+    max_msgs_num_batch: int = _setting(
+        "maxMsgsNumBatch", 64, "messages",
+        "most messages one online lookup returns (stratamq message query --max is capped to it)",
+        minimum=1, maximum=100_000,
+    )  # fmt: skip
+    tiered_store_s3_create_bucket: bool = _setting(
+        "tieredStoreS3CreateBucket", False, "bool",
+        "s3: create the bucket of tieredStoreFilePath at start-up when it does not exist "
+        "(false: a missing bucket stops the start with an error naming it)",
     )  # fmt: skip
     tiered_storage_level: TieredStorageLevel = _setting(
         "tieredStorageLevel", TieredStorageLevel.NOT_IN_DISK,
@@ -567,6 +595,12 @@ class StoreConfig:
         "tieredStoreIndexFileMaxIndexNum", 20_000_000, "entries",
         "entries of one tier index file before it is sealed and a new one started",
         minimum=2, maximum=(INT_MAX - 28) // 32,
+    )  # fmt: skip
+    tiered_store_index_file_rolling_idle_interval: int = _setting(
+        "tieredStoreIndexFileRollingIdleInterval", 3 * 60 * 60 * 1000, "ms",
+        "a tier index file that took no entry for this long is sealed and uploaded, full or "
+        "not (RocketMQ's rule; a sealed file is its whole slot table, whatever it holds)",
+        minimum=0, maximum=INT_MAX,
     )  # fmt: skip
     read_ahead_cache_enable: bool = _setting(
         "readAheadCacheEnable", True, "bool",
@@ -738,6 +772,12 @@ class BrokerConfig:
         "address the gRPC server binds (StrataMQ's own key); 0.0.0.0 for every interface",
         check=_name,
     )  # fmt: skip
+    channel_expired_timeout: int = _setting(
+        "channelExpiredTimeout", 120_000, "ms",
+        "a client with no heartbeat (or settings) for this long is dropped from the group's "
+        "clients (RocketMQ's scanNotActiveChannel); clients heartbeat every 10 s",
+        minimum=1000,
+    )  # fmt: skip
     auto_create_topic_enable: bool = _setting(
         "autoCreateTopicEnable", False, "bool",
         "create an unknown topic on first send or route query (NORMAL, defaultTopicQueueNums)",
@@ -810,6 +850,23 @@ class BrokerConfig:
     timer_enable: bool = _setting(
         "timerWheelEnable", True, "bool", "accept DELAY messages (needs the timer service)"
     )
+    transaction_check_interval: int = _setting(
+        "transactionCheckInterval", 30_000, "ms",
+        "how often open transactions are checked back with their producers",
+        minimum=1,
+    )  # fmt: skip
+    transaction_timeout: int = _setting(
+        "transactionTimeOut", 6_000, "ms",
+        "age of a half message before its first check (unless the producer set an orphaned "
+        "transaction recovery duration)",
+        minimum=0,
+    )  # fmt: skip
+    transaction_check_max: int = _setting(
+        "transactionCheckMax", 15, "checks",
+        "checks of one transaction before its half moves to TRANS_CHECK_MAX_TIME_TOPIC "
+        "(logged as an ERROR)",
+        minimum=0,
+    )  # fmt: skip
     acl_enable: bool = _setting("aclEnable", False, "bool", "verify clients' signatures")
     tls_enable: bool = _setting("tlsEnable", False, "bool", "serve gRPC over TLS only")
     metrics_exporter_type: str = _setting(
@@ -866,6 +923,29 @@ class BrokerConfig:
         "tls.server.need.client.auth", "none", "none|optional|require",
         "whether clients must present a certificate signed by tls.server.trustCertPath",
         check=_one_of("none", "optional", "require", fold_case=True),
+    )  # fmt: skip
+    # -- RocketMQ 4.x remoting (stratamq/remoting/) --
+    remoting_listen_port: int = _setting(
+        "remotingListenPort", -1, "port",
+        "port serving RocketMQ 4.x remoting clients (StrataMQ's own key; -1: off, 0: any free "
+        "port; the broker's listen port: one port for both, gRPC relayed to loopback); the "
+        "address registered with namesrvAddr",
+        minimum=-1, maximum=65535,
+    )  # fmt: skip
+    namesrv_addr: str = _setting(
+        "namesrvAddr", "", "host:port;...",
+        "NameServers the broker registers its remoting address and topics with (at start, "
+        "when a topic is created, every registerNameServerPeriod)",
+    )  # fmt: skip
+    message_delay_level: str = _setting(
+        "messageDelayLevel", "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
+        "levels", "delays of RocketMQ 4 delay levels 1, 2, ... (s, m, h, d): DELAY sends and "
+        "consumers' send-backs (%RETRY%<group>) over remoting",
+        check=lambda v: _delay_levels_problem(v),
+    )  # fmt: skip
+    register_name_server_period: int = _setting(
+        "registerNameServerPeriod", 30_000, "ms", "how often the broker registers with namesrvAddr",
+        minimum=10_000, maximum=60_000,
     )  # fmt: skip
 
     # -- a cluster on etcd (issue 28; docs/CLUSTER.md) -------------------------------------------
@@ -926,6 +1006,28 @@ class BrokerConfig:
         if self.enable_controller_mode and not self.etcd_endpoints.strip():
             raise InvalidSetting("enableControllerMode=true needs etcdEndpoints (the etcd "
                                  "members' client URLs)")
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    """``messageDelayLevel`` ("1s 5s 10s ... 2h") as milliseconds per level; ValueError."""
+    units = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+    out = []
+    for item in text.split():
+        number, unit = item[:-1], item[-1:]
+        if unit not in units or not number.isdigit():
+            raise ValueError(f"{item!r} is not a delay like 10s, 1m, 2h or 1d")
+        out.append(int(number) * units[unit])
+    if not out:
+        raise ValueError("no delay level")
+    return out
+
+
+def _delay_levels_problem(value: Any) -> str | None:
+    try:
+        parse_delay_levels(str(value))
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _from_props(cls: type, props: dict[str, str], **overrides: Any) -> Any:

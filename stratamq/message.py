@@ -53,12 +53,14 @@ class PropertiesTooLarge(MessageIllegal):
 
 
 class RecordCorrupt(ValueError):
-    """Bytes at a position are not a valid record; ``reason`` says which check failed."""
+    """Bytes at a position are not a valid record; ``reason`` says which check failed.
+    ``queue_offset``: the queue offset of the unit that pointed there, when a read knows it."""
 
-    def __init__(self, position: int, reason: str) -> None:
+    def __init__(self, position: int, reason: str, queue_offset: int | None = None) -> None:
         super().__init__(f"corrupt record at {position}: {reason}")
         self.position = position
         self.reason = reason
+        self.queue_offset = queue_offset
 
 
 class Host(NamedTuple):

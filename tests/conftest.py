@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -74,12 +75,12 @@ def python_exe() -> str:
     return sys.executable
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    """An 8 MiB tmpfs, mounted for the test and unmounted after: a real, small, full disk."""
-    mnt = tmp_path / "fs"
+@contextlib.contextmanager
+def mounted_tmpfs(mnt: Path, size: str):
+    """A tmpfs of ``size`` (mount's syntax: 8m) at ``mnt`` for the block, unmounted after; the
+    test is skipped where mounting is not permitted."""
     mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"mounting a tmpfs is not permitted here (needs root or CAP_SYS_ADMIN): "
@@ -89,3 +90,10 @@ def tmpfs(tmp_path):
     finally:
         if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """An 8 MiB tmpfs, mounted for the test and unmounted after: a real, small, full disk."""
+    with mounted_tmpfs(tmp_path / "fs", "8m") as mnt:
+        yield mnt

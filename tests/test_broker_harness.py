@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer
 from rocketmq.grpc_protocol import service_pb2_grpc
 
@@ -71,6 +72,22 @@ class BrokerProcess:
         return subprocess.run([sys.executable, "-m", "stratamq.cli", *args, "--endpoint",
                                self.endpoint], cwd=PROJECT, capture_output=True, text=True,
                               timeout=60)
+
+
+@pytest.fixture(scope="module", name="broker")
+def module_broker(tmp_path_factory):
+    """One broker for a test module (import ``module_broker`` and ``module_stub`` to use)."""
+    b = BrokerProcess(tmp_path_factory.mktemp("broker") / "store").start()
+    yield b
+    b.terminate()
+
+
+@pytest.fixture(scope="module", name="stub")
+def module_stub(broker):
+    """A raw stub on the module's broker."""
+    channel, stub = raw_stub(broker)
+    yield stub
+    channel.close()
 
 
 def create_topic(b: BrokerProcess, name: str, queues: int, mtype: str = "NORMAL") -> str:

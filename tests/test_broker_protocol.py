@@ -15,7 +15,13 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
-from test_broker_harness import BrokerProcess, create_topic, raw_stub
+from test_broker_harness import (  # noqa: F401  (module_broker, module_stub: fixtures)
+    BrokerProcess,
+    create_topic,
+    module_broker,
+    module_stub,
+    raw_stub,
+)
 
 from stratamq.broker.convert import inflate_gzip
 from stratamq.broker.errors import BrokerError
@@ -23,20 +29,6 @@ from stratamq.broker.validate import put_status
 from stratamq.store.results import PutMessageStatus
 
 GROUP = "ProtocolGroup"
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    b = BrokerProcess(tmp_path_factory.mktemp("broker") / "store").start()
-    yield b
-    b.terminate()
-
-
-@pytest.fixture(scope="module")
-def stub(broker):
-    channel, stub = raw_stub(broker)
-    yield stub
-    channel.close()
 
 
 def _msg(topic: str, body: bytes = b"payload", **system) -> pb.Message:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from stratamq.config import StoreConfig
+from stratamq.config import DiskFullPolicy, StoreConfig
 from stratamq.message import Message
 from stratamq.store.cleanup import is_time_to_delete, statvfs_used_ratio
 from stratamq.store.layout import segment_name
@@ -29,6 +29,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 HOUR_MS = 3600 * 1000
 SEGMENT = 64 * 1024
 CQ_UNITS = 100  # units per ConsumeQueue file in small_config
+DELETE_OLDEST = DiskFullPolicy.DELETE_OLDEST  # RocketMQ's forced deletion, tested as such
 
 
 class Acked(NamedTuple):
@@ -177,7 +178,7 @@ def test_past_max_used_ratio_expired_files_go_at_any_hour(small_config):
 
 
 def test_past_forcible_ratio_unexpired_oldest_files_go_a_batch_at_a_time(small_config):
-    cfg = config(small_config, delete_file_batch_max=2)
+    cfg = config(small_config, delete_file_batch_max=2, disk_full_policy=DELETE_OLDEST)
     with MessageStore(cfg).open() as store:
         acked = fill(store, 500)
         files = segments(store)
@@ -206,7 +207,8 @@ def test_past_forcible_ratio_unexpired_oldest_files_go_a_batch_at_a_time(small_c
 
 
 def test_the_service_thread_cleans_on_its_own_and_lifts_the_disk_full_mark(small_config):
-    cfg = config(small_config, clean_resource_interval=20, delete_file_batch_max=1)
+    cfg = config(small_config, clean_resource_interval=20, delete_file_batch_max=1,
+                 disk_full_policy=DELETE_OLDEST)
     with MessageStore(cfg).open() as store:
         usage = [0.10]
         store.cleanup.usage_probe = lambda path: usage[0]
@@ -377,7 +379,8 @@ def test_sigkill_in_the_middle_of_a_pass_leaves_a_store_that_reopens(small_confi
 
 def test_puts_are_refused_past_the_warning_ratio_on_a_full_disk_until_clean_up(
         small_config, tmpfs):
-    cfg = config(small_config, store_path_root_dir=str(tmpfs / "store"))
+    cfg = config(small_config, store_path_root_dir=str(tmpfs / "store"),
+                 disk_full_policy=DELETE_OLDEST)
     acked: list[Acked] = []
     with MessageStore(cfg).open() as store:
         store.cleanup.put_check_interval_ms = 0  # look at the disk on every put

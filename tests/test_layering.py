@@ -57,3 +57,14 @@ def test_the_broker_and_the_cli_load_no_spark_and_say_how_to_get_it():
         capture_output=True, text=True, timeout=60)
     assert hidden.returncode == 1, hidden.stderr
     assert "pip install 'stratamq[spark]'" in hidden.stderr
+
+
+def test_the_transaction_engine_is_free_of_any_client_protocol():
+    """``stratamq/transactions`` serves the gRPC adapter and, later, the 4.x remoting protocol:
+    it imports neither the broker nor gRPC nor the protocol's generated modules."""
+    outside = ("stratamq.broker", "stratamq.cli", "stratamq.client", "grpc", "rocketmq",
+               "google.protobuf")
+    offending = {str(p.relative_to(PACKAGE)): sorted(
+        m for m in imports_of(p) if m.startswith(outside))
+        for p in sorted((PACKAGE / "transactions").rglob("*.py"))}
+    assert {k: v for k, v in offending.items() if v} == {}

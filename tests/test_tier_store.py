@@ -302,7 +302,10 @@ def test_index_lookups_from_sealed_and_uploaded_files_after_local_index_is_gone(
     not uploaded) and uploaded, once the store's own index files are deleted."""
     server = S3Server().start()
     try:
-        cfg = tier_config(tmp_path, "s3", server, tiered_store_index_file_max_index_num=120)
+        # Idle interval 0: a flush seals the index file being written (RocketMQ's rule with
+        # tieredStoreIndexFileRollingIdleInterval=0), so every state is reached.
+        cfg = tier_config(tmp_path, "s3", server, tiered_store_index_file_max_index_num=120,
+                          tiered_store_index_file_rolling_idle_interval=0)
         store, tier = open_tiered(cfg)
         fill(store, 150)
         assert tier.flush(60)  # records, then every index file, sealed and uploaded
@@ -340,7 +343,7 @@ def test_restart_after_a_crash_past_an_index_upload_uploads_it_once(tmp_path):
     its size only at the next write: a crash between the two leaves the document saying 0
     bytes and the local file in place. The restart takes the size from the tier, drops the
     local file it recognises, and uploads nothing twice; its keys are found in the tier."""
-    cfg = tier_config(tmp_path)
+    cfg = tier_config(tmp_path, tiered_store_index_file_rolling_idle_interval=0)
     store, tier = open_tiered(cfg)
     fill(store, 60)
     assert tier.flush(60)

@@ -33,11 +33,14 @@ Methods (request -> response):
   "dropped_inflight", "queues": [{"queue_id", "offset"}]}``: RocketMQ's resetOffsetByTime
 * ``BrokerStatus {}`` -> ``{"version", "broker_name", "cluster", "role", "endpoint", "store",
   "uptime_s", "disk": {"total", "used", "free", "used_ratio"}, "commitlog": {"min_offset",
-  "max_offset"}, "dispatch_behind_bytes", "connections", "topics", "groups", "long_polls",
-  "telemetry_streams", "store_identity": {"storeId", "createdTimestamp", "lineage",
-  "lineageTimestamp"}}``: ``long_polls`` receives and pulls waiting for messages now,
-  ``telemetry_streams`` clients' open Telemetry streams, ``store_identity`` the store's id and
-  its CommitLog's lineage (docs/formats/store-identity.md)
+  "max_offset"}, "dispatch_behind_bytes", "disk_full_policy", "disk_full",
+  "unconsumed_deleted": {"files", "messages"}, "connections", "topics", "groups",
+  "long_polls", "telemetry_streams", "store_identity": {"storeId", "createdTimestamp",
+  "lineage", "lineageTimestamp"}}``: ``long_polls`` receives and pulls waiting for messages
+  now, ``telemetry_streams`` clients' open Telemetry streams, ``store_identity`` the store's
+  id and its CommitLog's lineage (docs/formats/store-identity.md); ``disk_full``: puts are
+  refused for a full disk; ``unconsumed_deleted``: what forced clean-up deleted before it was
+  consumed (diskFullPolicy=DELETE_OLDEST)
 
 TOPIC is ``{"topic", "queues", "read_queues", "write_queues", "perm", "type", "attributes",
 "messages"}``;
@@ -62,6 +65,7 @@ from stratamq.broker.ports import Call
 from stratamq.broker.receiving import Run
 from stratamq.broker.rpc import call_of
 from stratamq.client.admin import SERVICE
+from stratamq.client.connection import ANSWERED
 
 if TYPE_CHECKING:
     from stratamq.broker.server import Broker
@@ -207,13 +211,29 @@ class AdminService:
 
     def TopicRoute(self, req: dict[str, Any]) -> dict[str, Any]:
         t = self.b.meta.existing_topic(_field(req, "topic", str))
+        endpoint, may_write = self._routed_endpoint()
         perms = {(True, True): "READ_WRITE", (True, False): "READ", (False, True): "WRITE"}
         return {"topic": t.name, "type": t.message_type, "broker_name": self.b.config.broker_name,
-                "broker_id": 0, "endpoint": self.b.endpoint, "queues": [
+                "broker_id": 0, "endpoint": endpoint, "queues": [
                     {"queue_id": q, "perm": perms.get((q < t.read_queue_nums and bool(t.perm & 4),
-                                                       q < t.write_queue_nums
+                                                       may_write and q < t.write_queue_nums
                                                        and bool(t.perm & 2)), "NONE")}
                     for q in range(t.queue_count)]}
+
+    def _routed_endpoint(self) -> tuple[str, bool]:
+        """The endpoint a client's QueryRoute is told and whether its queues may be written:
+        replication's say (a slave names its master, or itself read-only while the master is
+        down), so the route shown is the one clients act on."""
+        if self.b.replication is None:
+            return self.b.endpoint, True
+        host, port = self.b.advertised
+        told, may_write = self.b.replication.route(pb.Endpoints(
+            scheme=pb.IPv6 if ":" in host else pb.IPv4,
+            addresses=[pb.Address(host=host, port=port)]))
+        address = told.addresses[0]
+        named = (f"[{address.host}]:{address.port}" if ":" in address.host
+                 else f"{address.host}:{address.port}")
+        return named, may_write
 
     def TopicStatus(self, req: dict[str, Any]) -> dict[str, Any]:
         t = self.b.meta.existing_topic(_field(req, "topic", str))
@@ -270,11 +290,25 @@ class AdminService:
                 "commitlog": {"min_offset": self.b.store.min_physical_offset,
                               "max_offset": self.b.store.max_physical_offset},
                 "dispatch_behind_bytes": self.b.store.dispatch_behind_bytes(),
+                **self._disk_policy_status(),
                 "connections": len(self.b.clients), "topics": len(self.b.meta.topics()),
                 "groups": len(self.b.meta.groups()), "long_polls": self.b.polls.total,
                 "telemetry_streams": self.b.telemetry_streams,
                 "store_identity": (self.b.store.identity.as_dict()
                                    if self.b.store.identity is not None else None)}
+
+    def _disk_policy_status(self) -> dict[str, Any]:
+        """The disk-full mark, the policy, and what forced clean-up deleted unconsumed."""
+        cleanup = self.b.store.cleanup
+        return {"disk_full_policy": self.b.store_config.disk_full_policy.value,
+                "disk_full": bool(cleanup is not None and cleanup.disk_full),
+                "unconsumed_deleted": {
+                    "files": cleanup.unconsumed_deleted_files if cleanup else 0,
+                    "messages": cleanup.unconsumed_deleted_messages if cleanup else 0}}
+
+    def ListTransactions(self, req: dict[str, Any]) -> dict[str, Any]:
+        engine = self.b.transactions
+        return {"transactions": engine.open_transactions() if engine is not None else []}
 
     def BrokerInfo(self, req: dict[str, Any]) -> dict[str, Any]:
         return {"broker_name": self.b.config.broker_name,
@@ -286,7 +320,8 @@ _ACTIONS = {"CreateTopic": "Create", "UpdateTopic": "Update", "DeleteTopic": "De
             "ListTopics": "List", "CreateGroup": "Create", "UpdateGroup": "Update",
             "DeleteGroup": "Delete", "ListGroups": "List", "GroupProgress": "Get",
             "BrokerInfo": "Get", "TopicRoute": "Get", "TopicStatus": "Get",
-            "ResetOffset": "Update", "BrokerStatus": "Get"}  # fmt: skip
+            "ResetOffset": "Update", "BrokerStatus": "Get",
+            "ListTransactions": "List"}  # fmt: skip
 
 
 def admin_handler(broker: Broker, run: Run) -> grpc.GenericRpcHandler:
@@ -298,12 +333,13 @@ def admin_handler(broker: Broker, run: Run) -> grpc.GenericRpcHandler:
                           for name, action in _ACTIONS.items()}, run)
 
 
-JsonMethod = Callable[[dict[str, Any]], dict[str, Any]]
+# (request) -> reply; (request, call) -> reply for the methods named in ``with_call``.
+JsonMethod = Callable[..., dict[str, Any]]
 
 
 def json_methods_handler(broker: Broker, service: str,
-                         methods: dict[str, tuple[JsonMethod, str]], run: Run
-                         ) -> grpc.GenericRpcHandler:
+                         methods: dict[str, tuple[JsonMethod, str]], run: Run, *,
+                         with_call: frozenset[str] = frozenset()) -> grpc.GenericRpcHandler:
     """``methods`` (name -> (method, ACL action on the Cluster resource)) as ``grpc.aio``
     handlers of ``service``, the one shape of every StrataMQ admin service: a JSON object in,
     the caller authorized, the method refused on a SLAVE when it changes what the slave copies
@@ -313,7 +349,8 @@ def json_methods_handler(broker: Broker, service: str,
     ALREADY_EXISTS, FAILED_PRECONDITION); a ``BrokerError`` UNAUTHORIZED -> UNAUTHENTICATED,
     FORBIDDEN -> PERMISSION_DENIED, any other -> INVALID_ARGUMENT; ``OSError`` (a disk, a
     tier) -> UNAVAILABLE; anything else is logged and answered INTERNAL, never gRPC's
-    UNKNOWN without a word."""
+    UNKNOWN without a word. The methods named in ``with_call`` get the ``Call`` too (for
+    an ACL check of their own, on the resource they read)."""
 
     def make(name: str, method: JsonMethod, action: str) -> grpc.RpcMethodHandler:
         def work(request: bytes, call: Call) -> bytes:
@@ -322,7 +359,7 @@ def json_methods_handler(broker: Broker, service: str,
             refusal = broker.replication.refusal(name) if broker.replication else None
             if refusal is not None:  # a slave's topics and groups are its master's
                 raise MetadataError("precondition", refusal)
-            return _dumps(method(req))
+            return _dumps(method(req, call) if name in with_call else method(req))
 
         async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             try:
@@ -334,12 +371,14 @@ def json_methods_handler(broker: Broker, service: str,
                         else grpc.StatusCode.PERMISSION_DENIED if exc.code == pb.Code.FORBIDDEN
                         else grpc.StatusCode.INVALID_ARGUMENT)
                 message = exc.message
-            except OSError as exc:
-                code, message = grpc.StatusCode.UNAVAILABLE, f"{type(exc).__name__}: {exc}"
-            except Exception as exc:
+            except OSError as exc:  # its text names the file and the system's reason
+                code, message = grpc.StatusCode.UNAVAILABLE, f"{name}: {exc}"
+            except Exception:
                 log.exception("%s/%s failed", service, name)
-                code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
-            await context.abort(code, message)
+                code, message = grpc.StatusCode.INTERNAL, (
+                    f"{name} failed inside the broker (an internal error, logged with its "
+                    "details at the broker)")
+            await context.abort(code, message, trailing_metadata=(ANSWERED,))
             raise AssertionError("unreachable")  # context.abort raises
 
         return grpc.unary_unary_rpc_method_handler(handle)

@@ -26,7 +26,6 @@ from stratamq.broker.validate import client_type_name
 __all__ = ["ClientRegistry", "ClientService", "ok_status"]
 
 Code = pb.Code
-_LIVE_MS = 60_000  # clients heartbeat every 10 s
 Route = Callable[[pb.Endpoints], tuple[pb.Endpoints, bool]]
 
 
@@ -35,14 +34,19 @@ def ok_status(code: int = Code.OK, message: str = "OK") -> pb.Status:
 
 
 class ClientRegistry:
-    """Clients that heartbeated, by client id: group, type, address, last seen."""
+    """Clients that heartbeated, by client id: group, type, address, last seen.
 
-    def __init__(self) -> None:
+    A client is dropped when it says it is leaving (NotifyClientTermination) or when it has
+    not heartbeated for ``expire_ms`` (``channelExpiredTimeout``, 120 s: RocketMQ's
+    ``ConsumerManager.scanNotActiveChannel``), checked whenever the table is read."""
+
+    def __init__(self, expire_ms: int = 120_000) -> None:
         self._clients: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
+        self.expire_ms = expire_ms
 
     def __len__(self) -> int:
-        return len(self._clients)
+        return len(self.live())
 
     def note(self, call: Call, group: str, client_type: str) -> None:
         with self._lock:
@@ -55,11 +59,15 @@ class ClientRegistry:
             self._clients.pop(call.client_id, None)
 
     def live(self, group: str | None = None) -> list[dict[str, Any]]:
-        """Clients seen in the last minute (of ``group``, or all)."""
-        cutoff = now_ms() - _LIVE_MS
+        """Clients of ``group`` (or all) not expired; each with ``last_seen`` (epoch ms) and
+        ``last_seen_ago_ms``."""
+        now = now_ms()
+        cutoff = now - self.expire_ms
         with self._lock:
-            return [dict(c) for c in self._clients.values()
-                    if (group is None or c["group"] == group) and c["last_seen"] >= cutoff]
+            for client_id in [k for k, c in self._clients.items() if c["last_seen"] < cutoff]:
+                del self._clients[client_id]
+            return [{**c, "last_seen_ago_ms": now - c["last_seen"]}
+                    for c in self._clients.values() if group is None or c["group"] == group]
 
 
 class ClientService:

@@ -27,6 +27,7 @@ from stratamq.broker.validate import (
     MAX_USER_PROPERTY_SIZE,
     USER_PROPERTY_MAX_NUM,
     body_checksum,
+    check_body_digest,
     has_control_character,
 )
 from stratamq.message import Host, Message, Prop, StoredMessage
@@ -92,6 +93,8 @@ def to_store_message(m: pb.Message, peer: Host, max_body: int, *,
     if len(body) > max_body:
         raise BrokerError(Code.MESSAGE_BODY_TOO_LARGE,
                           f"message body cannot exceed the max {max_body}")
+    if sp.HasField("body_digest"):
+        check_body_digest(sp.body_digest, body)
     tag = sp.tag
     sp_keys = sp.keys
     keys = list(sp_keys) if len(sp_keys) else []

@@ -32,6 +32,7 @@ serialises pops and acks of that pair. Acks, invisible-time changes and DLQ move
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -45,7 +46,7 @@ from stratamq.broker.convert import (
     Receipt,
     message_id_of,
 )
-from stratamq.broker.errors import BrokerError
+from stratamq.broker.errors import BrokerError, damage_text
 from stratamq.broker.metadata import (
     GroupConfig,
     MetadataStore,
@@ -55,11 +56,12 @@ from stratamq.broker.metadata import (
 )
 from stratamq.broker.pop_state import InFlight, PopState
 from stratamq.broker.ports import QueueStore
-from stratamq.message import Message, Prop, StoredMessage
+from stratamq.message import Message, Prop, RecordCorrupt, StoredMessage
 from stratamq.store.filter import TagFilter
 from stratamq.store.results import GetMessageStatus
 
 Code = pb.Code
+log = logging.getLogger(__name__)
 
 __all__ = ["PopEngine", "Popped", "now_ms"]
 
@@ -129,6 +131,7 @@ class PopEngine:
             put: dict[tuple[int, int], InFlight] = {}
             delete: list[tuple[int, int]] = []
             cursors: dict[int, int] = {}
+            damage: str | None = None  # a damaged message that stopped a queue, if any
             visible_at = now + invisible_ms
             gen = now
 
@@ -192,20 +195,37 @@ class PopEngine:
                                   GetMessageStatus.MESSAGE_WAS_REMOVING,
                                   GetMessageStatus.OFFSET_TOO_SMALL):
                         new_cursor = got.next_begin_offset
+                    elif status is GetMessageStatus.OFFSET_FOUND_NULL:
+                        # A hole (data lost from the tier): past it, to what exists. Its
+                        # next offset is the cursor itself when the data is there but could
+                        # not be read now: the cursor stays.
+                        new_cursor = max(cursor, got.next_begin_offset)
                     elif status is GetMessageStatus.OFFSET_OVERFLOW_BADLY:
                         new_cursor = got.max_offset  # the queue lost its tail (power cut)
                     else:
                         new_cursor = cursor
-                    for msg in got.messages():
-                        key = (qid, msg.queue_offset)
-                        ne = InFlight(visible_at, 1, gen)
-                        put[key] = ne
-                        out.append(Popped(msg, Receipt(qid, msg.queue_offset, gen, visible_at),
-                                          1, invisible_ms))
+                    try:
+                        for msg in got.messages():
+                            key = (qid, msg.queue_offset)
+                            ne = InFlight(visible_at, 1, gen)
+                            put[key] = ne
+                            out.append(Popped(msg, Receipt(qid, msg.queue_offset, gen,
+                                                           visible_at), 1, invisible_ms))
+                    except RecordCorrupt as exc:
+                        # Delivered up to the damaged message; the queue's cursor stays on
+                        # it, and the other queues are still served.
+                        damage = f"{t}/{qid}: {damage_text(exc)}"
+                        log.error("ReceiveMessage of group %r: %s", g, damage)
+                        if exc.queue_offset is not None:
+                            new_cursor = exc.queue_offset
+                        else:
+                            new_cursor = cursor
                 if new_cursor != cursor or self.state.cursor(g, t, qid) is None:
                     cursors[qid] = new_cursor
             if put or delete or cursors:
                 self.state.apply(g, t, cursors=cursors, put=put, delete=delete)
+            if not out and damage is not None:
+                raise BrokerError(Code.INTERNAL_SERVER_ERROR, damage)
             return out
 
     def _read_one(self, group: str, topic: str, qid: int, offset: int) -> StoredMessage | None:
@@ -317,6 +337,22 @@ class PopEngine:
         self.notify(topic)
 
     # -- progress -------------------------------------------------------------------------------
+
+    def consumed_offsets(self) -> dict[tuple[str, int], dict[str, int]]:
+        """Per (topic, queue id), each group's consumed offset: its pop progress (everything
+        below is acked), else the offset it committed by UpdateOffset; 0 for a queue of the
+        topic it has consumed nothing of. What the store's forced clean-up keeps files for
+        (``MessageStore.set_consumed_offsets``); called from the clean-up thread."""
+        out: dict[tuple[str, int], dict[str, int]] = {}
+        for group, topic in self.state.groups_of():
+            cfg = self.meta.topic(topic)
+            qids = range(cfg.queue_count) if cfg else self.state.cursor_queues(group, topic)
+            for q in qids:
+                done = self.state.committed(group, topic, q)
+                if done is None:
+                    done = self.state.offset(group, topic, q)
+                out.setdefault((topic, q), {})[group] = done or 0
+        return out
 
     def progress(self, group: str) -> list[dict]:
         """Per topic and queue: max offset, the group's consumed offset, in flight, lag."""

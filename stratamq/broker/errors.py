@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["BrokerError"]
+from stratamq.message import RecordCorrupt
+
+__all__ = ["BrokerError", "damage_text"]
 
 
 class BrokerError(Exception):
@@ -16,3 +18,10 @@ class BrokerError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def damage_text(exc: RecordCorrupt) -> str:
+    """A damaged stored record, said with where it is (for a status message and the log)."""
+    at_queue = f"queue offset {exc.queue_offset}, " if exc.queue_offset is not None else ""
+    return (f"the stored message at {at_queue}CommitLog offset {exc.position} is damaged "
+            f"({exc.reason}); it cannot be served until the store is repaired")

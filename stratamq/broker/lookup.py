@@ -41,8 +41,10 @@ class Lookup:
     def topic(self, name: str, *, create: bool = False) -> TopicConfig:
         # System topics (e.g. the timer's rmq_sys_wheel_timer, holding not-yet-due DELAY
         # messages) are internal: neither routed, written, read nor auto-created for clients.
-        check_topic(name)
+        # A topic loaded from stored data under a name today's rule refuses is served as it is.
         cfg = self.meta.topic(name)
+        if cfg is None or not cfg.stored_name:
+            check_topic(name)
         if cfg is None and create and self.config.auto_create_topic_enable:
             cfg = self.meta.create_topic(name, self.config.default_topic_queue_nums,
                                          exist_ok=True)
@@ -54,8 +56,9 @@ class Lookup:
         """The group's config; an unknown group is created when autoCreateSubscriptionGroup
         is on, and with ACL only for an account that may create groups (the admin): any
         signed-in client could otherwise fill the broker with groups."""
-        check_group(name)
         cfg = self.meta.group(name)
+        if cfg is None or not cfg.stored_name:  # (stored_name: see topic)
+            check_group(name)
         if cfg is None and self.config.auto_create_subscription_group:
             try:
                 self.authorize(call, f"Group:{name}", "Create")

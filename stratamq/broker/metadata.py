@@ -8,9 +8,13 @@ broker's files load here and ours load there. A write goes to ``<file>.tmp``, is
 renamed over the file (the previous version is kept as ``<file>.bak`` like RocketMQ does), so a
 kill at any moment leaves either the old or the new table, never a torn one.
 
-Loading checks every entry against the limits the admin API applies (names, queue counts, message
-type, retry times) and refuses a file that breaks one with a MetadataError naming the file, the
-entry and the key; it never rewrites the file.
+Loading checks every entry against the limits the admin API applies (queue counts, message type,
+retry times) and refuses a file that breaks one with a MetadataError naming the file, the entry
+and the key; it never rewrites the file. Names are the exception: the name rule applies to names
+being created, while a name already in stored data that breaks it (Apache RocketMQ creates
+``%DLQ%<group>`` for any group its clients name, dots included) is loaded with a WARNING and
+marked ``stored_name``, so the broker starts and serves what the store holds; only a name that
+could not be a file name (empty, "/", ".", "..", control characters, over 255 bytes) is refused.
 
 Thread-safety: every method may be called from any thread (one lock per table).
 """
@@ -18,6 +22,7 @@ Thread-safety: every method may be called from any thread (one lock per table).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +45,8 @@ from stratamq.store.layout import StoreLayout
 
 __all__ = ["GroupConfig", "MetadataError", "MetadataStore", "TopicConfig", "MESSAGE_TYPES",
            "DEFAULT_RETRY_BACKOFF_MS", "dlq_topic", "retry_topic"]
+
+log = logging.getLogger(__name__)
 
 MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
 PERM_READ, PERM_WRITE, PERM_INHERIT = 4, 2, 1
@@ -100,6 +107,47 @@ def check_topic_name(name: str) -> None:
             if name.startswith(prefix) and is_valid_name(name[len(prefix):], NAME_MAX_LENGTH):
                 return
     check_name("topic", name)
+
+
+# Longest stored name: a topic is a directory name (NAME_MAX bytes).
+STORED_NAME_MAX_BYTES = 255
+
+
+def stored_name_problem(name: object) -> str | None:
+    """Why a name found in stored data cannot be loaded even outside today's rule (it could
+    not be a directory name, or would be a path), or None."""
+    if not isinstance(name, str) or not name:
+        return "a name must be a non-empty string"
+    if name in (".", "..") or "/" in name or "\\" in name:
+        return f"name {name!r} would be a path, not a name"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        return f"name {name[:80]!r} holds control characters"
+    if len(name.encode("utf-8")) > STORED_NAME_MAX_BYTES:
+        return f"name {name[:40]!r}... is longer than {STORED_NAME_MAX_BYTES} bytes"
+    return None
+
+
+_WARNED_NAMES: set[tuple[str, str]] = set()
+
+
+def _check_stored_name(what: str, name: str, check: Callable[[str], None]) -> bool:
+    """Load ``name`` (a ``what`` found in a config file): True when it passes today's rule
+    (``check``); False, with a WARNING, when it breaks it but can be held; ValueError when
+    it cannot be held at all."""
+    try:
+        check(name)
+        return True
+    except MetadataError as exc:
+        problem = stored_name_problem(name)
+        if problem is not None:
+            raise ValueError(f"{exc} ({problem})") from None
+        if (what, name) in _WARNED_NAMES:  # once per process: a slave reloads at every sync
+            return False
+        _WARNED_NAMES.add((what, name))
+        log.warning("%s %r breaks today's name rule (letters, digits and %% | _ - only, at "
+                    "most %d characters): loaded as stored data holds it, served, but a %s of "
+                    "that name could not be created now", what, name, NAME_MAX_LENGTH, what)
+        return False
 
 
 def _check_queues(queues: int) -> None:
@@ -196,6 +244,8 @@ class TopicConfig:
     perm: int = PERM_READ | PERM_WRITE
     message_type: str = "NORMAL"
     attributes: dict[str, str] = field(default_factory=dict)  # besides message.type
+    # Loaded from stored data with a name today's rule refuses (see the module docstring).
+    stored_name: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         # Looked up for every dispatched record and every send: computed once.
@@ -219,8 +269,8 @@ class TopicConfig:
         ValueError names the key that is wrong."""
         d = _named(name, d, "topicName")
         try:
-            check_topic_name(name)
-        except MetadataError as exc:
+            valid_name = _check_stored_name("topic", name, check_topic_name)
+        except ValueError as exc:
             raise ValueError(f"key 'topicName': {exc}") from None
         attrs = _get(d, "attributes", dict, {})
         mtype = attrs.get("message.type") or attrs.get("+message.type")
@@ -236,7 +286,7 @@ class TopicConfig:
         return cls(name, _get_int(d, "readQueueNums", 8, 1, MAX_QUEUES),
                    _get_int(d, "writeQueueNums", 8, 1, MAX_QUEUES),
                    _get_int(d, "perm", PERM_READ | PERM_WRITE, 0, PERM_ALL), mtype.upper(),
-                   extra)
+                   extra, stored_name=not valid_name)
 
 
 @dataclass
@@ -246,6 +296,8 @@ class GroupConfig:
     consume_message_orderly: bool = False
     retry_max_times: int = 16
     retry_backoff_ms: list[int] = field(default_factory=lambda: list(DEFAULT_RETRY_BACKOFF_MS))
+    # Loaded from stored data with a name today's rule refuses (see the module docstring).
+    stored_name: bool = field(default=False, compare=False)
 
     @property
     def max_delivery_attempts(self) -> int:
@@ -267,8 +319,8 @@ class GroupConfig:
         ValueError names the key that is wrong."""
         d = _named(name, d, "groupName")
         try:
-            check_name("group", name)
-        except MetadataError as exc:
+            valid_name = _check_stored_name("group", name, lambda n: check_name("group", n))
+        except ValueError as exc:
             raise ValueError(f"key 'groupName': {exc}") from None
         policy = _get(_get(d, "groupRetryPolicy", dict, {}), "customizedRetryPolicy", dict, {})
         backoff = _get(policy, "next", list, [])
@@ -278,7 +330,7 @@ class GroupConfig:
         return cls(name, _get(d, "consumeEnable", bool, True),
                    _get(d, "consumeMessageOrderly", bool, False),
                    _get_int(d, "retryMaxTimes", 16, 0, MAX_RETRY_TIMES),
-                   list(backoff) or list(DEFAULT_RETRY_BACKOFF_MS))
+                   list(backoff) or list(DEFAULT_RETRY_BACKOFF_MS), stored_name=not valid_name)
 
 
 class _JsonTable:
@@ -291,6 +343,7 @@ class _JsonTable:
         self.lock = threading.RLock()
         self.entries: dict[str, Any] = {}
         self.counter = 0
+        self.listeners: list[Callable[[], None]] = []  # called after each save
         if path.exists():
             self._load(load_entry)
 
@@ -347,6 +400,8 @@ class _JsonTable:
                                     sorted(self.entries.items())}}  # fmt: skip
             data = json.dumps(doc, indent=2, sort_keys=True).encode("utf-8")
             atomic_write(self.path, data, backup=True)
+        for listener in self.listeners:
+            listener()
 
 
 class MetadataStore:
@@ -362,6 +417,16 @@ class MetadataStore:
 
     # -- topics ---------------------------------------------------------------------------------
 
+    @property
+    def topics_version(self) -> int:
+        """The topic table's ``dataVersion.counter``: one more after each change."""
+        return self._topics.counter
+
+    def add_topics_listener(self, listener: Callable[[], None]) -> None:
+        """``listener()`` after each change of the topic table, on the changing thread (the
+        remoting broker registers with its NameServers at once)."""
+        self._topics.listeners.append(listener)
+
     def topic(self, name: str) -> TopicConfig | None:
         return self._topics.entries.get(name)
 
@@ -374,6 +439,9 @@ class MetadataStore:
     def create_topic(self, name: str, queues: int, message_type: str = "NORMAL",
                      *, exist_ok: bool = False,
                      attributes: dict[str, Any] | None = None) -> TopicConfig:
+        stored = self._topics.entries.get(name)
+        if exist_ok and stored is not None and stored.stored_name:
+            return stored  # (a loaded name today's rule refuses: it exists, nothing to create)
         check_topic_name(name)
         if is_system_topic(name):
             raise MetadataError("invalid", f"topic name {name!r} is reserved for the broker's "
@@ -467,6 +535,9 @@ class MetadataStore:
     def create_group(self, name: str, *, retry_max_times: int | None = None,
                      orderly: bool = False, retry_backoff_ms: list[int] | None = None,
                      exist_ok: bool = False) -> GroupConfig:
+        stored = self._groups.entries.get(name)
+        if exist_ok and stored is not None and stored.stored_name:
+            return stored  # (as create_topic)
         check_name("group", name)
         with self._groups.lock:
             existing = self._groups.entries.get(name)

@@ -33,6 +33,10 @@ stratamq_acks_total                         messages acked {topic, consumer_grou
 stratamq_put_latency_seconds                histogram: the store put of one SendMessage
 stratamq_flush_latency_seconds              histogram: one CommitLog flush pass
 stratamq_disk_used_ratio                    used fraction of the store's file system
+stratamq_disk_full                          1 while puts are refused for a full disk
+stratamq_unconsumed_deleted_files_total     CommitLog files forced clean-up deleted while
+                                            they held unconsumed messages (DELETE_OLDEST)
+stratamq_unconsumed_deleted_messages_total  the unconsumed messages they held (per group)
 ==========================================  ===================================================
 
 Thread-safety: every ``on_*`` method may be called from any thread (prometheus-client locks).
@@ -49,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from stratamq.store.message_store import MessageStore
@@ -192,7 +196,7 @@ class _StoreCollector(Collector):
         g.add_metric([*self.node, *extra.values()], value)
         return g
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         store = self.store
         if not store.is_open:
             return
@@ -213,6 +217,19 @@ class _StoreCollector(Collector):
         usage = shutil.disk_usage(root)
         yield self._gauge("stratamq_disk_used_ratio", "used fraction of the store's file system",
                           (usage.total - usage.free) / usage.total)
+        cleanup = store.cleanup
+        if cleanup is not None:
+            yield self._gauge("stratamq_disk_full", "1 while puts are refused for a full disk",
+                              int(cleanup.disk_full))
+            for name, doc, value in (
+                ("stratamq_unconsumed_deleted_files", "CommitLog files deleted by forced "
+                 "clean-up while they held unconsumed messages",
+                 cleanup.unconsumed_deleted_files),
+                ("stratamq_unconsumed_deleted_messages", "unconsumed messages deleted by "
+                 "forced clean-up", cleanup.unconsumed_deleted_messages)):
+                counter = CounterMetricFamily(name, doc, labels=list(_NODE))
+                counter.add_metric(list(self.node), value)
+                yield counter
         if self.view is not None:
             yield from self._consumers(self.view)
         if self.timer is not None and getattr(self.timer, "db", None) is not None:

@@ -13,25 +13,28 @@ polls. Thread-safety: the sync methods from any thread; ``pull`` on the loop of 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from stratamq.broker.clients import ok_status
 from stratamq.broker.convert import to_pb_message, valid_timestamp_ms
-from stratamq.broker.errors import BrokerError
+from stratamq.broker.errors import BrokerError, damage_text
 from stratamq.broker.lookup import Lookup
 from stratamq.broker.metadata import TopicConfig
 from stratamq.broker.polling import LongPolls
 from stratamq.broker.pop_state import PopState
 from stratamq.broker.ports import Call, MessageReader
 from stratamq.broker.receiving import Run, message_type_of
+from stratamq.message import RecordCorrupt
 from stratamq.store.filter import TagFilter
 from stratamq.store.results import GetMessageStatus
 
-__all__ = ["PULL_FORMAT_KEY", "PULL_FORMAT_RECORDS", "PullService"]
+__all__ = ["PULL_FORMAT_KEY", "PULL_FORMAT_RECORDS", "PullService", "consumer_offset"]
 
 Code = pb.Code
+log = logging.getLogger(__name__)
 
 # PullMessage metadata asking for raw CommitLog records as bodies (StrataMQ's Spark source).
 PULL_FORMAT_KEY, PULL_FORMAT_RECORDS = "x-stratamq-pull-format", "records"
@@ -40,6 +43,13 @@ _Answer = list[svc.PullMessageResponse] | None  # None: at the end of the queue
 
 _FOUND = (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
           GetMessageStatus.MESSAGE_WAS_REMOVING)
+
+
+def consumer_offset(state: PopState, group: str, topic: str, qid: int) -> int | None:
+    """A group's consumer offset of a queue, whichever protocol committed it (gRPC's
+    ``UpdateOffset``, remoting's ``UPDATE_CONSUMER_OFFSET``), else its pop progress."""
+    offset = state.offset(group, topic, qid)
+    return state.committed(group, topic, qid) if offset is None else offset
 
 
 def _record_message(record: object, topic: str, qid: int) -> pb.Message:
@@ -105,12 +115,32 @@ class PullService:
         with got:
             st = got.status
             if st in _FOUND:
-                messages = [_record_message(r, topic.name, qid) for r in got.records] \
-                    if records else [to_pb_message(m, message_type=message_type_of(m, topic))
-                                     for m in got.messages()]
+                next_offset = got.next_begin_offset
+                if records:
+                    messages = [_record_message(r, topic.name, qid) for r in got.records]
+                else:
+                    messages = []
+                    try:
+                        for m in got.messages():
+                            messages.append(to_pb_message(
+                                m, message_type=message_type_of(m, topic)))
+                    except RecordCorrupt as exc:
+                        # The messages before the damage are served; the pull that starts
+                        # at the damaged one is refused, saying where it is.
+                        where = f"PullMessage of {topic.name}/{qid}: {damage_text(exc)}"
+                        log.error("%s", where)
+                        if not messages or exc.queue_offset is None:
+                            raise BrokerError(Code.INTERNAL_SERVER_ERROR, where) from None
+                        next_offset = exc.queue_offset
                 return [svc.PullMessageResponse(status=ok_status()),
                         *(svc.PullMessageResponse(message=m) for m in messages),
-                        svc.PullMessageResponse(next_offset=got.next_begin_offset)]
+                        svc.PullMessageResponse(next_offset=next_offset)]
+            if st is GetMessageStatus.OFFSET_FOUND_NULL:
+                if got.next_begin_offset <= request.offset:
+                    # Held, but it could not be read now (the tier did not answer): wait as
+                    # at the end of the queue and read again, rather than spin the caller.
+                    return None
+                return self._hole(request.offset, got.next_begin_offset)
             if st is GetMessageStatus.OFFSET_TOO_SMALL:
                 return [svc.PullMessageResponse(status=ok_status(
                     Code.ILLEGAL_OFFSET, f"offset {request.offset} is below the queue's min "
@@ -123,6 +153,18 @@ class PullService:
                     f"{got.max_offset}")),
                     svc.PullMessageResponse(next_offset=got.max_offset)]
         return None  # at the end of the queue (or the queue was never written)
+
+    @staticmethod
+    def _hole(offset: int, next_offset: int) -> list[svc.PullMessageResponse]:
+        """The answer where the queue holds ``offset`` but no source has its message (a hole:
+        lost from the tier, or removed locally before it was tiered): RocketMQ's broker
+        answers ``OFFSET_FOUND_NULL`` with ``PULL_NOT_FOUND`` and the next offset past the
+        hole, so a reader crosses all of it in one pull."""
+        why = (f"no message can be read at offsets {offset}..{next_offset - 1} (lost from the "
+               f"tier, see tier status, or removed before it was tiered); continue from "
+               f"{next_offset}")
+        return [svc.PullMessageResponse(status=ok_status(Code.MESSAGE_NOT_FOUND, why)),
+                svc.PullMessageResponse(next_offset=next_offset)]
 
     def start(self, request: svc.PullMessageRequest, call: Call, records: bool
               ) -> tuple[TopicConfig, int, TagFilter, int, int, _Answer]:
@@ -179,9 +221,7 @@ class PullService:
         self.lookup.authorize(call, f"Topic:{request.message_queue.topic.name}", "Get")
         group = self.lookup.group(request.group.name, call)
         topic, qid = self.lookup.named_queue(request.message_queue)
-        offset = self.state.offset(group.name, topic.name, qid)
-        if offset is None:
-            offset = self.state.committed(group.name, topic.name, qid)
+        offset = consumer_offset(self.state, group.name, topic.name, qid)
         if offset is None:
             raise BrokerError(Code.OFFSET_NOT_FOUND,
                               f"group {group.name!r} has no offset for {topic.name}/{qid}")

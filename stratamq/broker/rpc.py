@@ -10,8 +10,13 @@ hands the request to the logic (``clients.py``, ``sending.py``, ``receiving.py``
 metadata writes) run in the broker's executor (``run``); a send awaits the single writer
 (``writer.py``); a long poll awaits a registered waiter (``polling.py``). An open ``Telemetry``
 stream or a waiting receive is a suspended coroutine, not a thread. Every failure is answered
-with a ``Status`` (``BrokerError`` -> its code, ``MetadataError`` -> BAD_REQUEST, a bug ->
-INTERNAL_ERROR); nothing a client sends crashes the broker.
+with a ``Status`` (``BrokerError`` -> its code, ``MetadataError`` -> BAD_REQUEST, a damaged
+stored record or a bug -> INTERNAL_SERVER_ERROR, as the proxy's ``ResponseBuilder`` answers
+what it has no mapping for), with a message that names the RPC and the topic / queue / offset
+it concerns, never a Python exception's class or text; nothing a client sends crashes the
+broker. A request that is no valid protobuf (bad wire format, a string field that is not
+UTF-8) is answered with gRPC ``INVALID_ARGUMENT`` and one WARNING line (``messaging_handler``
+decodes requests itself: grpc.aio would answer UNKNOWN and log a traceback per request).
 
 RPCs:
 
@@ -20,10 +25,16 @@ RPCs:
   type. Unknown topic: ``TOPIC_NOT_FOUND`` (auto-create is off by default).
 * ``Heartbeat`` / ``NotifyClientTermination``: the broker tracks live clients per group.
 * ``Telemetry``: each ``settings`` command is answered with the broker's settings
-  (``ClientService.settings``).
+  (``ClientService.settings``); a producer's stream also carries the broker's transaction
+  checks (``RecoverOrphanedTransactionCommand``, see ``broker/transactions.py``).
 * ``SendMessage``: NORMAL / FIFO (the message group picks the queue by hash) / DELAY (held in
-  the timer topic; ``UNSUPPORTED`` when no timer service runs). The message type must match
-  the topic's. One put per request, combined with concurrent requests' puts by the writer.
+  the timer topic; ``UNSUPPORTED`` when no timer service runs) / TRANSACTION (stored as a half
+  message, answered with its transaction id). The message type must match the topic's. One put
+  per request, combined with concurrent requests' puts by the writer. A ``body_digest`` that
+  does not match the body refuses the request ``MESSAGE_CORRUPTED``.
+* ``EndTransaction``: commit or roll back a half message (``broker/transactions.py``); open
+  ones are checked back with a ``RecoverOrphanedTransactionCommand`` down a producer's
+  ``Telemetry`` stream.
 * ``ReceiveMessage`` (server stream: status, then the messages, then the delivery timestamp),
   ``AckMessage``, ``ChangeInvisibleDuration``, ``ForwardMessageToDeadLetterQueue``,
   ``QueryAssignment`` (one assignment per topic with queue id -1: a receive pops across every
@@ -43,10 +54,13 @@ Offset-based reads, for replaying a queue from any offset (what the Spark source
   offset to pull from next (it moves past messages the tag filter skipped). Status ``OK`` when
   the pull read something (possibly zero messages after filtering, with ``next_offset``
   advanced); ``MESSAGE_NOT_FOUND`` when ``offset`` is the end of the queue and nothing arrived
-  within ``long_polling_timeout``; ``ILLEGAL_OFFSET`` when ``offset`` is below the min offset
-  (retention removed it) or past the end, with ``next_offset`` set to the min / max offset to
-  resume from. A reader replays ``[start, end)`` by pulling from ``start`` and following
-  ``next_offset`` until it reaches ``end`` (from ``QueryOffset END`` taken at the start).
+  within ``long_polling_timeout``, or (at once, with ``next_offset`` past it) when ``offset``
+  is in a hole the queue's sources no longer hold (data lost from the tier: RocketMQ's
+  ``OFFSET_FOUND_NULL`` -> ``PULL_NOT_FOUND``; the whole hole in one answer);
+  ``ILLEGAL_OFFSET`` when ``offset`` is below the min offset (retention removed it) or past
+  the end, with ``next_offset`` set to the min / max offset to resume from. A reader replays
+  ``[start, end)`` by pulling from ``start`` and following ``next_offset`` until it reaches
+  ``end`` (from ``QueryOffset END`` taken at the start).
   Pulls keep no state and need no consumer group registration (the group name is only used
   for logging and access control).
   With request metadata ``x-stratamq-pull-format: records`` (StrataMQ's Spark source) the
@@ -54,10 +68,13 @@ Offset-based reads, for replaying a queue from any offset (what the Spark source
   CommitLog record (``system_properties`` carry only ``queue_id`` and ``queue_offset``).
 * ``UpdateOffset`` / ``GetOffset``: a pull consumer's committed offset per (group, queue),
   durable; ``GetOffset`` falls back to the group's pop progress, else ``OFFSET_NOT_FOUND``.
+  Any offset >= 0 is kept, past the queue's end too, as RocketMQ's broker commits it
+  (``ConsumerManageProcessor.updateConsumerOffset`` has no bound); the pull from it answers
+  ``ILLEGAL_OFFSET`` with the max offset as ``next_offset`` (the broker's
+  OFFSET_OVERFLOW_BADLY, which moves a RocketMQ consumer's offset back).
 
-Not supported (answered ``NOT_IMPLEMENTED``): transactions (``EndTransaction``),
-``RecallMessage``, lite topics (``SyncLiteSubscription``), SQL92 filters
-(``ILLEGAL_FILTER_EXPRESSION``).
+Not supported (answered ``NOT_IMPLEMENTED``): ``RecallMessage``, lite topics
+(``SyncLiteSubscription``), SQL92 filters (``ILLEGAL_FILTER_EXPRESSION``).
 
 Thread-safety: every handler runs on the broker's event loop; the logic it calls in the
 executor is thread-safe (see each module).
@@ -79,7 +96,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
 from stratamq.broker.clients import ClientService, ok_status
-from stratamq.broker.errors import BrokerError
+from stratamq.broker.errors import BrokerError, damage_text
 from stratamq.broker.lookup import Lookup
 from stratamq.broker.metadata import MetadataError
 from stratamq.broker.ports import Call
@@ -87,11 +104,12 @@ from stratamq.broker.pulling import PULL_FORMAT_KEY, PULL_FORMAT_RECORDS, PullSe
 from stratamq.broker.receiving import ReceiveService, Run
 from stratamq.broker.sending import SendService
 from stratamq.broker.writer import GroupWriter
+from stratamq.message import RecordCorrupt
 
 log = logging.getLogger(__name__)
 Code = pb.Code
 
-__all__ = ["MessagingServicer", "Services", "call_of"]
+__all__ = ["MessagingServicer", "Services", "call_of", "messaging_handler", "subject_of"]
 
 
 def call_of(context: grpc.aio.ServicerContext) -> Call:
@@ -135,16 +153,120 @@ def _code_name(code: int) -> str:
     return _CODE_NAMES.get(code) or str(code)
 
 
-def _failure(name: str, response_cls: type, exc: Exception) -> Any:
-    """The answer to a call that raised ``exc`` (called in its ``except`` block): a
-    ``BrokerError`` its code, a ``MetadataError`` BAD_REQUEST, anything else (a bug, logged)
-    INTERNAL_ERROR; a bug must cost one request, not the broker."""
+def subject_of(request: Any) -> str:
+    """What a request is about, for an error message: its queue, topic or group."""
+    fields = request.DESCRIPTOR.fields_by_name
+    if "message_queue" in fields and request.HasField("message_queue"):
+        mq = request.message_queue
+        queue = f" queue {mq.id}" if mq.id >= 0 else ""
+        at = f" at offset {request.offset}" if "offset" in fields else ""
+        return f"topic {mq.topic.name!r}{queue}{at}"
+    if "topic" in fields and request.HasField("topic"):
+        return f"topic {request.topic.name!r}"
+    if "messages" in fields and len(request.messages):
+        return f"topic {request.messages[0].topic.name!r}"
+    if "group" in fields and request.HasField("group"):
+        return f"group {request.group.name!r}"
+    return "the request"
+
+
+def failure_status(name: str, request: Any, exc: Exception) -> pb.Status:
+    """The status of a call that raised ``exc`` (called in its ``except`` block): a
+    ``BrokerError`` its code, a ``MetadataError`` BAD_REQUEST, a damaged stored record or
+    anything else (a bug, logged with its traceback) INTERNAL_SERVER_ERROR, as the proxy's
+    ResponseBuilder answers what it has no mapping for. The message names the RPC and what
+    the request concerns, never the Python exception: a bug must cost one request, not the
+    broker, and tell the client nothing of its insides."""
     if isinstance(exc, BrokerError):
-        return response_cls(status=ok_status(exc.code, exc.message))
+        return ok_status(exc.code, exc.message)
     if isinstance(exc, MetadataError):
-        return response_cls(status=ok_status(Code.BAD_REQUEST, str(exc)))
-    log.exception("%s failed", name)
-    return response_cls(status=ok_status(Code.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"))
+        return ok_status(Code.BAD_REQUEST, str(exc))
+    subject = subject_of(request) if request is not None else "the request"
+    if isinstance(exc, RecordCorrupt):
+        text = f"{name} of {subject}: {damage_text(exc)}"
+        log.error("%s", text)
+        return ok_status(Code.INTERNAL_SERVER_ERROR, text)
+    log.exception("%s of %s failed", name, subject)
+    return ok_status(Code.INTERNAL_SERVER_ERROR,
+                     f"{name} of {subject} failed inside the broker (an internal error, "
+                     "logged with its details at the broker)")
+
+
+def _failure(name: str, response_cls: type, exc: Exception, request: Any = None) -> Any:
+    return response_cls(status=failure_status(name, request, exc))
+
+
+class Undecodable:
+    """What ``messaging_handler``'s decoders give for bytes that are no valid request."""
+
+    __slots__ = ("method", "problem")
+
+    def __init__(self, method: str, problem: str) -> None:
+        self.method, self.problem = method, problem
+
+
+def _decoder(method: str, request_cls: Any) -> Callable[[bytes], Any]:
+    parse = request_cls.FromString
+
+    def decode(raw: bytes) -> Any:
+        try:
+            return parse(raw)
+        except DecodeError as exc:  # bad wire format, or a string that is not UTF-8
+            return Undecodable(method, str(exc))
+
+    return decode
+
+
+async def _refuse_undecodable(request: Undecodable, context: grpc.aio.ServicerContext) -> None:
+    log.warning("%s from %s: undecodable request: %s", request.method, context.peer(),
+                request.problem)
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"{request.method}: the request is not a valid protobuf message "
+                        f"({request.problem})")
+
+
+def messaging_handler(servicer: MessagingServicer) -> grpc.GenericRpcHandler:
+    """``apache.rocketmq.v2.MessagingService`` with ``servicer``'s methods, built from the
+    service's descriptor as the generated ``add_MessagingServiceServicer_to_server`` builds it,
+    but with decoders that turn undecodable bytes into INVALID_ARGUMENT (one WARNING line)
+    instead of grpc.aio's UNKNOWN "Unexpected <class DecodeError>" and a logged traceback."""
+    service = svc.DESCRIPTOR.services_by_name["MessagingService"]
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in service.methods:
+        name = method.name
+        request_cls = getattr(svc, method.input_type.name)
+        response_cls = getattr(svc, method.output_type.name)
+        impl = getattr(servicer, name)
+        kwargs = {"request_deserializer": _decoder(name, request_cls),
+                  "response_serializer": response_cls.SerializeToString}
+        if method.client_streaming:  # Telemetry: each frame is checked by the servicer
+            handlers[name] = grpc.stream_stream_rpc_method_handler(impl, **kwargs)
+        elif method.server_streaming:
+            handlers[name] = grpc.unary_stream_rpc_method_handler(_checked_stream(impl),
+                                                                  **kwargs)
+        else:
+            handlers[name] = grpc.unary_unary_rpc_method_handler(_checked_unary(impl), **kwargs)
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+def _checked_unary(impl: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if request.__class__ is Undecodable:
+            await _refuse_undecodable(request, context)
+        return await impl(request, context)
+
+    return handle
+
+
+def _checked_stream(impl: Callable[..., AsyncIterator[Any]]
+                    ) -> Callable[..., AsyncIterator[Any]]:
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if request.__class__ is Undecodable:
+            await _refuse_undecodable(request, context)
+        async for response in impl(request, context):
+            yield response
+
+    return handle
 
 
 @dataclass
@@ -159,6 +281,9 @@ class Services:
     writer: GroupWriter
     run: Run
     metrics: Callable[[], Any]  # the current metrics sink (on_rpc)
+    # broker/transactions.py: EndTransaction, and the producers' streams checks go down.
+    transactions: Any = None
+    producers: Any = None
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
@@ -173,12 +298,12 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         self.telemetry_tasks: set[asyncio.Task[Any]] = set()
 
     async def _answer(self, name: str, response_cls: type,
-                      work: Callable[[], Awaitable[Any]]) -> Any:
+                      work: Callable[[], Awaitable[Any]], request: Any = None) -> Any:
         started = time.perf_counter()
         try:
             response = await work()
         except Exception as exc:
-            response = _failure(name, response_cls, exc)
+            response = _failure(name, response_cls, exc, request)
         self.s.metrics().on_rpc(name, _code_name(response.status.code),
                                 time.perf_counter() - started)
         return response
@@ -186,19 +311,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     def _blocking(self, name: str, response_cls: type, fn: Callable[..., Any],
                   request: Any, context: grpc.aio.ServicerContext) -> Awaitable[Any]:
         call = call_of(context)
-        return self._answer(name, response_cls, lambda: self.run(fn, request, call))
+        return self._answer(name, response_cls, lambda: self.run(fn, request, call), request)
 
     async def _stream(self, name: str, response_cls: type,
-                      work: Callable[[], Awaitable[list[Any]]]) -> AsyncIterator[Any]:
+                      work: Callable[[], Awaitable[list[Any]]],
+                      request: Any) -> AsyncIterator[Any]:
         started = time.perf_counter()
         try:
             responses = await work()
-        except BrokerError as exc:
-            responses = [response_cls(status=ok_status(exc.code, exc.message))]
         except Exception as exc:
-            log.exception("%s failed", name)
-            responses = [response_cls(status=ok_status(Code.INTERNAL_ERROR,
-                                                       f"{type(exc).__name__}: {exc}"))]
+            responses = [_failure(name, response_cls, exc, request)]
         code = next((r.status.code for r in responses if r.HasField("status")), Code.OK)
         for response in responses:
             yield response
@@ -228,23 +350,50 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         if task is not None:
             self.telemetry_tasks.add(task)
         call = call_of(context)
+        # Answers to the client's commands and commands of the broker's own (a transaction
+        # check) share the stream: both go through this outbox, read in one place.
+        outbox: asyncio.Queue[Any] = asyncio.Queue()
+        producers = self.s.producers
+
+        async def read() -> None:
+            try:
+                async for cmd in request_iterator:
+                    if cmd.__class__ is Undecodable:
+                        outbox.put_nowait(cmd)  # refused where the stream is answered
+                        return
+                    if cmd.HasField("settings"):
+                        answer = await self.run(self.s.clients.settings, cmd.settings, call)
+                        if producers is not None and cmd.settings.HasField("publishing"):
+                            producers.register(outbox, frozenset(
+                                t.name for t in cmd.settings.publishing.topics))
+                        outbox.put_nowait(answer)
+            except BaseException as exc:
+                outbox.put_nowait(exc)
+            else:
+                outbox.put_nowait(None)
+
+        reader: asyncio.Future[None] | None = None
         try:
             self.s.lookup.authorize(call, "Cluster", "Get")
-            async for cmd in request_iterator:
-                if cmd.HasField("settings"):
-                    yield await self.run(self.s.clients.settings, cmd.settings, call)
+            reader = asyncio.ensure_future(read())
+            while (item := await outbox.get()) is not None:
+                if item.__class__ is Undecodable:  # no TelemetryCommand: the stream ends
+                    await _refuse_undecodable(item, context)
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
         except BrokerError as exc:
             yield svc.TelemetryCommand(status=ok_status(exc.code, exc.message))
-        except DecodeError as exc:  # a frame that is no TelemetryCommand: the stream ends
-            log.warning("Telemetry from %s: undecodable command: %s", call.peer, exc)
-            await context.abort(grpc.StatusCode.INTERNAL, f"undecodable command: {exc}")
-        except (asyncio.CancelledError, grpc.RpcError):
+        except (asyncio.CancelledError, grpc.RpcError, grpc.aio.AbortError):
             raise
         except Exception as exc:
             if not context.done():
-                log.exception("Telemetry failed")
-                yield svc.TelemetryCommand(status=ok_status(Code.INTERNAL_ERROR, str(exc)))
+                yield svc.TelemetryCommand(status=failure_status("Telemetry", None, exc))
         finally:
+            if reader is not None:
+                reader.cancel()
+            if producers is not None:
+                producers.forget(outbox)
             if task is not None:
                 self.telemetry_tasks.discard(task)
 
@@ -267,7 +416,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                     results = await s.writer.put_async(plan.messages)
                 response = s.sending.complete(plan, results)
         except Exception as exc:
-            response = _failure("SendMessage", svc.SendMessageResponse, exc)
+            response = _failure("SendMessage", svc.SendMessageResponse, exc, request)
         s.metrics().on_rpc("SendMessage", _code_name(response.status.code),
                            time.perf_counter() - started)
         return response
@@ -278,13 +427,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         call = call_of(context)
         async for response in self._stream(
                 "ReceiveMessage", svc.ReceiveMessageResponse,
-                lambda: self.s.receiving.receive(request, call, self.run)):
+                lambda: self.s.receiving.receive(request, call, self.run), request):
             yield response
 
     async def AckMessage(self, request, context):
         call = call_of(context)
         return await self._answer("AckMessage", svc.AckMessageResponse,
-                                  lambda: self.s.receiving.ack_queued(request, call, self.run))
+                                  lambda: self.s.receiving.ack_queued(request, call, self.run),
+                                  request)
 
     async def ChangeInvisibleDuration(self, request, context):
         return await self._blocking("ChangeInvisibleDuration",
@@ -311,7 +461,8 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                 await context.send_initial_metadata(((PULL_FORMAT_KEY, PULL_FORMAT_RECORDS),))
             return responses
 
-        async for response in self._stream("PullMessage", svc.PullMessageResponse, work):
+        async for response in self._stream("PullMessage", svc.PullMessageResponse, work,
+                                           request):
             yield response
 
     async def UpdateOffset(self, request, context):
@@ -322,11 +473,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         return await self._blocking("GetOffset", svc.GetOffsetResponse,
                                     self.s.pulling.get_offset, request, context)
 
-    # -- not supported --------------------------------------------------------------------------
+    # -- transactions ---------------------------------------------------------------------------
 
     async def EndTransaction(self, request, context):
-        return await self._refuse("EndTransaction", svc.EndTransactionResponse,
-                                  "transactional messages are not supported yet")
+        if self.s.transactions is None:
+            return await self._refuse("EndTransaction", svc.EndTransactionResponse,
+                                      "transactional messages are not served by this broker")
+        return await self._blocking("EndTransaction", svc.EndTransactionResponse,
+                                    self.s.transactions.end_transaction, request, context)
+
+    # -- not supported --------------------------------------------------------------------------
 
     async def RecallMessage(self, request, context):
         return await self._refuse("RecallMessage", svc.RecallMessageResponse,

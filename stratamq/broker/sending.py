@@ -41,11 +41,13 @@ from stratamq.broker.errors import BrokerError
 from stratamq.broker.lookup import Lookup
 from stratamq.broker.metadata import TopicConfig
 from stratamq.broker.ports import Call
+from stratamq.broker.transactions import recovery_duration
 from stratamq.broker.validate import check_topic, put_status
 from stratamq.broker.writer import EntryResult
 from stratamq.message import Host, Message, Prop
 from stratamq.record import tags_hash_code
 from stratamq.store.results import PutMessageStatus
+from stratamq.transactions.messages import half_message
 
 __all__ = ["SendPlan", "SendService"]
 
@@ -123,7 +125,8 @@ class SendService:
                         and sp.body_encoding in _PLAIN_ENCODINGS and message_id.strip()
                         and not sp.tag and not sp.message_group and not len(sp.keys)
                         and not len(m.user_properties)
-                        and not sp.HasField("delivery_timestamp")):
+                        and not sp.HasField("delivery_timestamp")
+                        and not sp.HasField("body_digest")):
                     born = None
                     if sp.HasField("born_timestamp"):
                         ts = sp.born_timestamp
@@ -191,6 +194,14 @@ class SendService:
             msg.queue_id = abs(tags_hash_code(sp.message_group)) % writable
         else:
             msg.queue_id = next(self._round_robin) % writable
+        if topic.message_type == "TRANSACTION":
+            if deliver_at is not None:
+                raise BrokerError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                                  "a TRANSACTION message cannot have a delivery time")
+            # Stored as RocketMQ's half message; the producer group is the topic, as the
+            # proxy has it for gRPC producers.
+            msg.properties.update(recovery_duration(sp))
+            return half_message(msg, topic.name), size
         if deliver_at is not None and deliver_at > now_ms():
             if self.timer is None:
                 raise BrokerError(Code.UNSUPPORTED,
@@ -207,11 +218,17 @@ class SendService:
         codes: set[int] = set()  # of the entries not stored (all stored: empty)
         first: pb.Status | None = None
         put_ok = PutMessageStatus.PUT_OK
+        # A half message's transaction id is its message id (RocketMQ's broker answers the
+        # unique id, which the proxy hands on).
+        transactional = plan.topic.message_type == "TRANSACTION"
         for message_id, size, r in zip(plan.message_ids, plan.sizes, results, strict=True):
             appended = r.appended
             if r.status is put_ok and appended is not None:
                 # (a status copied in: cheaper than one passed to ``add``, which is converted)
-                add(message_id=message_id, offset=appended.queue_offset).status.CopyFrom(_OK)
+                entry = add(message_id=message_id, offset=appended.queue_offset)
+                entry.status.CopyFrom(_OK)
+                if transactional:
+                    entry.transaction_id = message_id
                 sizes.append(size)
                 if first is None:
                     first = _OK

@@ -44,7 +44,6 @@ from dataclasses import replace
 from typing import Any
 
 import grpc
-from rocketmq.grpc_protocol import service_pb2_grpc
 
 from stratamq.broker.clients import ClientRegistry, ClientService
 from stratamq.broker.compaction_topics import compaction_admin_handler
@@ -56,7 +55,7 @@ from stratamq.broker.polling import LongPolls
 from stratamq.broker.pop_state import PopState
 from stratamq.broker.pulling import PullService
 from stratamq.broker.receiving import ReceiveService
-from stratamq.broker.rpc import MessagingServicer, Services
+from stratamq.broker.rpc import MessagingServicer, Services, messaging_handler
 from stratamq.broker.sending import SendService
 from stratamq.broker.writer import GroupWriter
 from stratamq.compaction.service import CompactionStore
@@ -110,12 +109,14 @@ class Broker:
         self.replication: Any = None  # broker/replication.py, made in _build
         self.cluster: Any = None  # cluster/node.py in controller mode, made in _build
         self.server_credentials: grpc.ServerCredentials | None = None
-        self.clients = ClientRegistry()
+        self.clients = ClientRegistry(self.config.channel_expired_timeout)
         self.server: grpc.aio.Server | None = None
         self.store: MessageStore
         self.tiered: Any = None  # stratamq.tiered.TieredStore when tieredBackendServiceProvider
         self.compaction: CompactionStore | None = None  # compaction topics (enableCompaction)
         self.compaction_gate: Any = None  # a slave's: ha.message_replication.CompactionGate
+        self.transactions: Any = None  # transactions.TransactionEngine, made in _build
+        self.transaction_checks: Any = None  # its check thread
         self.advertised: tuple[str, int] = (self.listen_host, self.listen_port)
         self.started_at = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -123,6 +124,8 @@ class Broker:
         self._executor: ThreadPoolExecutor | None = None
         self.writer: GroupWriter | None = None
         self.servicer: MessagingServicer | None = None
+        self.remoting: Any = None  # remoting.broker.RemotingFrontend when remotingListenPort
+        self.grpc_port = 0  # where gRPC listens: the listen port, unless remoting shares it
 
     @property
     def endpoint(self) -> str:
@@ -256,8 +259,7 @@ class Broker:
     async def _serve(self, servicer: MessagingServicer,
                      *handlers: grpc.GenericRpcHandler) -> None:
         assert self.server is not None
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, self.server)
-        self.server.add_generic_rpc_handlers(handlers)
+        self.server.add_generic_rpc_handlers((messaging_handler(servicer), *handlers))
         await self.server.start()
 
     def start(self) -> str:
@@ -266,14 +268,20 @@ class Broker:
                    else f"{self.listen_host}:{self.listen_port}")
         self.server_credentials = self._tls_credentials()
         loop = self._start_loop()
+        # remotingListenPort = the listen port: one port for both protocols. The remoting
+        # front door takes it and relays gRPC's connections to gRPC on a loopback port.
+        shared = 0 < cfg.remoting_listen_port == self.listen_port
         try:
-            port = self._on_loop(self._bind(address))
+            port = self._on_loop(self._bind("127.0.0.1:0" if shared else address))
             if not port:
                 raise OSError(f"cannot listen on {address}")
         except BaseException:
             self.server = None
             self._stop_loop()
             raise
+        self.grpc_port = port
+        if shared:
+            port = self.listen_port
         advertised = self.listen_host
         if advertised in ("0.0.0.0", "::", ""):
             advertised = self.store_config.broker_ip
@@ -303,6 +311,10 @@ class Broker:
             self.compaction, self.compaction_gate = plug_compaction(
                 self.store, self.store_config, self.meta)
             link_compaction_tier(self.compaction, self.tiered)  # compacted files in the tier
+            from stratamq.broker.transactions import plug_transactions
+
+            # Open transactions, rebuilt from the half and op topics as the store replays.
+            self.transaction_table = plug_transactions(self.store, self.store_config.root)
             self.store.open()
         except BaseException:
             self.server = None
@@ -333,6 +345,12 @@ class Broker:
                                max_per_group=cfg.pop_polling_size,
                                max_per_client=cfg.pop_polling_size_per_client)
         self.engine = PopEngine(self.store, self.meta, self.state, self.polls.notify)
+        # Forced clean-up (diskFullPolicy) keeps what these groups have not consumed, unless
+        # the tier holds it.
+        self.store.set_consumed_offsets(self.engine.consumed_offsets)
+        uploader = getattr(self.tiered, "uploader", None)
+        if uploader is not None:
+            self.store.add_record_holder(uploader.durable_offset)
         self._install_extensions()
         self.store.add_dispatch_listener(self._on_dispatch)
         self._executor = ThreadPoolExecutor(max_workers=cfg.grpc_thread_pool_nums,
@@ -346,6 +364,22 @@ class Broker:
         if cfg.enable_controller_mode:
             self.cluster = self._join_cluster()
         timer = self.timer if cfg.timer_enable else None
+        from stratamq.broker.transactions import (
+            EndTransactionService,
+            ProducerStreams,
+            register_metrics,
+            start_transactions,
+        )
+        from stratamq.transactions import TransactionSettings
+
+        self.producer_streams = ProducerStreams()
+        self.transactions, self.transaction_checks = start_transactions(
+            self.transaction_table, self.store, self.writer,
+            TransactionSettings(cfg.transaction_check_interval, cfg.transaction_timeout,
+                                cfg.transaction_check_max),
+            self.producer_streams, may_check=lambda: not self.replication.is_slave)
+        if hasattr(self.metrics, "registry"):
+            register_metrics(self.transactions, self.metrics.registry, self.metrics.node)
         services = Services(
             lookup=self.lookup,
             clients=ClientService(self.lookup, self.clients, cfg.broker_name, self.advertised,
@@ -356,14 +390,50 @@ class Broker:
             receiving=ReceiveService(self.lookup, self.engine, self.polls,
                                      lambda: self.metrics),
             pulling=PullService(self.lookup, self.store, self.state, self.polls),
-            writer=self.writer, run=self.run, metrics=lambda: self.metrics)
+            writer=self.writer, run=self.run, metrics=lambda: self.metrics,
+            transactions=EndTransactionService(self.lookup, self.transactions),
+            producers=self.producer_streams)
         self.servicer = MessagingServicer(services)
         from stratamq.broker.admin import admin_handler
+        from stratamq.broker.message_admin import message_admin_handler
         from stratamq.broker.tier_admin import tier_admin_handler
 
         self._on_loop(self._serve(self.servicer, admin_handler(self, self.run),
                                   tier_admin_handler(self), replication_handler(self, self.run),
-                                  compaction_admin_handler(self)))
+                                  compaction_admin_handler(self),
+                                  message_admin_handler(self)))
+        if cfg.remoting_listen_port >= 0:  # RocketMQ 4.x clients (stratamq/remoting/)
+            self._on_loop(self._start_remoting(timer))
+
+    async def _start_remoting(self, timer: Any) -> None:
+        from stratamq.config import parse_delay_levels
+        from stratamq.remoting.broker import RemotingFrontend, registered_host
+
+        cfg = self.config
+        assert self.writer is not None
+        self.remoting = RemotingFrontend(
+            lookup=self.lookup, writer=self.writer, reader=self.store,
+            look_up=self.store.look_message_by_offset, query=self.store.query_messages,
+            state=self.state, polls=self.polls,
+            timer=timer, run=self.run, max_message_size=self.store_config.max_message_size,
+            delay_levels_ms=parse_delay_levels(cfg.message_delay_level),
+            identity={"clusterName": cfg.broker_cluster_name, "brokerName": cfg.broker_name,
+                      # RocketMQ's ids: 0 the master, a slave's above (clients send to 0).
+                      "brokerId": "1" if self.store_config.broker_role is BrokerRole.SLAVE
+                      else "0", "haServerAddr": ""}, acl=self.acl,
+            metrics=lambda: self.metrics)
+        shared = self.grpc_port != self.advertised[1]
+        try:
+            await self.remoting.start(
+                self.listen_host, cfg.remoting_listen_port,
+                ("127.0.0.1", self.grpc_port) if shared else None,
+                registered_host(self.store_config.broker_ip, self.listen_host),
+                cfg.namesrv_addr, cfg.register_name_server_period,
+                self.store_config.max_message_size)
+        except OSError as exc:  # (no errno: the CLI prints it as it is)
+            raise OSError(f"cannot listen on {self.listen_host}:{cfg.remoting_listen_port} "
+                          f"(remotingListenPort): {exc.strerror or exc}") from None
+        log.info("broker %s serving remoting on port %d", cfg.broker_name, self.remoting.port)
 
     def _join_cluster(self) -> Any:
         from stratamq.cluster.node import ClusterNode
@@ -397,6 +467,8 @@ class Broker:
             with _suppress_all():
                 self._on_loop(self.server.stop(0))
             self.server = None
+        if self.transaction_checks is not None:
+            self.transaction_checks.close()
         if self.writer is not None:
             self.writer.close()
         if self._executor is not None:
@@ -478,10 +550,14 @@ class Broker:
 
         if self.cluster is not None:  # first: the group elects another master at once
             step("leaving the cluster", self.cluster.stop)
+        if self.remoting is not None:  # unregisters from the NameServers first
+            step("stopping remoting", lambda: self._on_loop(self.remoting.close(), 30.0))
         step("stopping the gRPC server", stop_server)
         self.server = None
         if self.replication is not None:
             step("stopping replication", self.replication.stop)
+        if self.transaction_checks is not None:  # it puts: before the writer goes
+            step("stopping transaction checks", self.transaction_checks.close)
         step("writing queued sends", stop_writer)
         step("stopping the executor and the event loop", stop_executor)
         step("closing the timer and metrics", self._close_extensions)

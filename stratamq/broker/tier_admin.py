@@ -2,17 +2,26 @@
 bodies, same errors and ACL as ``broker/admin.py``); registered as a second handler of the same
 service so that module stays as it is.
 
-* ``TierStatus {}`` -> ``{"queues": [ROW]}``
+* ``TierStatus {}`` -> ``{"queues": [ROW], "lastError", "lastErrorSince"}``
 * ``TierFlush {"timeout_s"?}`` -> ``{"committed": bool, "queues": [ROW]}``: upload everything
   dispatched so far and answer once it is committed (``committed`` false if ``timeout_s``,
   default 60, at most 600, ran out first)
 
+* ``TierClean {}`` -> what ``stratamq store clean --tiered-only`` prints (``store``,
+  ``tiered_offset``, ``commitlog_files``, ``deleted``, ``bytes_freed``, ``min_offset``,
+  ``min_offset_before``): the local CommitLog files the tier holds are deleted now, while the
+  broker serves (``tiered/local_clean.py``)
+
 ROW is ``{"topic", "queue_id", "local_min_offset", "local_max_offset", "tier_min_offset",
-"tier_max_offset", "tier_committed_offset", "tier_bytes", "lag_messages", "lag_bytes"}``
+"tier_max_offset", "tier_committed_offset", "tier_bytes", "lag_messages", "lag_bytes",
+"corrupt_records", "corrupt_offsets", "missing_messages", "missing_ranges", "tier_unverified",
+"lastError", "lastErrorSince"}`` (``tier_unverified``: why the tier does not hold what was
+committed to the queue, null when it does; the last two the tier's: why its last attempt
+failed, null while it works, and since when, epoch ms)
 (``stratamq tier status`` prints the same rows; a compaction topic's tier columns are its
-compacted files', ``CompactionTier.status_columns``). Both answer ``FAILED_PRECONDITION`` when the
-broker runs without a tier; ``TierFlush`` too on a SLAVE (it reads its master's tier, never
-uploads).
+compacted files', ``CompactionTier.status_columns``). All answer ``FAILED_PRECONDITION`` when
+the broker runs without a tier; ``TierFlush`` and ``TierClean`` too on a SLAVE (it reads its
+master's tier, never uploads).
 """
 
 from __future__ import annotations
@@ -53,7 +62,8 @@ def tier_admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
         return broker.tiered
 
     def status(req: dict[str, Any]) -> dict[str, Any]:
-        return {"queues": tier().status(_local(broker), broker.store.local_source.topics)}
+        return {"queues": tier().status(_local(broker), broker.store.local_source.topics),
+                **tier().health()}
 
     def flush(req: dict[str, Any]) -> dict[str, Any]:
         timeout = req.get("timeout_s", 60)
@@ -68,6 +78,16 @@ def tier_admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
         return {"committed": committed,
                 "queues": tier().status(_local(broker), broker.store.local_source.topics)}
 
+    def clean(req: dict[str, Any]) -> dict[str, Any]:
+        from stratamq.tiered.local_clean import delete_tiered_commitlog
+
+        if tier().uploader is None:
+            raise MetadataError("precondition", "this broker does not upload to the tier (a "
+                                "SLAVE reads its master's tier): nothing local is known to be "
+                                "in it")
+        return {"store": str(broker.store_config.root),
+                **delete_tiered_commitlog(broker.store, tier())}
+
     return json_methods_handler(
-        broker, SERVICE, {"TierStatus": (status, "Get"), "TierFlush": (flush, "Update")},
-        broker.run)
+        broker, SERVICE, {"TierStatus": (status, "Get"), "TierFlush": (flush, "Update"),
+                          "TierClean": (clean, "Delete")}, broker.run)

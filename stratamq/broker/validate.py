@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import zlib
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
@@ -21,7 +22,7 @@ from stratamq.store.results import PutMessageStatus
 Code = pb.Code
 
 __all__ = ["check_topic", "check_group", "check_invisible_time", "has_control_character",
-           "body_checksum", "body_digest", "client_type_name", "put_status",
+           "body_checksum", "body_digest", "check_body_digest", "client_type_name", "put_status",
            "RECEIVE_BATCH_MAX", "MAX_USER_PROPERTY_SIZE", "USER_PROPERTY_MAX_NUM",
            "MAX_MESSAGE_GROUP_SIZE"]
 
@@ -102,6 +103,38 @@ def body_digest(body: bytes) -> pb.Digest:
 def body_checksum(body: bytes) -> str:
     """The checksum of ``body_digest`` (set in place where a message is built field by field)."""
     return hashlib.md5(body).hexdigest().upper()
+
+
+def _crc32_spellings(body: bytes) -> set[str]:
+    """CRC32 as the clients write it: hex (padded or not; case is ignored by the caller),
+    unsigned decimal (PHP's ``crc32``), signed decimal (Java's ``int``)."""
+    crc = zlib.crc32(body)
+    return {f"{crc:08X}", f"{crc:X}", str(crc), str(crc - (1 << 32) if crc >= 1 << 31 else crc)}
+
+
+_DIGESTS = {pb.MD5: ("MD5", lambda body: {hashlib.md5(body).hexdigest().upper()}),
+            pb.SHA1: ("SHA1", lambda body: {hashlib.sha1(body).hexdigest().upper()}),
+            pb.CRC32: ("CRC32", _crc32_spellings)}
+
+
+def check_body_digest(digest: pb.Digest, body: bytes) -> None:
+    """A sent message's ``body_digest`` against its body (the bytes as sent): MESSAGE_CORRUPTED
+    when they differ. RocketMQ's proxy does not look at this field (it stores the body and
+    computes its own MD5 for consumers), so a body damaged on its way would be stored and
+    served with a digest that matches the damage; StrataMQ refuses it with the code the
+    proxy gives a malformed send. No digest (type unspecified): nothing to check."""
+    if digest.type == pb.DIGEST_TYPE_UNSPECIFIED:
+        return
+    known = _DIGESTS.get(digest.type)
+    if known is None:
+        raise BrokerError(Code.BAD_REQUEST, f"unknown body digest type {digest.type}")
+    name, compute = known
+    sent = digest.checksum.strip().upper()
+    if sent not in compute(body):
+        raise BrokerError(Code.MESSAGE_CORRUPTED,
+                          f"message body does not match its {name} digest: the request says "
+                          f"{digest.checksum[:80]!r}, the {len(body)}-byte body received has "
+                          f"{min(compute(body))}; it was damaged on its way, nothing stored")
 
 
 def client_type_name(client_type: int) -> str:

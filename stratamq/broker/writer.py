@@ -213,7 +213,7 @@ class GroupWriter:
                 return _results(appends)[0][1]
         except Exception as exc:  # a bug must fail this put, not the loop
             log.exception("batch put failed")
-            return _failed(count, exc)
+            return _failed(count, _why(exc))
         self.appends += 1
         self.puts += 1
         return split_result(result, (count,))[0]
@@ -229,7 +229,7 @@ class GroupWriter:
             appends = self._append([(p, 0, len(p.messages)) for p in puts], wait=False)
         except Exception as exc:  # a bug must fail these puts, not the loop
             log.exception("batch put failed")
-            self._deliver([(p, _failed(len(p.messages), exc)) for p in puts])
+            self._deliver([(p, _failed(len(p.messages), _why(exc))) for p in puts])
             return
         self.appends += len(appends)
         self.puts += len(puts)
@@ -343,10 +343,10 @@ class GroupWriter:
                 self._finished = True
                 left = list(self._jobs)
                 self._jobs.clear()
-            crash = RuntimeError("the broker's writer thread stopped")
+            crash = _WriterStopped("the broker's writer thread stopped")
             for job in left:
                 if isinstance(job, _Put):
-                    self._deliver([(job, _failed(len(job.messages), crash))])
+                    self._deliver([(job, _failed(len(job.messages), _why(crash)))])
                 else:
                     self._deliver(_results(job, {id(a): crash for a in job}))
 
@@ -368,7 +368,7 @@ class GroupWriter:
                     outcome = _results(appends)
                 except Exception as exc:
                     log.exception("batch put failed")
-                    outcome = [(p, _failed(len(p.messages), exc)) for p in puts]
+                    outcome = [(p, _failed(len(p.messages), _why(exc))) for p in puts]
                     appends = []
                 self.appends += len(appends)
                 self.puts += len(puts)
@@ -446,7 +446,7 @@ def _results(appends: list[_Append], failed: dict[int, Exception] | None = None
         sizes = [j - i for _p, i, j in a.parts]
         exc = failed.get(id(a)) if failed else None
         per_part = (split_result(a.result, sizes) if exc is None
-                    else [_failed(size, exc) for size in sizes])
+                    else [_failed(size, _why(exc)) for size in sizes])
         for (put, _i, _j), results in zip(a.parts, per_part):
             entries.setdefault(put, []).extend(results)
     return list(entries.items())
@@ -461,9 +461,22 @@ def _refused(count: int) -> list[EntryResult]:
                         "the broker is shutting down")] * count
 
 
-def _failed(count: int, exc: Exception) -> list[EntryResult]:
-    return [EntryResult(PutMessageStatus.UNKNOWN_ERROR, None,
-                        f"{type(exc).__name__}: {exc}")] * count
+def _failed(count: int, why: str) -> list[EntryResult]:
+    return [EntryResult(PutMessageStatus.UNKNOWN_ERROR, None, why)] * count
+
+
+def _why(exc: Exception) -> str:
+    """What a client is told of a put that raised (already logged with its traceback): the
+    system's reason for a file-system error, never Python's text for anything else."""
+    if isinstance(exc, OSError):
+        return f"the store could not write: {exc}"
+    if isinstance(exc, _WriterStopped):
+        return str(exc)
+    return "an internal error in the broker's writer (logged at the broker)"
+
+
+class _WriterStopped(RuntimeError):
+    """The writer thread ended with puts still queued (a bug): they are answered with this."""
 
 
 class LoopLoad:

@@ -17,11 +17,13 @@ from stratamq.cli import (  # noqa: F401
     demo,
     ha,  # ha status
     message,  # message send, message consume, message get
+    namesrv,  # namesrv start
     spark,  # spark export
     store,
     store_clean,  # store clean
     store_lookup,  # store query, store offset-by-time
     tier,  # tier status, tier flush
+    transaction,  # transaction list
 )
 from stratamq.cli.app import main
 

@@ -14,7 +14,7 @@ import click
 
 from stratamq.cli.app import main
 from stratamq.cli.broker import broker
-from stratamq.cli.common import TIME, emit, emit_rows, output_option
+from stratamq.cli.common import TIME, emit, output_option
 from stratamq.client.connection import BrokerEndpoint
 
 TYPES = click.Choice(["NORMAL", "FIFO", "DELAY", "TRANSACTION"], case_sensitive=False)
@@ -64,14 +64,6 @@ def _call(conn: Connection, method: str, **request: object) -> dict:
             return client.call(method, **request)
         except AdminError as exc:
             raise click.ClickException(str(exc)) from None
-
-
-def _emit(reply: dict, output: str, rows: list[dict]) -> None:
-    """The reply as one JSON object, or its ``rows`` as a table."""
-    if output == "json":
-        emit(reply)
-    else:
-        emit_rows(rows, output)
 
 
 def _attributes(_ctx: click.Context, _param: click.Parameter,
@@ -160,6 +152,7 @@ def topic_delete(endpoint: Connection, name: str) -> None:
 
 @topic.command("list")
 @endpoint_option
+@output_option
 def topic_list(endpoint: Connection) -> None:
     """One JSON line per topic."""
     for t in _call(endpoint, "ListTopics")["topics"]:
@@ -186,6 +179,7 @@ def group_create(endpoint: Connection, name: str, retry_max_times: int | None,
 
 @group.command("list")
 @endpoint_option
+@output_option
 def group_list(endpoint: Connection) -> None:
     """One JSON line per group."""
     for g in _call(endpoint, "ListGroups")["groups"]:
@@ -195,6 +189,7 @@ def group_list(endpoint: Connection) -> None:
 @group.command("progress")
 @endpoint_option
 @click.option("--group", "name", required=True, help="The consumer group.")
+@output_option(report=True)
 def group_progress(endpoint: Connection, name: str) -> None:
     """Per-queue max offset, consumed offset, in-flight count and lag, as one JSON object."""
     emit(_call(endpoint, "GroupProgress", group=name))
@@ -228,42 +223,37 @@ def group_delete(endpoint: Connection, name: str) -> None:
 @click.option("--timestamp", type=TIME, required=True,
               help="Move to the first message stored at or after this time (epoch ms or ISO "
                    "8601); 0 is the earliest retained message.")
-@output_option
-def group_reset_offset(endpoint: Connection, name: str, topic: str, timestamp: int,
-                       output: str) -> None:
+@output_option(report=True)
+def group_reset_offset(endpoint: Connection, name: str, topic: str, timestamp: int) -> None:
     """Move the group's position in every queue of the topic to a point in time, as
     mqadmin resetOffsetByTime and kafka-consumer-groups --reset-offsets --to-datetime do.
     Messages in flight to the group are dropped from its state."""
-    reply = _call(endpoint, "ResetOffset", group=name, topic=topic, timestamp=timestamp)
-    _emit(reply, output, reply["queues"])
+    emit(_call(endpoint, "ResetOffset", group=name, topic=topic, timestamp=timestamp))
 
 
 @topic.command("route")
 @endpoint_option
 @click.option("--topic", "name", required=True, help="The topic.")
-@output_option
-def topic_route(endpoint: Connection, name: str, output: str) -> None:
-    """The topic's route as clients get it: broker, endpoint, each queue's permission."""
-    reply = _call(endpoint, "TopicRoute", topic=name)
-    _emit(reply, output, [{"queue_id": q["queue_id"], "perm": q["perm"],
-                           "broker": reply["broker_name"], "endpoint": reply["endpoint"]}
-                          for q in reply["queues"]])
+@output_option(report=True)
+def topic_route(endpoint: Connection, name: str) -> None:
+    """The topic's route as clients get it: broker, endpoint, each queue's permission (on a
+    slave whose master is down: itself, read-only)."""
+    emit(_call(endpoint, "TopicRoute", topic=name))
 
 
 @topic.command("status")
 @endpoint_option
 @click.option("--topic", "name", required=True, help="The topic.")
-@output_option
-def topic_status(endpoint: Connection, name: str, output: str) -> None:
+@output_option(report=True)
+def topic_status(endpoint: Connection, name: str) -> None:
     """Per queue: min and max offset and the last store time (mqadmin topicStatus)."""
-    reply = _call(endpoint, "TopicStatus", topic=name)
-    _emit(reply, output, reply["queues"])
+    emit(_call(endpoint, "TopicStatus", topic=name))
 
 
 @broker.command("status")
 @endpoint_option
-@output_option
-def broker_status(endpoint: Connection, output: str) -> None:
+@output_option(report=True)
+def broker_status(endpoint: Connection) -> None:
     """Version, role, uptime, disk, dispatch lag, connections and store identity of a running
     broker."""
-    emit_rows([_call(endpoint, "BrokerStatus")], output)
+    emit(_call(endpoint, "BrokerStatus"))

@@ -101,6 +101,7 @@ def broker_start(config_file: str | None, store_dir: str | None, listen: str | N
     write the checkpoint and remove ``abort``. Prints the endpoint once serving."""
     from stratamq.broker.server import Broker, BrokerStopError
     from stratamq.store.message_store import StoreLocked
+    from stratamq.tiered.drivers import TierIOError
 
     conf = read_conf(config_file)
     store_cfg, broker_cfg = conf.store, conf.broker
@@ -117,6 +118,8 @@ def broker_start(config_file: str | None, store_dir: str | None, listen: str | N
         endpoint = b.start()
     except StoreLocked as exc:
         raise click.ClickException(str(exc)) from None
+    except TierIOError as exc:  # set-up errors of the tier (a missing bucket) name themselves
+        raise click.ClickException(f"cannot use the tier: {exc}") from None
     except OSError as exc:
         if exc.errno is None and str(exc).startswith("cannot listen on"):  # Broker's, no errno
             host, port = b.listen_host, b.listen_port
@@ -141,6 +144,8 @@ def broker_start(config_file: str | None, store_dir: str | None, listen: str | N
                    f"(store: {store_cfg.store_path_root_dir})")
         if b.replication is not None:
             click.echo(f"replication: {b.replication.describe()}")
+        if b.remoting is not None:
+            click.echo(f"remoting (RocketMQ 4.x clients) on port {b.remoting.port}")
         sys.stdout.flush()
         while not stop.wait(1.0):
             pass

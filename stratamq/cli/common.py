@@ -4,7 +4,6 @@ warnings a read-only command prints when the store holds more than it can show."
 from __future__ import annotations
 
 import base64
-import json
 import struct
 import weakref
 from collections.abc import Callable, Iterator
@@ -15,6 +14,9 @@ from typing import Any, NamedTuple
 import click
 
 from stratamq import record as codec
+from stratamq.cli.output import emit as emit  # re-exported: every CLI module emits
+from stratamq.cli.output import emit_rows as emit_rows
+from stratamq.cli.output import output_option as output_option
 from stratamq.compaction.layout import CompactionLayout
 from stratamq.compaction.policy import policies_from_topics_json
 from stratamq.compaction.service import CompactionStore
@@ -36,10 +38,8 @@ from stratamq.store.message_store import MessageStore, StoreLocked
 from stratamq.store.results import GetMessageStatus
 from stratamq.tiered import TieredStore, tiering_enabled
 from stratamq.tiered import wire as wire_tier
-
-
-def emit(obj: Any) -> None:
-    click.echo(json.dumps(obj, separators=(",", ":"), ensure_ascii=False))
+from stratamq.tiered.location import LOCATION_FILE, TierLocation, read_location
+from stratamq.tiered.naming import METADATA_FILE as TIER_METADATA_FILE
 
 
 def warn(text: str) -> None:
@@ -145,10 +145,10 @@ def broker_names() -> tuple[str, str]:
     return broker.broker_cluster_name, broker.broker_name
 
 
-def open_store_tiered(store_dir: str, *, read_only: bool, store_type: str | None = None
-                      ) -> tuple[MessageStore, TieredStore | None]:
+def open_store_tiered(store_dir: str, *, read_only: bool, store_type: str | None = None,
+                      when_locked: str = "") -> tuple[MessageStore, TieredStore | None]:
     """``open_store`` plus the store's tier (None when the config has none); close the tier
-    after the store."""
+    after the store. ``when_locked``: what to do instead when a broker has the store open."""
     root = Path(store_dir)
     if not (root / "commitlog").is_dir():
         raise click.ClickException(f"no store at {root}: it has no commitlog/ directory")
@@ -158,11 +158,24 @@ def open_store_tiered(store_dir: str, *, read_only: bool, store_type: str | None
     if read_only:
         _refuse_missing_rocksdb(root, store_type)
     config = store_config(root, store_type)
+    cluster, broker = broker_names()
+    config, recorded = _recorded_tier(root, config, read_only)
+    if recorded is not None:
+        cluster, broker = recorded.cluster, recorded.broker
     tier = None
     try:
         store = MessageStore(config, read_only=read_only, force_store_type=store_type is not None)
-        cluster, broker = broker_names()
-        tier = wire_tier(store, cluster=cluster, broker=broker, background=False)
+        try:
+            tier = wire_tier(store, cluster=cluster, broker=broker, background=False)
+        except OSError as exc:
+            if recorded is None:
+                raise
+            warn(f"the store's history in its {recorded.describe()} (recorded in "
+                 f"{LOCATION_FILE}) cannot be read: {exc}; only the local part is shown: "
+                 "messages the local store no longer holds are left out")
+            store = MessageStore(config=replace(config, tiered_backend_service_provider="",
+                                                message_store_plug_in=""),
+                                 read_only=read_only, force_store_type=store_type is not None)
         _plug_compaction(store, config, read_only)
         link_compaction_tier(_COMPACTION.get(store), tier)  # compacted files in the tier
         store.open()
@@ -171,10 +184,36 @@ def open_store_tiered(store_dir: str, *, read_only: bool, store_type: str | None
             compaction.flush()  # what the open replayed into it is durable: clean-up may go on
         return store, tier
     except StoreLocked as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(f"{exc}{when_locked}") from None
     except (OSError, ValueError, RuntimeError) as exc:
         where = "its tier" if tier is None and tiering_enabled(config) else f"store {root}"
         raise click.ClickException(f"cannot open {where}: {exc}") from None
+
+
+def _recorded_tier(root: Path, config: StoreConfig, read_only: bool
+                   ) -> tuple[StoreConfig, TierLocation | None]:
+    """For a command run without a tier in ``--config``: the tier the store directory records
+    (``tiered/location.py``), read by a read-only command so it shows the whole history; a
+    read-write command is told it works on the local part only (it must not upload or adopt
+    without the broker's settings)."""
+    if tiering_enabled(config):
+        return config, None
+    try:
+        recorded = read_location(root)
+    except ValueError as exc:
+        warn(f"{exc}; its tier, if any, is not read")
+        return config, None
+    if recorded is None:
+        if read_only and (root / TIER_METADATA_FILE).exists():
+            warn(f"this store has tier metadata ({TIER_METADATA_FILE}) but no record of where "
+                 f"its tier is ({LOCATION_FILE}, written by brokers since it exists): messages "
+                 "only in the tier are left out; give the broker's --config to read them")
+        return config, None
+    if not read_only:
+        warn(f"this store has a {recorded.describe()} (recorded in {LOCATION_FILE}); without "
+             "the broker's --config this command works on the local part only")
+        return config, None
+    return recorded.apply(config), recorded
 
 
 # The compaction store plugged into each store an offline command opened (see open_store).
@@ -357,26 +396,3 @@ class TimeParam(click.ParamType):
 
 
 TIME = TimeParam()
-
-
-def output_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``--output json|table``: JSON lines (the contract) or a table for people."""
-    return click.option("--output", type=click.Choice(["json", "table"]), default="json",
-                        show_default=True, help="JSON lines, or a table for people.")(command)
-
-
-def emit_rows(rows: list[dict[str, Any]], output: str) -> None:
-    """Rows as JSON lines, or as one table (nested values shown as JSON)."""
-    if output == "json":
-        for row in rows:
-            emit(row)
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    table = Table(*columns)
-    for row in rows:
-        table.add_row(*(v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
-                        for v in (row.get(c, "") for c in columns)))
-    Console().print(table)

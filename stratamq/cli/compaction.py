@@ -87,7 +87,7 @@ def _offline(store_dir: str, *, read_only: bool) -> Any:
 @compaction.command("run")
 @where_options
 def compaction_run(store_dir: str | None, endpoint: str | None, access_key: str | None,
-                   secret_key: str | None, topic: str | None, output: str) -> None:
+                   secret_key: str | None, topic: str | None) -> None:
     """Compact every queue (of --topic) once, now, and print what each round did."""
     _where(store_dir, endpoint)
     if endpoint is not None:
@@ -105,13 +105,13 @@ def compaction_run(store_dir: str | None, endpoint: str | None, access_key: str 
             close_store(s)
     if not rows:
         warn("no compaction queue holds any message yet")
-    emit_rows(rows, output)
+    emit_rows(rows)
 
 
 @compaction.command("status")
 @where_options
 def compaction_status(store_dir: str | None, endpoint: str | None, access_key: str | None,
-                      secret_key: str | None, topic: str | None, output: str) -> None:
+                      secret_key: str | None, topic: str | None) -> None:
     """One line per compaction queue: files, bytes, offsets, cleaned-to and the last round."""
     _where(store_dir, endpoint)
     if endpoint is not None:
@@ -123,4 +123,4 @@ def compaction_status(store_dir: str | None, endpoint: str | None, access_key: s
             rows = [r for r in comp.status() if topic is None or r["topic"] == topic]
         finally:
             close_store(s)
-    emit_rows(rows, output)
+    emit_rows(rows)

@@ -10,6 +10,7 @@ import click
 
 from stratamq.cli.app import main
 from stratamq.cli.common import emit, read_conf
+from stratamq.cli.output import print_table
 from stratamq.config import BrokerConfig, StoreConfig
 
 
@@ -61,12 +62,5 @@ def config_show(config_file: str | None, output: str) -> None:
         for row in rows:
             emit(row)
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("key", "value", "default", "unit", "range", "source")
-    for row in rows:
-        changed = row["source"] != "default"
-        table.add_row(row["key"], f"[bold]{row['value']}[/bold]" if changed else row["value"],
-                      row["default"], row["unit"], row["range"], row["source"])
-    Console().print(table)
+    columns = ["key", "value", "default", "unit", "range", "source"]
+    print_table(columns, [[row[c] for c in columns] for row in rows])

@@ -18,7 +18,7 @@ import click
 
 from stratamq.cli.admin import Connection, endpoint_option
 from stratamq.cli.app import main
-from stratamq.cli.common import emit
+from stratamq.cli.common import emit, output_option
 
 
 @main.group()
@@ -28,8 +28,9 @@ def ha() -> None:
 
 @ha.command("status")
 @endpoint_option
+@output_option(report=True)
 def ha_status(endpoint: Connection) -> None:
-    """Replication state and lag of the broker at --endpoint (JSON)."""
+    """Replication state and lag of the broker at --endpoint (JSON; --output table)."""
     from stratamq.broker.replication import SERVICE
     from stratamq.client.admin import AdminClient, AdminError
 

@@ -1,23 +1,29 @@
-"""``stratamq message send | consume | get``: a console producer and consumer, and a look at
-one queue offset, against a running broker (JSON lines)."""
+"""``stratamq message send | consume | get | query``: a console producer and consumer, and
+lookups of messages by queue offset, id, key or store time, against a running broker (JSON
+lines; ``get`` and ``query`` take ``--output table``)."""
 
 from __future__ import annotations
 
-import base64
 import sys
 import time
 from typing import Any
 
 import click
 
-from stratamq.cli.admin import Connection, endpoint_option
+from stratamq.cli.admin import Connection, _call, endpoint_option
 from stratamq.cli.app import main
-from stratamq.cli.common import TIME, emit
+from stratamq.cli.common import TIME, emit, output_option
 
 
 @main.group()
 def message() -> None:
     """Send, consume and look up messages on a running broker."""
+
+
+def message_row(m: Any) -> dict[str, Any]:
+    from stratamq.client.messaging import message_row as row
+
+    return row(m)
 
 
 def _client(conn: Connection) -> Any:
@@ -26,30 +32,16 @@ def _client(conn: Connection) -> Any:
     return MessagingClient(conn)
 
 
-def _fail(exc: Exception) -> click.ClickException:
+def _fail(exc: Exception, where: str) -> click.ClickException:
     import grpc
 
-    if isinstance(exc, grpc.RpcError) and exc.code() is grpc.StatusCode.UNAVAILABLE:
-        return click.ClickException("no broker reachable")
+    from stratamq.client.connection import broker_answered
+
+    if isinstance(exc, grpc.RpcError):
+        if not broker_answered(exc):
+            return click.ClickException(f"UNAVAILABLE: no broker reachable at {where}")
+        return click.ClickException(f"{exc.code().name}: {exc.details()}")
     return click.ClickException(str(exc))
-
-
-def message_row(m: Any) -> dict[str, Any]:
-    """A received message as one JSON object; the body as text when it is UTF-8."""
-    sp = m.system_properties
-    row: dict[str, Any] = {
-        "topic": m.topic.name, "queue_id": sp.queue_id, "queue_offset": sp.queue_offset,
-        "message_id": sp.message_id, "tag": sp.tag or None, "keys": list(sp.keys),
-        "properties": dict(m.user_properties),
-        "born_timestamp": sp.born_timestamp.ToMilliseconds(),
-        "store_timestamp": sp.store_timestamp.ToMilliseconds(),
-        "delivery_attempt": sp.delivery_attempt or None,
-    }
-    try:
-        row["body"] = bytes(m.body).decode("utf-8")
-    except UnicodeDecodeError:
-        row["body_b64"] = base64.b64encode(m.body).decode("ascii")
-    return row
 
 
 def _properties(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -88,7 +80,7 @@ def message_send(endpoint: Connection, topic: str, body: str | None, tag: str | 
                 emit(client.send(topic, data, tag=tag, keys=keys, properties=properties,
                                  message_group=message_group, deliver_at_ms=deliver_at))
             except Exception as exc:
-                raise _fail(exc) from None
+                raise _fail(exc, endpoint.endpoint) from None
 
 
 @message.command("consume")
@@ -122,7 +114,7 @@ def message_consume(endpoint: Connection, topic: str, group: str, max_messages: 
                     if not no_ack:
                         client.ack(group, topic, m)
             except Exception as exc:
-                raise _fail(exc) from None
+                raise _fail(exc, endpoint.endpoint) from None
             if got:
                 received += len(got)
                 idle_until = time.monotonic() + idle
@@ -130,16 +122,62 @@ def message_consume(endpoint: Connection, topic: str, group: str, max_messages: 
 
 @message.command("get")
 @endpoint_option
-@click.option("--topic", required=True, help="Topic.")
-@click.option("--queue", "queue_id", type=click.IntRange(min=0), required=True, help="Queue id.")
-@click.option("--offset", type=click.IntRange(min=0), required=True, help="Queue offset.")
-def message_get(endpoint: Connection, topic: str, queue_id: int, offset: int) -> None:
-    """The message at one queue offset (mqadmin queryMsgByOffset); exit 1 if there is none."""
+@click.option("--msg-id", default=None,
+              help="A message id: the unique client id or the offset message id "
+                   "(mqadmin queryMsgById).")
+@click.option("--topic", default=None, help="Topic (with --queue and --offset).")
+@click.option("--queue", "queue_id", type=click.IntRange(min=0), default=None, help="Queue id.")
+@click.option("--offset", type=click.IntRange(min=0), default=None, help="Queue offset.")
+@output_option(report=True)
+def message_get(endpoint: Connection, msg_id: str | None, topic: str | None,
+                queue_id: int | None, offset: int | None) -> None:
+    """The message with --msg-id, or at one queue offset (--topic, --queue, --offset:
+    mqadmin queryMsgByOffset), found locally or in the tier; exit 1 if there is none."""
+    if msg_id is not None:
+        if topic is not None or queue_id is not None or offset is not None:
+            raise click.UsageError("give --msg-id, or --topic with --queue and --offset")
+        emit(_call(endpoint, "ViewMessage", msg_id=msg_id)["message"])
+        return
+    if topic is None or queue_id is None or offset is None:
+        raise click.UsageError("give --msg-id, or --topic with --queue and --offset")
     with _client(endpoint) as client:
         try:
             found = client.get(topic, queue_id, offset)
         except Exception as exc:
-            raise _fail(exc) from None
+            raise _fail(exc, endpoint.endpoint) from None
     if found is None:
         raise click.ClickException(f"no message at {topic}/{queue_id} offset {offset}")
     emit(message_row(found))
+
+
+@message.command("query")
+@endpoint_option
+@click.option("--topic", required=True, help="Topic to search.")
+@click.option("--key", default=None, help="A message key (a word of KEYS) or unique id.")
+@click.option("--msg-id", default=None, help="A unique client id or an offset message id.")
+@click.option("--begin", type=TIME, default=None,
+              help="Earliest store time (epoch ms or ISO 8601); with --end alone: every "
+                   "message stored between them.")
+@click.option("--end", type=TIME, default=None, help="Latest store time (epoch ms or ISO 8601).")
+@click.option("--max", "max_num", type=click.IntRange(min=1), default=64, show_default=True,
+              help="At most this many messages (capped by the broker's maxMsgsNumBatch).")
+@output_option
+def message_query(endpoint: Connection, topic: str, key: str | None, msg_id: str | None,
+                  begin: int | None, end: int | None, max_num: int) -> None:
+    """Messages of a topic by key, by id, or by store time, from the broker's index and its
+    tier alike (mqadmin queryMsgByKey / queryMsgById): one JSON line each (by key newest
+    first, by time oldest first)."""
+    if key is not None and msg_id is not None:
+        raise click.UsageError("give one of --key, --msg-id or --begin with --end")
+    if key is None and msg_id is None and (begin is None or end is None):
+        raise click.UsageError("give --key, --msg-id, or --begin and --end")
+    if msg_id is not None and (begin is not None or end is not None):
+        raise click.UsageError("--msg-id takes no --begin/--end")
+    if begin is not None and end is not None and end < begin:
+        raise click.UsageError(f"--end {end} is before --begin {begin}")
+    reply = _call(endpoint, "QueryMessage", topic=topic, key=key, msg_id=msg_id, begin=begin,
+                   end=end, max=max_num)
+    for row in reply["messages"]:
+        emit(row)
+    if msg_id is not None and not reply["messages"]:
+        raise click.ClickException(f"no message with id {msg_id!r} in topic {topic!r}")

@@ -20,6 +20,8 @@ from stratamq.cli.common import (
     iter_queue,
     message_json,
     open_store,
+    open_store_tiered,
+    output_option,
     read_only_warnings,
     store_options,
     warn,
@@ -43,6 +45,7 @@ def store() -> None:
 @store_options
 @click.option("--topic", default=None, help="Only this topic.")
 @click.option("--queue-id", type=int, default=None, help="Only this queue id.")
+@output_option
 def store_dump(store_dir: str, topic: str | None, queue_id: int | None) -> None:
     """Print every message as one JSON object per line, in queue order. Read-only.
 
@@ -136,31 +139,40 @@ def store_verify(store_dir: str, quiet: bool) -> None:
 @click.option("--full", is_flag=True, default=False,
               help="Check the whole CommitLog, not just what an open would replay.")
 @store_options
+@output_option(report=True)
 def store_stat(store_dir: str, full: bool) -> None:
     """Print topics, queues, min/max offsets and bytes as JSON. Read-only.
+
+    With a tier (in --config, or recorded in the store directory) the offsets and counts are
+    the whole history, the tier's part included (``local_min_offset``: where the local
+    ConsumeQueue starts; ``tier``: which tier was read).
 
     Also counts the CommitLog's records that no ConsumeQueue holds (``undispatched_records``)
     and the corrupt records met (``corrupt_records``), from where an open would start its replay
     (``scanned_from``; quick on a large store), or over the whole CommitLog with ``--full`` (one
     pass: finds the records of a lost queue and damage in old segments too)."""
-    s = open_store(store_dir, read_only=True)
+    s, tier = open_store_tiered(store_dir, read_only=True)
     try:
         topics = {}
         for name, queue_ids in s.topics().items():
             queues = []
             for qid in queue_ids:
                 cq = s.consume_queues.find(name, qid)
-                if cq is None:  # deleted since topics() was read
+                if tier is not None:  # the whole history: the tier's part and the local one
+                    low, high = s.get_min_offset_in_queue(name, qid), \
+                        s.get_max_offset_in_queue(name, qid)
+                elif cq is None:  # deleted since topics() was read
                     continue
-                queues.append({
-                    "queue_id": qid,
-                    "min_offset": cq.min_offset(),
-                    "max_offset": cq.max_offset(),
-                    "messages": cq.max_offset() - cq.min_offset(),
-                    "cq_bytes": cq.disk_bytes(),
-                })
+                else:
+                    low, high = cq.min_offset(), cq.max_offset()
+                row: dict[str, int | None] = {
+                    "queue_id": qid, "min_offset": low, "max_offset": high,
+                    "messages": high - low, "cq_bytes": cq.disk_bytes() if cq else 0}
+                if tier is not None:
+                    row["local_min_offset"] = cq.min_offset() if cq is not None else None
+                queues.append(row)
             topics[name] = {"queues": queues,
-                            "messages": sum(q["messages"] for q in queues)}
+                            "messages": sum(int(q["messages"] or 0) for q in queues)}
         scanned_from = (s.min_physical_offset if full or s.recovery is None
                         else s.recovery.start_offset)
         scan = scan_undispatched(s.parts(), start=scanned_from)
@@ -183,8 +195,11 @@ def store_stat(store_dir: str, full: bool) -> None:
             "undispatched_by_queue": {queue_name(k): n for k, n in sorted(scan.by_queue.items())},
             "corrupt_records": [c.position for c in scan.corrupt[:MAX_LISTED_ERRORS]],
             "warnings": warnings,
+            **({"tier": tier.factory.describe()} if tier is not None else {}),
         })
         for text in warnings:
             warn(text)
     finally:
         close_store(s)
+        if tier is not None:
+            tier.close()

@@ -27,13 +27,16 @@ def store_clean(store_dir: str, force: bool, tiered_only: bool) -> None:
     With --tiered-only (tiered storage on in --config): the CommitLog files wholly below the
     offset the tier holds everything under go, as one JSON object {"store", "tiered_offset",
     "commitlog_files", "deleted": {"commitlog"}, "bytes_freed", "min_offset",
-    "min_offset_before"}; the ConsumeQueue files below go at the next regular clean-up, and
-    their messages are read from the tier meanwhile.
+    "min_offset_before", "tier_unverified"}; the ConsumeQueue files below go at the next
+    regular clean-up, and their messages are read from the tier meanwhile. "Holds" is checked
+    in the tier itself, not only in its metadata: each queue's tier files as the tier lists
+    them, and its last record read back. A queue the tier does not hold as committed keeps
+    all its local records (logged at ERROR; listed in "tier_unverified" with the reason).
     """
     if tiered_only:
         if force:
             raise click.UsageError("--tiered-only and --force do not go together")
-        emit(_clean_tiered(store_dir))
+        emit(clean_tiered(store_dir))
         return
     s = open_store(store_dir, read_only=False)
     try:
@@ -44,25 +47,17 @@ def store_clean(store_dir: str, force: bool, tiered_only: bool) -> None:
     emit({"store": store_dir, **report.as_dict()})
 
 
-def _clean_tiered(store_dir: str) -> dict:
-    s, tier = open_store_tiered(store_dir, read_only=False)
+def clean_tiered(store_dir: str) -> dict:
+    from stratamq.tiered.local_clean import delete_tiered_commitlog
+
+    s, tier = open_store_tiered(store_dir, read_only=False, when_locked=(
+        "; on a running broker: stratamq tier clean --endpoint HOST:PORT"))
     try:
         if tier is None or tier.uploader is None:
             raise click.ClickException(
                 f"tiered storage is off for {store_dir}: give the broker's --config (with "
                 "tieredBackendServiceProvider and tieredStoreFilePath)")
-        files = s.commitlog.files
-        # Below the tier's durable offset every record is in the tier; the file must also be
-        # flushed and dispatched (it always is after an open, which replays to the end).
-        tiered = min(tier.uploader.durable_offset(), files.flushed_where, s.reput.reput_from)
-        before = files.min_offset()
-        sizes = {mf.path: mf.file_size for mf in files.files}
-        gone = files.delete_below(tiered, s.config.destroy_mapped_file_interval_forcibly)
-        return {"store": store_dir, "tiered_offset": tiered,
-                "commitlog_files": [f"commitlog/{mf.path.name}" for mf in gone],
-                "deleted": {"commitlog": len(gone)},
-                "bytes_freed": sum(sizes[mf.path] for mf in gone),
-                "min_offset": files.min_offset(), "min_offset_before": before}
+        return {"store": store_dir, **delete_tiered_commitlog(s, tier)}
     finally:
         close_store(s)
         if tier is not None:

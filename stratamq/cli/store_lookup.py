@@ -18,6 +18,7 @@ from stratamq.cli.common import (
     emit,
     message_json,
     open_store,
+    output_option,
     store_options,
     warn,
 )
@@ -96,6 +97,7 @@ def _corrupt_hits(s: MessageStore, topics: list[str], key: str, begin: int, end:
               help="Latest store time: epoch ms or ISO 8601 (default: now on).")
 @click.option("--max", "max_num", type=click.IntRange(min=1), default=64, show_default=True,
               help="At most this many messages (newest first).")
+@output_option
 def store_query(store_dir: str, topic: str | None, key: str | None, msg_id: str | None,
                 begin: int, end: int | None, max_num: int) -> None:
     """Print messages found by key or message id, as JSON lines in the dump shape."""
@@ -153,6 +155,7 @@ def store_query(store_dir: str, topic: str | None, key: str | None, msg_id: str 
 @click.option("--queue-id", type=int, required=True, help="Queue id.")
 @click.option("--timestamp", type=TIME, required=True,
               help="Store time: epoch ms or ISO 8601 (2026-11-23T10:00:00Z).")
+@output_option(report=True)
 def store_offset_by_time(store_dir: str, topic: str, queue_id: int, timestamp: int) -> None:
     """Print the first queue offset whose message was stored at or after --timestamp."""
     s = open_store(store_dir, read_only=True)

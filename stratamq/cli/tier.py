@@ -1,16 +1,27 @@
-"""``stratamq tier status|flush``: a store's tiered storage, offline (``--store``, with the
+"""``stratamq tier status|flush|clean``: a store's tiered storage, offline (``--store``, with the
 broker's ``--config``) or on a running broker (``--endpoint``). JSON lines (contracts):
 
 * ``tier status``: one line per topic/queue: ``{"topic", "queue_id", "local_min_offset",
   "local_max_offset", "tier_min_offset", "tier_max_offset", "tier_committed_offset",
-  "tier_bytes", "lag_messages", "lag_bytes"}`` (offsets are queue offsets; ``tier_max_offset``
-  counts what is buffered, ``tier_committed_offset`` what is in the tier; null where the
-  queue has none). A compaction topic on a posix/s3 tier is held by its compacted files
-  (the tier uploader skips its raw stream): its tier columns are the compacted files' (the
-  committed offset is past the last one uploaded) and its lag counts only what its
-  CompactionLog has not uploaded yet (the file being written, plus one scheduler pass).
+  "tier_bytes", "lag_messages", "lag_bytes", "corrupt_records", "corrupt_offsets",
+  "missing_messages", "missing_ranges", "tier_unverified", "lastError", "lastErrorSince"}``
+  (offsets are queue offsets; ``tier_max_offset`` counts what is buffered,
+  ``tier_committed_offset`` what is in the tier; null where the queue has none). The
+  ``corrupt_*`` and ``missing_*`` columns say what the process's reads of the tier found since
+  it started: records that failed their checks (never served; the first 100 offsets listed)
+  and the ``[from, to)`` queue offsets whose data the tier lost (``tiered/read_damage.py``).
+  ``tier_unverified``: why the tier's own listing or last record did not confirm what was
+  committed (its local files are kept), null when it did or was not checked; ``lastError``:
+  why the tier's last attempt failed, null while it works, ``lastErrorSince`` since when,
+  epoch ms. A compaction topic on a posix/s3 tier is held by its compacted files (the tier
+  uploader skips its raw stream): its tier columns are the compacted files' (the committed
+  offset is past the last one uploaded) and its lag counts only what its CompactionLog has not
+  uploaded yet (the file being written, plus one scheduler pass).
 * ``tier flush``: uploads everything dispatched so far, waits until it is committed, then
   prints the same lines; exit 1 when it was not all committed in ``--timeout`` seconds.
+* ``tier clean``: deletes the local CommitLog files the tier holds, now (one JSON object, as
+  ``store clean --tiered-only`` prints); online too, where ``store clean`` finds the store
+  locked by the broker.
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from typing import Any
 import click
 
 from stratamq.cli.app import main
-from stratamq.cli.common import close_store, emit, open_store_tiered, store_options
+from stratamq.cli.common import close_store, emit, open_store_tiered, output_option, store_options
 
 
 def _one_of(store_dir: str | None, endpoint: str | None) -> None:
@@ -91,6 +102,7 @@ def tier() -> None:
 @tier.command("status")
 @_endpoint_options
 @store_options
+@output_option
 def tier_status(store_dir: str | None, endpoint: str | None, access_key: str | None,
                 secret_key: str | None) -> None:
     """Per topic/queue: local and tier offsets, bytes in the tier, upload lag (JSON lines).
@@ -110,6 +122,7 @@ def tier_status(store_dir: str | None, endpoint: str | None, access_key: str | N
 @tier.command("flush")
 @_endpoint_options
 @store_options
+@output_option
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
               show_default=True, help="Seconds to wait for the uploads to be committed.")
 def tier_flush(store_dir: str | None, endpoint: str | None, access_key: str | None,
@@ -134,3 +147,23 @@ def tier_flush(store_dir: str | None, endpoint: str | None, access_key: str | No
         raise click.ClickException(f"not everything was committed to the tier in {timeout:g} s "
                                    "(the tier is unreachable or refused the uploads: see the "
                                    "log with -v)")
+
+
+@tier.command("clean")
+@_endpoint_options
+@store_options
+@output_option(report=True)
+def tier_clean(store_dir: str | None, endpoint: str | None, access_key: str | None,
+               secret_key: str | None) -> None:
+    """Delete the local CommitLog files whose records the tier already holds (all but the one
+    being written), whatever their age: on a running broker (--endpoint) or on a stopped
+    one's store (--store, with its --config; the same as store clean --tiered-only). Prints
+    what went as one JSON object; their messages are then read from the tier."""
+    _one_of(store_dir, endpoint)
+    if endpoint is not None:
+        emit(_remote(endpoint, access_key, secret_key, "TierClean"))
+        return
+    assert store_dir is not None
+    from stratamq.cli.store_clean import clean_tiered
+
+    emit(clean_tiered(store_dir))

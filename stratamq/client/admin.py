@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from stratamq.client.connection import BrokerEndpoint, check_endpoint
+from stratamq.client.connection import BrokerEndpoint, broker_answered, check_endpoint
 
 __all__ = ["AdminClient", "AdminError", "check_endpoint"]
 
@@ -54,7 +54,7 @@ class AdminClient:
         except grpc.RpcError as exc:
             code = exc.code()
             name = code.name if code is not None else "UNKNOWN"
-            if code is grpc.StatusCode.UNAVAILABLE:
+            if not broker_answered(exc):
                 raise AdminError(name, f"no broker reachable at {self.endpoint}") from None
             raise AdminError(name, exc.details() or "") from None
         return json.loads(reply.decode("utf-8"))

@@ -16,7 +16,25 @@ import grpc
 
 from stratamq.signature import auth_metadata
 
-__all__ = ["BrokerEndpoint", "check_endpoint"]
+__all__ = ["ANSWERED", "BrokerEndpoint", "broker_answered", "check_endpoint"]
+
+# Trailing metadata a StrataMQ broker puts on every error it answers with itself: a client
+# tells the broker's own UNAVAILABLE (a tier or a disk it cannot reach) from gRPC's (no broker
+# at the address), which carry the same status code.
+ANSWERED = ("stratamq-answered", "1")
+
+
+def broker_answered(exc: grpc.RpcError) -> bool:
+    """Whether ``exc`` is an answer from a StrataMQ broker rather than a failure to reach
+    one: only then is its text the broker's."""
+    if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+        return True
+    trailing = getattr(exc, "trailing_metadata", None)
+    try:
+        pairs = trailing() if callable(trailing) else None
+    except Exception:  # noqa: BLE001 (a call that never reached a server has none)
+        pairs = None
+    return any((key, value) == ANSWERED for key, value in pairs or ())
 
 
 def check_endpoint(endpoint: str) -> str:

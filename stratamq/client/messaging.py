@@ -9,6 +9,7 @@ when credentials are given.
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
 import uuid
@@ -21,7 +22,26 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 
 from stratamq.client.connection import BrokerEndpoint, check_endpoint
 
-__all__ = ["MessagingClient", "MessagingError"]
+__all__ = ["MessagingClient", "MessagingError", "message_row"]
+
+
+def message_row(m: pb.Message) -> dict[str, Any]:
+    """A received message as one JSON object; the body as text when it is UTF-8."""
+    sp = m.system_properties
+    row: dict[str, Any] = {
+        "topic": m.topic.name, "queue_id": sp.queue_id, "queue_offset": sp.queue_offset,
+        "message_id": sp.message_id, "tag": sp.tag or None, "keys": list(sp.keys),
+        "properties": dict(m.user_properties),
+        "born_timestamp": sp.born_timestamp.ToMilliseconds(),
+        "store_timestamp": sp.store_timestamp.ToMilliseconds(),
+        "delivery_attempt": sp.delivery_attempt or None,
+    }
+    try:
+        row["body"] = bytes(m.body).decode("utf-8")
+    except UnicodeDecodeError:
+        row["body_b64"] = base64.b64encode(m.body).decode("ascii")
+    return row
+
 
 
 class MessagingError(RuntimeError):

@@ -605,6 +605,16 @@ def record_property(buf: bytes, name: str) -> str | None:
     return raw[at : stop if stop >= 0 else len(raw)].decode("utf-8", "replace")
 
 
+def record_topic(buf: Buffer, pos: int) -> str:
+    """The topic of the record at ``pos`` (lengths already checked by :func:`check_record`)."""
+    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    layout = _layout_for(_INT.unpack_from(buf, pos + SYS_FLAG_POS)[0])
+    body_len = _INT.unpack_from(buf, pos + layout.header.size - 4)[0]
+    start, length, _, _ = _tail(buf, pos, magic, pos + layout.header.size, body_len,
+                                pos + total)
+    return _topic_name(bytes(buf[start : start + length]))
+
+
 def record_tags(buf: Buffer, pos: int) -> str | None:
     """The TAGS property of the record at ``pos`` (for exact tag filtering after the hash)."""
     total, magic = _SIZE_MAGIC.unpack_from(buf, pos)

@@ -333,7 +333,9 @@ def read_broker_split(split: BrokerSplit) -> Iterator[pa.RecordBatch]:
             if status.code == pb.Code.OK:
                 if not records and next_offset <= offset:
                     raise BrokerReadError(f"PullMessage {where} made no progress at {offset}")
-                pending.extend(records)
+                # Only the split's own offsets: on a queue with gaps (a compaction topic) a
+                # pull of ``end - offset`` messages runs past ``end``, into the next split's.
+                pending.extend(r for r in records if offset <= r[0] < split.end)
                 offset = next_offset
             elif status.code == pb.Code.ILLEGAL_OFFSET and offset < next_offset:
                 text = (f"{split.topic}/{split.queue_id}: messages at offsets [{offset}, "

@@ -46,6 +46,7 @@ from stratamq.spark.planning import (
 )
 from stratamq.spark.reading import DataLoss, read_log_split, read_queue_split
 from stratamq.spark.rows import spark_schema, with_headers
+from stratamq.transactions.messages import HALF_TOPIC
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -246,7 +247,9 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
     else:
         assert broker is not None  # a read has a store directory or a broker
         existing = _broker_queues(broker)
-    known = sorted(existing)
+    # Half messages are not messages until committed (their commit is a record of the real
+    # topic): their topic is neither listed nor read.
+    known = sorted(t for t in existing if t != HALF_TOPIC)
     with _topic_hints(options, root, catalog):
         topics = planning.select_topics(options, known, must_match=True,
                                         offsets=[starting, ending])
@@ -257,7 +260,7 @@ def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
             from stratamq.spark import latest  # (tasks of other splits need not load it)
 
             tables = latest.whole_queue_splits(options, root, catalog.queues, known, fail)
-            exclude = frozenset(latest.latest_topics(options, root, known))
+            exclude = frozenset(latest.latest_topics(options, root, known)) | {HALF_TOPIC}
             return [*planning.log_splits(root, catalog, low, end, min_parts,
                                          fail_on_data_loss=fail, exclude=exclude), *tables]
         topics = topics if topics is not None else known
@@ -461,11 +464,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                                     must_match=False, offsets=[self.starting])
                 return _only_assigned(self.options, broker.queues(topics))
         catalog = Catalog.load(self.root)
+        known = sorted(t for t in catalog.topics if t != HALF_TOPIC)  # (as in _plan_queues)
         with _topic_hints(self.options, self.root, catalog):
-            topics = planning.select_topics(self.options, sorted(catalog.topics),
+            topics = planning.select_topics(self.options, known,
                                             must_match=False, offsets=[self.starting])
         return _only_assigned(self.options, {q: b for q, b in catalog.queues.items()
-                                             if topics is None or q[0] in topics})
+                                             if q[0] != HALF_TOPIC
+                                             and (topics is None or q[0] in topics)})
 
     def queue_bounds(self) -> dict[Queue, tuple[int, int]]:
         """(min, max) offset of every queue this read selects, now."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -25,21 +26,11 @@ EXPORT_FORMATS = ("parquet", "orc", "json")
 
 def spark_session(app_name: str = "stratamq-export", master: str | None = None):
     """A session that uses this interpreter on the workers; ``local[*]`` unless spark-submit
-    (or ``master``) says otherwise."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    (or ``master``) says otherwise. As the pipelines': errors only, no JVM logger names, and
+    no Spark progress bars (``_show_progress`` is the one progress display)."""
+    from stratamq.spark.pipelines.common import spark_session as pipeline_session
 
-    builder = SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
-    if master or "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
-        builder = builder.master(master or "local[*]")
-    spark = builder.getOrCreate()
-    # Spark's own INFO and WARN lines name JVM classes a user has no use for; errors still show.
-    spark.sparkContext.setLogLevel("ERROR")
-    from stratamq.spark import register
-
-    register(spark)
-    return spark
+    return pipeline_session(app_name, master)
 
 
 def run_export(spark, source: dict[str, str], out: str, *, checkpoint: str | None = None,
@@ -100,6 +91,22 @@ def check_export_target(out: str, checkpoint: str | None) -> None:
                          "exported. Give the --checkpoint that export used, or a new --out")
 
 
+# What a streaming query's status message says, in words; the raw message names JVM classes
+# ("Getting offsets from org.apache.spark...PythonMicroBatchStream...@18204781").
+_STATES = (("Initializing", "starting"), ("Getting offsets", "finding new messages"),
+           ("Processing new data", "writing"), ("Waiting for data", "waiting for data"),
+           ("Waiting for next trigger", "waiting"), ("Stopped", "done"))
+
+
+def plain_state(message: str) -> str:
+    """A streaming query's status message without JVM class names."""
+    for prefix, words in _STATES:
+        if message.startswith(prefix):
+            return words
+    return re.sub(r"\b(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:@[0-9a-f]+)?", "the source",
+                  message) or "working"
+
+
 def _show_progress(query, total: int | None = None) -> None:
     """Progress on stderr: micro-batches done, rows exported, current rate. A live line on a
     terminal; otherwise (a log file, or spark-submit, which merges the app's stderr into its
@@ -117,7 +124,7 @@ def _show_progress(query, total: int | None = None) -> None:
         done = [p for p in recent if p.get("numInputRows")]
         rows = sum(p["numInputRows"] for p in done)
         rate = done[-1].get("processedRowsPerSecond", 0.0) if done else 0.0
-        state = query.status.get("message", "") if query.isActive else "done"
+        state = plain_state(query.status.get("message", "")) if query.isActive else "done"
         if total:
             elapsed = time.monotonic() - started
             left = (f", about {elapsed * (total - rows) / rows:.0f} s left"

@@ -8,15 +8,21 @@ as one service:
   ``fileReservedTime`` hours. Expired files are deleted, oldest first, when the local hour is
   one of ``deleteWhen`` ("04", or "03;04;05"), or at any hour once disk usage passes
   ``diskMaxUsedSpaceRatio`` (75 %). Past ``diskSpaceCleanForciblyRatio`` (85 %) the oldest
-  files go even if not expired (``cleanFileForciblyEnable``). At most ``deleteFileBatchMax``
+  files go even if not expired (``cleanFileForciblyEnable``), as ``diskFullPolicy`` allows:
+  ``REFUSE_PUTS`` (the default) only files below both the consumption floor (every message
+  consumed by every group with progress on its topic; ``consumption.py``) or below what the
+  record holders (a tier) keep; ``DELETE_OLDEST`` (RocketMQ's behaviour) the oldest files
+  anyway, each file that took unconsumed messages logged at ERROR with the groups and counts
+  and counted (``unconsumed_deleted_files`` / ``_messages``). At most ``deleteFileBatchMax``
   files go in one pass, ``deleteCommitLogFilesInterval`` ms apart. The first unexpired file
   stops a pass (files age in log order), and the file being written never goes.
 * **Disk full.** Past ``diskSpaceWarningLevelRatio`` (90 %) the store is marked disk-full
   (RocketMQ's ``RunningFlags`` DISK_FULL bit) and puts get ``SERVICE_NOT_AVAILABLE`` with a
-  "disk full" reason until usage is at or below the mark again. The mark is re-checked by every
-  pass and by the put path itself, at most every ``PUT_CHECK_INTERVAL_MS``.
-  As in RocketMQ, the warning ratio is clamped to 35..90 %, the forcible one to 30..85 % and
-  the max-used one to 10..95 %, so a typo cannot switch the protection off.
+  "disk full" reason. The put path itself re-reads usage at most every
+  ``PUT_CHECK_INTERVAL_MS`` and may set the mark, but only a clean-up pass clears it, once
+  usage has fallen below the mark: puts stay refused while the disk stays full, rather than
+  flipping with each reading. The ratios are taken as configured (config.py refuses values
+  outside 1..99 %), not clamped as RocketMQ clamps them.
 * **Readers.** A deleted file leaves the file list at once (no new reader finds it) and its
   name is unlinked, but its map stays until the last reader holding it releases it; the space
   comes back then. Files still held are retried each pass and unmapped by force after
@@ -47,7 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stratamq.config import StoreConfig
+from stratamq.config import DiskFullPolicy, StoreConfig
+from stratamq.store.consumption import consumption_floor, unconsumed_below
 from stratamq.store.layout import CONSUMEQUEUE_DIR
 from stratamq.store.mapped_file import MappedFile
 from stratamq.store.mapped_file_queue import MappedFileQueue
@@ -90,10 +97,6 @@ def is_time_to_delete(delete_when: str, now_ms: int) -> bool:
     return False
 
 
-def _clamp(value: float, low: float, high: float) -> float:
-    return min(max(value, low), high)
-
-
 @dataclass
 class CleanupReport:
     """What one pass did. Paths are relative to the store root."""
@@ -113,6 +116,11 @@ class CleanupReport:
     index_deleted: int = 0
     bytes_freed: int = 0  # disk blocks of the deleted files (freed once no reader holds them)
     held_by_readers: list[str] = field(default_factory=list)  # deleted, map still alive
+    # Forced clean-up under REFUSE_PUTS stopped at a file holding unconsumed messages:
+    # {"file", "groups": {"group topic": count}} (None: it did not).
+    held_for_consumers: dict[str, Any] | None = None
+    # Under DELETE_OLDEST (or --force): {"group topic": messages} the deleted files took.
+    unconsumed_deleted: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +140,8 @@ class CleanupReport:
             "disk_used_percent_after": round(self.disk_used_after * 100, 2),
             "disk_full": self.disk_full,
             "held_by_readers": self.held_by_readers,
+            "held_for_consumers": self.held_for_consumers,
+            "unconsumed_deleted": self.unconsumed_deleted,
         }
 
 
@@ -144,6 +154,9 @@ class CleanupService:
     (``delete_expired_files(min_commitlog_offset)``), and ``safe_offset``: the CommitLog offset
     below which records are both dispatched and flushed, so a file is never deleted before the
     ConsumeQueues point at its records or before the flusher has moved past it.
+    ``consumed_offsets`` returns the broker's consumed queue offsets (or None while nothing
+    is registered: then no message counts as consumed); ``held_elsewhere`` the CommitLog
+    offset below which a record holder (a tier) keeps every record, or None.
     ``usage_probe`` and ``clock`` (wall time in ms) are injectable for tests.
     """
 
@@ -156,6 +169,8 @@ class CleanupService:
         *,
         index_service: Any = None,
         safe_offset: Callable[[], int] | None = None,
+        consumed_offsets: Callable[[], Any] | None = None,
+        held_elsewhere: Callable[[], int | None] | None = None,
         usage_probe: DiskUsageProbe | None = None,
         clock: Callable[[], int] | None = None,
     ) -> None:
@@ -165,6 +180,13 @@ class CleanupService:
         self.consume_queue_stores = list(consume_queue_stores)
         self.index_service = index_service
         self.safe_offset = safe_offset or (lambda: commitlog_files.flushed_where)
+        self.consumed_offsets = consumed_offsets or (lambda: None)
+        self.held_elsewhere = held_elsewhere or (lambda: None)
+        # Files deleted while they held unconsumed messages, and those messages (ever, since
+        # the store opened): the broker's metric and `broker status`.
+        self.unconsumed_deleted_files = 0
+        self.unconsumed_deleted_messages = 0
+        self._held_note: tuple[str, ...] | None = None  # what the last hold-back log said
         self.usage_probe: DiskUsageProbe = usage_probe or statvfs_used_ratio
         self.clock = clock or (lambda: int(time.time() * 1000))
         self.put_check_interval_ms = PUT_CHECK_INTERVAL_MS
@@ -181,15 +203,15 @@ class CleanupService:
 
     @property
     def warning_ratio(self) -> float:
-        return _clamp(self.config.disk_space_warning_level_ratio / 100, 0.35, 0.90)
+        return self.config.disk_space_warning_level_ratio / 100
 
     @property
     def forcibly_ratio(self) -> float:
-        return _clamp(self.config.disk_space_clean_forcibly_ratio / 100, 0.30, 0.85)
+        return self.config.disk_space_clean_forcibly_ratio / 100
 
     @property
     def max_used_ratio(self) -> float:
-        return _clamp(self.config.disk_max_used_space_ratio / 100, 0.10, 0.95)
+        return self.config.disk_max_used_space_ratio / 100
 
     # -- disk usage and the disk-full mark --------------------------------------------------------
 
@@ -201,8 +223,9 @@ class CleanupService:
             paths.append(p if p.exists() else self.root)
         return list(dict.fromkeys(paths))
 
-    def disk_used(self) -> float:
-        """Read disk usage now and update the disk-full mark; returns the used fraction."""
+    def disk_used(self, *, may_clear: bool = True) -> float:
+        """Read disk usage now and update the disk-full mark; returns the used fraction.
+        ``may_clear=False`` (the put path) may set the mark but never clears it."""
         used = 0.0
         for path in self._probe_paths():
             try:
@@ -210,6 +233,8 @@ class CleanupService:
             except OSError as exc:  # an unreadable probe must not stop writes or clean-up
                 log.warning("cannot read disk usage of %s: %s", path, exc)
         full = used > self.warning_ratio
+        if not full and self._disk_full and not may_clear:
+            full = True  # only a clean-up pass lifts the mark: no flapping between readings
         if full != self._disk_full:
             if full:
                 log.error("disk full: store file system %.1f%% used, past "
@@ -230,7 +255,7 @@ class CleanupService:
         """Why a put must be refused now ("disk full ..."), or None. Cheap: re-reads disk usage
         only when the last reading is older than ``put_check_interval_ms``."""
         if (time.monotonic() - self._last_probe) * 1000 >= self.put_check_interval_ms:
-            self.disk_used()
+            self.disk_used(may_clear=False)
         if not self._disk_full:
             return None
         return (f"disk full: the store's file system is {self._disk_used * 100:.1f}% used, past "
@@ -287,6 +312,8 @@ class CleanupService:
             return
         reserved_ms = cfg.file_reserved_time * 3600 * 1000
         safe = self.safe_offset()
+        guard = _ForcedDeletionGuard(self, delete_oldest=force or (
+            cfg.disk_full_policy is DiskFullPolicy.DELETE_OLDEST))
         deleted = 0
         # Files age in log order: the first one kept ends the pass, so no gap can open.
         for mf in self.commitlog_files.files[:-1]:  # never the file being written
@@ -301,10 +328,14 @@ class CleanupService:
             expired = st is None or now >= st.st_mtime_ns // 1_000_000 + reserved_ms
             if not (expired or clean_at_once):
                 break
+            if not expired and not guard.may_delete(mf, report):
+                break  # REFUSE_PUTS: its messages are not all consumed, nor held by the tier
             # Spread the I/O of many unlinks, as RocketMQ does; close() cuts the wait short.
             pause = cfg.delete_commit_log_files_interval / 1000
             if deleted and pause > 0 and self._stop.wait(pause):
                 break
+            if not expired:
+                guard.count_loss(mf, report)
             gone = self.commitlog_files.delete_below(
                 mf.file_end_offset, cfg.destroy_mapped_file_interval_forcibly)
             for dead in gone:
@@ -314,8 +345,15 @@ class CleanupService:
             if st is not None:
                 report.bytes_freed += st.st_blocks * 512
             deleted += len(gone)
-        if not deleted and report.triggers and used > self.max_used_ratio:
-            log.warning("disk %.1f%% used but no CommitLog file could be deleted", used * 100)
+        if report.held_for_consumers is None:
+            self._held_note = None
+        if (not deleted and report.triggers and used > self.max_used_ratio
+                and report.held_for_consumers is None):  # the guard said why, once
+            why = ("forced deletion is off (cleanFileForciblyEnable=false)"
+                   if used > self.forcibly_ratio and not cfg.clean_file_forcibly_enable
+                   else "none is expired, dispatched and flushed, but the one being written")
+            log.warning("disk %.1f%% used but no CommitLog file could be deleted: %s",
+                        used * 100, why)
 
     def _clean_logics(self, report: CleanupReport) -> None:
         """ConsumeQueue and index files wholly below the CommitLog's min offset (only when
@@ -389,6 +427,88 @@ class CleanupService:
                 with contextlib.suppress(OSError):
                     mf.destroy(0)
             self._hanging = []
+
+
+class _ForcedDeletionGuard:
+    """One pass's forced-deletion decisions: whether an unexpired file may go
+    (``REFUSE_PUTS``), and what it took when it went anyway (``DELETE_OLDEST``, ``--force``).
+    The broker's consumed offsets and the floors are read once per pass, when first needed."""
+
+    def __init__(self, cleanup: CleanupService, *, delete_oldest: bool) -> None:
+        self.cleanup = cleanup
+        self.delete_oldest = delete_oldest
+        self._consumed: Any = None
+        self._floor: int | None = None
+        self._held: int | None = None
+        self._counted: dict[tuple[str, str], int] | None = None  # unconsumed below the last end
+
+    def _read(self) -> None:
+        if self._consumed is None:
+            c = self.cleanup
+            self._consumed = c.consumed_offsets() or {}
+            primary = c.consume_queue_stores[0] if c.consume_queue_stores else []
+            floor = consumption_floor(primary, self._consumed)
+            self._floor = 2**63 - 1 if floor is None else floor
+            held = c.held_elsewhere()
+            self._held = -1 if held is None else held
+
+    def _unconsumed(self, end: int) -> dict[tuple[str, str], int]:
+        c = self.cleanup
+        primary = c.consume_queue_stores[0] if c.consume_queue_stores else []
+        return unconsumed_below(primary, self._consumed, end)
+
+    def may_delete(self, mf: MappedFile, report: CleanupReport) -> bool:
+        if self.delete_oldest:
+            return True
+        self._read()
+        assert self._floor is not None and self._held is not None
+        end = mf.file_end_offset
+        if end <= self._floor or end <= self._held:
+            return True
+        holders = self._unconsumed(end)
+        named = {f"{g} {t}": n for (g, t), n in sorted(holders.items())}
+        report.held_for_consumers = {"file": self.cleanup._rel(mf.path), "groups": named}
+        note = tuple(sorted(named))
+        if note != self.cleanup._held_note:
+            self.cleanup._held_note = note
+            log.warning(
+                "disk %.1f%% used, past diskSpaceCleanForciblyRatio, but CommitLog file %s "
+                "holds messages not yet consumed (%s); diskFullPolicy=REFUSE_PUTS keeps it, "
+                "and puts are refused past diskSpaceWarningLevelRatio until consumers catch "
+                "up and clean-up frees space", report.disk_used_before * 100, mf.path.name,
+                _groups_text(holders))
+        return False
+
+    def count_loss(self, mf: MappedFile, report: CleanupReport) -> None:
+        """Log at ERROR and count what deleting ``mf`` (unexpired) takes from consumers."""
+        self._read()
+        assert self._held is not None
+        end = mf.file_end_offset
+        if end <= self._held:
+            return  # the tier keeps every record of it: nothing is lost
+        if self._counted is None:
+            self._counted = self._unconsumed(mf.file_from_offset)
+        below = self._unconsumed(end)
+        taken = {k: n - self._counted.get(k, 0) for k, n in below.items()
+                 if n > self._counted.get(k, 0)}
+        self._counted = below
+        if not taken:
+            return
+        total = sum(taken.values())
+        c = self.cleanup
+        c.unconsumed_deleted_files += 1
+        c.unconsumed_deleted_messages += total
+        for (g, t), n in taken.items():
+            key = f"{g} {t}"
+            report.unconsumed_deleted[key] = report.unconsumed_deleted.get(key, 0) + n
+        log.error("deleting CommitLog file %s (disk %.1f%% used, diskFullPolicy=%s) takes %d "
+                  "messages not yet consumed: %s", mf.path.name, report.disk_used_before * 100,
+                  c.config.disk_full_policy.value if not report.triggers.count("force")
+                  else "--force", total, _groups_text(taken))
+
+
+def _groups_text(counts: dict[tuple[str, str], int]) -> str:
+    return ", ".join(f"group {g} topic {t}: {n}" for (g, t), n in sorted(counts.items()))
 
 
 class _CleanupThread(ServiceThread):

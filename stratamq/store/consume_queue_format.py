@@ -36,12 +36,16 @@ def written_units(buf: bytes | memoryview, limit: int) -> int:
     import numpy as np
 
     count = limit // UNIT_SIZE
-    if count == 0:
-        return 0
+    if count <= _PYTHON_UNITS_MAX:  # numpy's fixed cost is more than a few units' loop
+        for n, (offset, size, _code) in enumerate(UNIT.iter_unpack(buf[:count * UNIT_SIZE])):
+            if offset < 0 or size <= 0:
+                return n
+        return count
     units = np.frombuffer(buf, dtype=_UNIT_DTYPE, count=count)
     bad = (units["commitlog_offset"] < 0) | (units["size"] <= 0)
     first_bad = int(bad.argmax())
     return first_bad if bad[first_bad] else count
 
 
+_PYTHON_UNITS_MAX = 32
 _UNIT_DTYPE = [("commitlog_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")]

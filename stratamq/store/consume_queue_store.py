@@ -14,6 +14,7 @@ per-queue handle it returns (``get_units``, ``min_offset``, ``max_offset``, ``of
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -113,6 +114,9 @@ def write_store_type(root: Path, store_type: str) -> None:
     never nothing (it decides how every later open reads the store)."""
     if store_type not in STORE_TYPES:
         raise ValueError(f"unknown store type {store_type!r}")
+    with contextlib.suppress(OSError, ValueError):
+        if read_store_type(root) == store_type:
+            return  # nothing to change: a store on a full disk still opens
     atomic_write(root / STORE_TYPE_FILE, (store_type + "\n").encode("utf-8"))
 
 

@@ -272,8 +272,15 @@ class ReputService(ServiceThread):
         if mf is None:
             first = self.files.first()
             if first is not None and self.reput_from < first.file_from_offset:
-                log.warning("reput offset %d below CommitLog min %d; skipping ahead",
-                            self.reput_from, first.file_from_offset)
+                if self.reput_from == 0:  # nothing dispatched yet: a log that starts later
+                    log.info("the CommitLog starts at offset %d (the history before it is not "
+                             "in this store, e.g. in a tier this broker took over): "
+                             "dispatching from there", first.file_from_offset)
+                else:
+                    log.warning("CommitLog records from offset %d to %d were deleted before "
+                                "they were dispatched: their messages are in no ConsumeQueue; "
+                                "dispatching from %d", self.reput_from, first.file_from_offset,
+                                first.file_from_offset)
                 self.reput_from = first.file_from_offset
                 return 0
             return -1

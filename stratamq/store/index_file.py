@@ -219,6 +219,8 @@ class IndexFile(RefCountedMap):
             actual = os.fstat(self._fd).st_size
             if create:
                 os.ftruncate(self._fd, self.size)  # sparse, like RocketMQ's
+                # The header's blocks before the map exists: no full disk is met through it.
+                self._reserve(0, HEADER_SIZE)
             elif actual != self.size:
                 raise IndexFileError(
                     f"{path}: size {actual} bytes, expected {self.size} for maxHashSlotNum="
@@ -239,7 +241,6 @@ class IndexFile(RefCountedMap):
         self._slot_pages: set[int] = set()  # chunk numbers (slot_at // SLOT_RESERVE_CHUNK)
         self._entries_allocated_until = self._entries_at
         if create:
-            self._reserve(0, HEADER_SIZE)
             self.header = IndexHeader(begin_timestamp, begin_timestamp, begin_phy_offset,
                                       begin_phy_offset, 0, 1)
             self._map[0:HEADER_SIZE] = self.header.pack()
@@ -320,10 +321,11 @@ class IndexFile(RefCountedMap):
             (head,) = SLOT.unpack_from(self._map, self.slot_pos(hash_))
             if head != count - 1:
                 return f"slot of newest entry #{count - 1} holds {head}: slot write lost"
-        if count < self.index_num:
-            pos = self.entry_pos(count)
-            if self._map[pos : pos + ENTRY_SIZE] != bytes(ENTRY_SIZE):
-                return f"entry #{count} is written but not counted in the header"
+        # By pread: the entry past the newest may be a hole (a read fault there on a full
+        # tmpfs is a SIGBUS; pread of a hole allocates nothing).
+        if (count < self.index_num
+                and os.pread(self._fd, ENTRY_SIZE, self.entry_pos(count)) != bytes(ENTRY_SIZE)):
+            return f"entry #{count} is written but not counted in the header"
         return None
 
     # -- writing (the dispatcher thread only) ---------------------------------------------------
@@ -502,7 +504,10 @@ class IndexFile(RefCountedMap):
         into its slot before the header counts it (put_keys): step over such entries to the
         counted ones they link to, rather than miss the whole list."""
         m = self._map
-        (number,) = _SLOT_UNPACK(m, HEADER_SIZE + (hash_ % self.hash_slot_num) * SLOT_SIZE)
+        # Through the descriptor, not the map: a slot no key has reached is a hole, and a read
+        # fault in a hole of a full tmpfs is a SIGBUS (pread of a hole allocates nothing).
+        raw = os.pread(self._fd, SLOT_SIZE, HEADER_SIZE + (hash_ % self.hash_slot_num) * SLOT_SIZE)
+        (number,) = _SLOT_UNPACK(raw) if len(raw) == SLOT_SIZE else (0,)
         skipped = 0
         while count <= number < self.index_num and skipped < _MAX_UNCOUNTED:
             number = _PREV.unpack_from(m, self.entry_pos(number) + _PREV_AT)[0]

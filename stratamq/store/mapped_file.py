@@ -216,7 +216,8 @@ class MappedFile(RefCountedMap):
     _error = MappedFileError
 
     def __init__(self, path: Path, file_size: int, *, read_only: bool = False,
-                 allocate_ahead: int = ALLOCATE_AHEAD, evictable: bool = False) -> None:
+                 allocate_ahead: int = ALLOCATE_AHEAD, evictable: bool = False,
+                 readahead: bool = True) -> None:
         start = parse_segment_name(path.name)
         if start is None:
             raise MappedFileError(f"{path}: not a 20-digit segment file name")
@@ -232,6 +233,7 @@ class MappedFile(RefCountedMap):
         self.allocate_ahead = allocate_ahead
         self._allocated_until = 0  # blocks reserved below this position (see _ensure_allocated)
         self._address: int | None = None  # where the map starts in memory (for prefault)
+        self.readahead = readahead
         flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT
         try:
             self._fd = os.open(path, flags, 0o644)
@@ -246,8 +248,18 @@ class MappedFile(RefCountedMap):
                         "segments of one queue must all have the same size"
                     )
                 os.ftruncate(self._fd, file_size)  # sparse, like RocketMQ's segments
+                # The first bytes the writer will write through the map get their blocks
+                # before the map exists: a file created on a full disk fails here, with
+                # ENOSPC, never later with SIGBUS. No zeros are written (fallocate).
+                try:
+                    self._ensure_allocated(0)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)  # no empty segment left behind to be loaded later
+                    raise
             access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
             self._map = mmap.mmap(self._fd, file_size, access=access)
+            self._advise()
         except BaseException:
             os.close(self._fd)
             raise
@@ -281,7 +293,22 @@ class MappedFile(RefCountedMap):
             self._map = mmap.mmap(fd, self.file_size, access=access)
         finally:
             os.close(fd)
+        self._advise()
         self.buffer = memoryview(self._map)
+
+    def _advise(self) -> None:
+        """Turn the kernel's read-ahead off for a file that asked (``readahead=False``).
+
+        A fault in a map reads around it: with a large ``read_ahead_kb`` (8 MiB on some
+        virtual disks) the first unit written into a new 6 MB ConsumeQueue file made the
+        kernel fill the page cache with the whole file's zeros, ~5-10 ms of system time per
+        file, and as long again to drop those pages when the file was deleted. A ConsumeQueue
+        is read a few units at a time, and recovery asks for its written range itself
+        (``will_need``)."""
+        if self.readahead or self._map is None:
+            return
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            self._map.madvise(mmap.MADV_RANDOM)
 
     def try_evict(self) -> bool:
         """Unmap if nothing but the owner holds the file (no reader, no write under way)."""
@@ -436,6 +463,24 @@ class MappedFile(RefCountedMap):
                     changed += 1
                 pos += n
         return changed
+
+    def data_end(self) -> int:
+        """Where the file's last data extent ends: no byte past it was ever written (holes
+        and fallocated, unwritten extents read as zeros). Recovery scans no further: reading
+        a hole through the map makes tmpfs allocate a page for it, and on a full tmpfs that
+        fault is a SIGBUS that kills the process. ``file_size`` where the file system cannot
+        tell (no SEEK_DATA)."""
+        extents = self._data_extents(0)
+        return extents[-1][1] if extents else 0
+
+    def will_need(self, start: int, end: int) -> None:
+        """Ask the kernel to read ``[start, end)`` in now, in large requests (a file mapped
+        without read-ahead would otherwise be read a page per fault)."""
+        if end <= start:
+            return
+        with contextlib.suppress(OSError, AttributeError), \
+                self._descriptor(os.O_RDONLY) as fd:
+            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
 
     def _data_extents(self, position: int) -> list[tuple[int, int]]:
         """``(start, end)`` ranges at or after ``position`` that may hold non-zero bytes."""

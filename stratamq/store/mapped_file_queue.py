@@ -100,8 +100,10 @@ class MappedFileQueue:
         read_only: bool = False,
         allocate_ahead: int = ALLOCATE_AHEAD,
         evictable: bool = False,
+        readahead: bool = True,
     ) -> None:
         self.directory = directory
+        self.readahead = readahead  # False: the kernel reads no more than a fault's page
         self.allocate_ahead = allocate_ahead
         self.evictable = evictable  # files may be unmapped while idle (see map_budget)
         self.mapped_file_size = mapped_file_size
@@ -150,7 +152,8 @@ class MappedFileQueue:
                 if start % self.mapped_file_size:
                     raise MappedFileError(f"{path}: start offset not a multiple of the file size")
                 mf = MappedFile(path, self.mapped_file_size, read_only=self.read_only,
-                                allocate_ahead=self.allocate_ahead, evictable=self.evictable)
+                                allocate_ahead=self.allocate_ahead, evictable=self.evictable,
+                                readahead=self.readahead)
                 mf.set_positions(self.mapped_file_size)  # recovery sets the real end
                 files.append(mf)
         except BaseException:
@@ -213,7 +216,7 @@ class MappedFileQueue:
         else:
             self.directory.mkdir(parents=True, exist_ok=True)
             mf = MappedFile(path, self.mapped_file_size, allocate_ahead=self.allocate_ahead,
-                            evictable=self.evictable)
+                            evictable=self.evictable, readahead=self.readahead)
         with self._files_lock:
             self._files = [*self._files, mf]
         return mf

@@ -11,6 +11,7 @@ returned; ``open`` and ``close`` from one thread.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -28,6 +29,7 @@ from stratamq.store.commitlog import CommitLog
 from stratamq.store.consume_queue_store import (
     ConsumeQueueStore,
 )
+from stratamq.store.consumption import ConsumedOffsets
 from stratamq.store.deleted_topics import DeletedTopics
 from stratamq.store.dispatch import Dispatcher, ReputService
 from stratamq.store.filter import TagFilter
@@ -91,6 +93,11 @@ def lock_store(layout: StoreLayout) -> int:
     return fd
 
 
+class StoreDiskFull(OSError):
+    """The store cannot open: its file system has no space for what opening must write (a
+    segment's reserved blocks, a replayed ConsumeQueue unit, the checkpoint)."""
+
+
 class MessageStore:
     """An embedded, RocketMQ-compatible message store rooted at ``config.store_path_root_dir``.
 
@@ -122,6 +129,9 @@ class MessageStore:
         # Asked before each put: a reason to refuse it (a cluster master's fence), or None.
         self.put_guards: list[Callable[[], str | None]] = []
         self._plugged_sources: list[tuple[ReadSource, bool]] = []  # add_read_source's
+        # What forced clean-up asks before it deletes unexpired files (see cleanup.py):
+        self._consumed_offsets: ConsumedOffsets | None = None  # set_consumed_offsets
+        self._record_holders: list[Callable[[], int]] = []  # add_record_holder
         self.read_chain = ReadChain()
         self._allocator: AllocateMappedFileService | None = None
         self._flusher: AsyncFlushService | GroupCommitService | None = None
@@ -147,9 +157,13 @@ class MessageStore:
             self._take_lock()
         try:
             self._open_parts(cfg)
-        except BaseException:
+        except BaseException as exc:
             self._close_cq_stores()  # RocksDB holds a lock of its own until closed
             self._release_lock()
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                raise StoreDiskFull(
+                    errno.ENOSPC, f"cannot open store {root}: its file system is full "
+                    f"({exc}); free some space (or move the store) and start again") from exc
             raise
         self._opened = True
         return self
@@ -359,8 +373,28 @@ class MessageStore:
         self.cleanup = CleanupService(
             cfg, self.layout.root, files, self.cq_stores, index_service=self.index,
             safe_offset=self._cleanup_safe_offset,
+            consumed_offsets=lambda: (self._consumed_offsets()
+                                      if self._consumed_offsets is not None else None),
+            held_elsewhere=self._held_elsewhere,
         )
         self.cleanup.start()
+
+    def set_consumed_offsets(self, provider: ConsumedOffsets) -> None:
+        """Register what consumer groups have consumed (the broker's offsets and pop
+        progress; ``store/consumption.py`` says the shape), any time. Under
+        ``diskFullPolicy=REFUSE_PUTS`` forced clean-up deletes only files below it; without
+        one, no message counts as consumed."""
+        self._consumed_offsets = provider
+
+    def add_record_holder(self, durable_offset: Callable[[], int]) -> None:
+        """Register a place that keeps the CommitLog's records below ``durable_offset()``
+        away from the local disk (a tier's uploader): forced clean-up may delete files below
+        it whatever the consumers have consumed, as nothing is lost."""
+        self._record_holders.append(durable_offset)
+
+    def _held_elsewhere(self) -> int | None:
+        offsets = [f() for f in self._record_holders]
+        return min(offsets) if offsets else None
 
     def _cleanup_safe_offset(self) -> int:
         """Below this, CommitLog files may go: flushed, dispatched, and processed durably by
@@ -730,5 +764,5 @@ class MessageStore:
         return self.reput.behind_bytes()
 
 
-__all__ = ["MAX_TOPIC_NAME_BYTES", "MessageStore", "StoreLocked", "lock_store",
-           "topic_name_problem"]
+__all__ = ["MAX_TOPIC_NAME_BYTES", "MessageStore", "StoreDiskFull", "StoreLocked",
+           "lock_store", "topic_name_problem"]

@@ -90,7 +90,13 @@ class SelectedRecord:
         self.size = len(buffer)
 
     def decode(self) -> StoredMessage:
-        return codec.decode(self.buffer)
+        """The record decoded; RecordCorrupt says where it is in the CommitLog (the codec
+        only knows the view's position 0) and which queue offset pointed at it."""
+        try:
+            return codec.decode(self.buffer)
+        except codec.RecordCorrupt as exc:
+            raise codec.RecordCorrupt(self.physical_offset + exc.position, exc.reason,
+                                      self.queue_offset) from None
 
 
 @dataclass

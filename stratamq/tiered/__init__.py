@@ -18,19 +18,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stratamq.config import StoreConfig, TieredStorageLevel, tier_provider
-from stratamq.tiered.drivers import FileSegmentFactory, TierIOError
+from stratamq.tiered.drivers import FileSegmentFactory, TierBucketMissing, TierIOError
 from stratamq.tiered.fetcher import TierFetcher
 from stratamq.tiered.flat_message_file import FlatFileStore, FlatMessageFile
 from stratamq.tiered.index_service import IndexStoreService
-from stratamq.tiered.metadata import MetadataCorrupt, MetadataStore
+from stratamq.tiered.metadata import MetadataCorrupt, MetadataMissing, MetadataStore
+from stratamq.tiered.naming import cluster_dir
 from stratamq.tiered.read_ahead import memory_limit
 from stratamq.tiered.uploader import TierUploader, is_filtered_topic
 
 if TYPE_CHECKING:
     from stratamq.store.message_store import MessageStore
 
-__all__ = ["FlatFileStore", "FlatMessageFile", "MetadataCorrupt", "TierIOError", "TieredStore",
-           "tiering_enabled", "wire"]
+__all__ = ["FlatFileStore", "FlatMessageFile", "MetadataCorrupt", "MetadataMissing",
+           "TierBucketMissing", "TierIOError", "TieredStore", "tiering_enabled", "wire"]
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,12 @@ class TieredStore:
         self.read_only = read_only
         self.background = background
         self.factory = FileSegmentFactory(config, cluster, fs=fs)
+        self.factory.check_bucket(create=not read_only and config.tiered_store_s3_create_bucket)
         if not read_only:
             self.factory.list_broker(broker)  # before this process writes anything there
         self.metadata = MetadataStore(config.root, read_only=read_only)
+        if not self.metadata.found:
+            self._refuse_without_metadata(broker)
         self.files = FlatFileStore(self.factory, self.metadata, broker, read_only=read_only)
         self.files.load()
         self.index: IndexStoreService | None = None
@@ -109,6 +113,26 @@ class TieredStore:
         self.held_elsewhere: Callable[[str, int], dict[str, Any] | None] | None = None
         self._started = False
 
+    def _refuse_without_metadata(self, broker: str) -> None:
+        """No metadata file, while the tier holds this broker's files: starting empty would
+        serve a part of the history (what the local store still has) and upload over the rest.
+        A tier that cannot be listed now is let through (a new broker's first start must not
+        depend on the tier being up; its first upload lists the files it writes to)."""
+        try:
+            held = self.factory.topics_with_queue_files(broker)
+        except TierIOError as exc:
+            log.warning("tier metadata %s is missing and the tier could not be listed to check "
+                        "that it holds nothing of %s: %s", self.metadata.path, broker, exc)
+            return
+        if held:
+            where = self.factory.full_path(f"{cluster_dir(self.cluster)}/{broker}")
+            raise MetadataMissing(
+                f"tier metadata {self.metadata.path} is missing, but the tier holds files of "
+                f"broker {broker} at {where} (topics {', '.join(held)}"
+                f"{', ...' if len(held) >= 5 else ''}): without it the broker would serve part "
+                "of that history and write over the rest. Restore the file (or copy its .bak "
+                "over it), or move that tier directory away to start the tier afresh")
+
     def start(self) -> None:
         """Start the uploader's scheduler (the store must be open)."""
         if self.uploader is not None and not self._started and self.background:
@@ -125,7 +149,14 @@ class TieredStore:
                local_topics: Callable[[], dict[str, list[int]]] | None = None
                ) -> list[dict[str, Any]]:
         """One row per topic/queue the tier or the local store holds (topics that are never
-        tiered left out): local and tier offsets, tier bytes, upload lag."""
+        tiered left out): local and tier offsets, tier bytes, upload lag, what reads found
+        damaged or missing in the tier (``read_damage.ReadDamage.status``), why the tier does
+        not hold what was committed (``tier_unverified``, null when it does or was not
+        checked), and the tier's ``lastError`` / ``lastErrorSince`` (``health``)."""
+        health = self.health()
+        # Queues the last verification found the tier not to hold as committed (their local
+        # files are kept): why, else null.
+        unverified = self.uploader.coverage.problems if self.uploader is not None else {}
         queues = {(f.topic, f.queue_id) for f in self.files.files()}
         if local_topics is not None:
             queues |= {(t, q) for t, ids in local_topics().items() for q in ids
@@ -137,7 +168,8 @@ class TieredStore:
                 held = local(topic, queue_id)
                 rows.append({"topic": topic, "queue_id": queue_id,
                              "local_min_offset": None if held is None else held[0],
-                             "local_max_offset": None if held is None else held[1], **other})
+                             "local_max_offset": None if held is None else held[1], **other,
+                             "tier_unverified": None, **health})
                 continue
             flat = self.files.get(topic, queue_id)
             init = flat is not None and flat.is_init()
@@ -156,8 +188,18 @@ class TieredStore:
                 "tier_committed_offset": committed,
                 "tier_bytes": flat.committed_bytes() if flat is not None else 0,
                 "lag_messages": lag_messages, "lag_bytes": lag_bytes,
+                **self.fetcher.damage.status(topic, queue_id),
+                "tier_unverified": unverified.get((topic, queue_id)), **health,
             })
         return rows
+
+    def health(self) -> dict[str, Any]:
+        """``lastError``: why the tier's last attempt failed, null while it works (and on a
+        tier this process does not upload to); ``lastErrorSince``: epoch ms of the first
+        failure in a row."""
+        if self.uploader is None:
+            return {"lastError": None, "lastErrorSince": None}
+        return self.uploader.health.status()
 
     def close(self) -> None:
         """Stop uploading (what is not uploaded stays local and is uploaded after the next
@@ -188,6 +230,14 @@ def wire(store: MessageStore, *, cluster: str, broker: str,
         from stratamq.tiered.offloaded import adopt
 
         adopt(config, cluster, broker)
+    provider = tier_provider(config)
+    if not store.read_only and provider != "memory":
+        # So that offline commands find the tier without the broker's --config.
+        from stratamq.tiered.location import TierLocation, record_location
+
+        record_location(config.root, TierLocation(
+            provider or "", config.tiered_store_file_path, config.tiered_store_s3_endpoint,
+            cluster, broker))
     view = StoreView(lambda: store.consume_queues, lambda: store.commitlog,
                      config.access_message_in_memory_max_ratio)
     tier = TieredStore(config, cluster, broker, view=view,

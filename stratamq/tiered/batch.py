@@ -20,6 +20,7 @@ import numpy as np
 from stratamq.message import Prop
 from stratamq.record import codec
 from stratamq.record.layout import _V4, MESSAGE_MAGIC_CODE_V1, SYS_FLAG_POS
+from stratamq.store.consume_queue_format import is_blank_unit
 from stratamq.store.log_reader import CommitLogReader
 
 __all__ = ["Batch", "be_ints", "gather", "index_keys", "store_times"]
@@ -98,6 +99,43 @@ def gather(reader: CommitLogReader, first: int, units: list[tuple[int, int, int]
     if (be_ints(np.frombuffer(data, dtype=np.uint8), starts, 4) != sizes).any():
         return None
     return Batch(first, data, starts, sizes, codes)
+
+
+def collect(reader: CommitLogReader, start: int, units: list[tuple[int, int, int]],
+            max_bytes: int) -> tuple[Batch | None, int, list[tuple[int, int]]]:
+    """Record by record, where ``gather`` could not take the units at once: the records from
+    queue offset ``start`` up to the first that is blank or gone (those at the start that are,
+    skipped); (batch or None, the queue offset after what was looked at, the ``[from, to)``
+    queue offsets skipped, for the caller to report)."""
+    records: list[bytes] = []
+    codes: list[int] = []
+    skipped: list[tuple[int, int]] = []
+    first = total = 0
+    offset = start
+    missing_from = None
+    for phys, size, code in units:
+        if records and total + size > max_bytes:
+            break
+        data = None if is_blank_unit(phys, size, code) else reader.read_bytes(phys, size)
+        if data is None:
+            if records:
+                break  # commit what comes before the gap first
+            if missing_from is None:
+                missing_from = offset
+            offset += 1
+            continue
+        if missing_from is not None:
+            skipped.append((missing_from, offset))
+            missing_from = None
+        if not records:
+            first = offset
+        records.append(data)
+        codes.append(code)
+        total += size
+        offset += 1
+    if missing_from is not None:
+        skipped.append((missing_from, offset))
+    return (Batch.of(first, records, codes) if records else None), offset, skipped
 
 
 def be_ints(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:

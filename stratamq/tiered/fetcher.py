@@ -32,12 +32,14 @@ from typing import Protocol
 from stratamq import record as codec
 from stratamq.config import StoreConfig, TieredStorageLevel
 from stratamq.message import Prop, StoredMessage
+from stratamq.record.copy_check import check_copies
 from stratamq.store.read_chain import QueueOffsets, ReadRequest
 from stratamq.store.results import GetMessageResult, GetMessageStatus, SelectedRecord
 from stratamq.tiered.flat_message_file import FlatFileStore, FlatMessageFile
 from stratamq.tiered.index_service import IndexStoreService
 from stratamq.tiered.metadata import MetadataStore
 from stratamq.tiered.read_ahead import Chunk, ReadAheadCache, memory_limit
+from stratamq.tiered.read_damage import CHECK_WINDOW, BlockChecks, ReadDamage, find_missing
 
 __all__ = ["LocalView", "TierFetcher"]
 
@@ -82,6 +84,10 @@ class TierFetcher:
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="tier-read-ahead")
         self._closed = False
         self.served = 0  # messages handed to readers
+        # Records are checked before they are served (``record.copy_check``); False only for
+        # the benchmark's baseline (bench/tier_reads.py).
+        self.check_records = True
+        self.damage = ReadDamage()
         self._phys_ranges: dict[tuple[str, int], tuple[int, int, int, int]] = {}
 
     def close(self) -> None:
@@ -131,14 +137,35 @@ class TierFetcher:
                 return None
             return self._result(GetMessageStatus.OFFSET_FOUND_NULL, held or high, low, high,
                                 topic, queue_id)
-        try:
-            return self._read_records(flat, request, low, high)
-        except OSError as exc:
-            log.warning("tier read of %s/%d at %d failed: %s", topic, queue_id, offset, exc)
-            if self._local_holds(topic, queue_id, offset):
-                return None  # the local copy serves it (RocketMQ's fallback)
-            return self._result(GetMessageStatus.OFFSET_FOUND_NULL, offset, low, high, topic,
-                                queue_id)
+        for _ in range(3):  # each failure that finds lost data narrows the next attempt
+            lost = self.damage.missing_at(topic, queue_id, offset)
+            if lost is not None:
+                return self._over_gap(topic, queue_id, offset, lost[1], low, high)
+            try:
+                return self._read_records(flat, request, low, high)
+            except OSError as exc:
+                error = exc
+                if not find_missing(flat, offset, self.config.read_ahead_message_count_threshold,
+                                    self.damage):
+                    break  # the tier holds the data but did not answer: not a gap
+        log.warning("tier read of %s/%d at %d failed: %s", topic, queue_id, offset, error)
+        if self._local_holds(topic, queue_id, offset):
+            return None  # the local copy serves it (RocketMQ's fallback)
+        return self._result(GetMessageStatus.OFFSET_FOUND_NULL, offset, low, high, topic,
+                            queue_id)
+
+    def _over_gap(self, topic: str, queue_id: int, offset: int, end: int, low: int,
+                  high: int) -> GetMessageResult | None:
+        """A read at ``offset`` inside data the tier lost, up to ``end``: the local store
+        serves it if it still holds it; otherwise RocketMQ's answer for a hole,
+        ``OFFSET_FOUND_NULL`` with the next offset past it (or where the local queue starts,
+        if that is sooner), so a reader crosses the whole gap in one read."""
+        held = self.local.offsets(topic, queue_id) if self.local is not None else None
+        if held is not None and held[0] <= offset < held[1]:
+            return None
+        if held is not None and offset < held[0] < end and held[1] > held[0]:
+            end = held[0]
+        return self._result(GetMessageStatus.OFFSET_FOUND_NULL, end, low, high, topic, queue_id)
 
     def _result(self, status: GetMessageStatus, next_offset: int, low: int, high: int,
                 topic: str, queue_id: int) -> GetMessageResult:
@@ -154,8 +181,35 @@ class TierFetcher:
         self.tier_reads += 1
         if chunk is None:
             return _empty(offset)
+        chunk = self._with_checks(chunk)
         self.cache.put(flat.topic, flat.queue_id, chunk)
         return chunk
+
+    def _with_checks(self, block: Chunk) -> Chunk:
+        """The block, with the state of its checks (none when checks are off)."""
+        return block._replace(checks=BlockChecks(block.length)) if self.check_records \
+            else block
+
+    def _check_window(self, flat: FlatMessageFile, block: Chunk, i: int) -> int:
+        """Check the window of records holding record ``i`` of the block (once per block:
+        readers share the cached block), noting those that fail; returns where the window
+        ends. Checked as they are about to be served, a window at a time: the bytes a check
+        reads are then still in the CPU's cache when they are served, and a reader that
+        takes a few records of a block pays for a window, not for the whole block."""
+        checks = block.checks
+        if checks is None:
+            return block.length
+        k = i // CHECK_WINDOW
+        first, end = k * CHECK_WINDOW, min(block.length, (k + 1) * CHECK_WINDOW)
+        if not checks.done[k]:
+            bad = check_copies(block.buffer, block.starts[first:end], block.sizes[first:end],
+                               flat.topic, flat.queue_id, block.start + first)
+            for j, why in bad.items():
+                self.damage.corrupt(flat.topic, flat.queue_id, block.start + first + j, why,
+                                    flat.file_path)
+                checks.bad.add(first + j)
+            checks.done[k] = 1
+        return end
 
     def _chunk_at(self, flat: FlatMessageFile, offset: int, count: int) -> Chunk | None:
         """The cached chunk holding ``offset``, read (or waited for, when a read-ahead of it
@@ -190,7 +244,8 @@ class TierFetcher:
         """Past the middle of a chunk: read the next one in the background."""
         nxt = chunk.end
         if position - chunk.start < chunk.length // 2 or \
-                nxt >= flat.consume_queue.segment_end_queue_offset(chunk.start):
+                nxt >= flat.consume_queue.segment_end_queue_offset(chunk.start) or \
+                self.damage.missing_at(flat.topic, flat.queue_id, nxt) is not None:
             return
         key = (flat.topic, flat.queue_id, nxt)
         with self._flight_lock:
@@ -213,7 +268,9 @@ class TierFetcher:
         self._pool.submit(run)
 
     def _read_records(self, flat: FlatMessageFile, request: ReadRequest, low: int,
-                      high: int) -> GetMessageResult:
+                      high: int) -> GetMessageResult | None:
+        """Records from the request's offset (None: the first is corrupt and the local store
+        holds it); stops before data the tier is known to have lost."""
         cfg = self.config
         topic, queue_id = flat.topic, flat.queue_id
         filt = request.filter
@@ -221,6 +278,10 @@ class TierFetcher:
         # Pop consumers read one message at a time, at random: read less ahead for them.
         count = 32 if request.max_count == 1 else cfg.read_ahead_message_count_threshold
         end = flat.consume_queue.segment_end_queue_offset(request.offset)
+        lost = self.damage.next_missing(topic, queue_id, request.offset)
+        if lost is not None and lost < end:
+            end = lost  # the tier lost what follows: read up to it
+            count = min(count, end - request.offset)
         result = self._result(GetMessageStatus.NO_MATCHED_MESSAGE, request.offset, low, high,
                               topic, queue_id)
         total = 0
@@ -233,20 +294,35 @@ class TierFetcher:
         everything = filt.accepts_all
         while not done and offset < end and offset - request.offset < scan:
             if use_cache:
-                chunk = self._chunk_at(flat, offset, count)
+                chunk = self._chunk_at(flat, offset, min(count, end - offset))
             else:
-                chunk = flat.read_block(offset, max(request.max_count, 1), request.max_bytes)
+                chunk = flat.read_block(offset, min(max(request.max_count, 1), end - offset),
+                                        request.max_bytes)
                 self.tier_reads += 1
+                if chunk is not None:
+                    chunk = self._with_checks(chunk)
             if chunk is None or not chunk.length:
                 break
             served = 0
             buf, starts, sizes = chunk.buffer, chunk.starts, chunk.sizes
             codes, physical = chunk.codes, chunk.physical
-            for i in range(offset - chunk.start, chunk.length):
+            bad = chunk.checks.bad if chunk.checks is not None else ()
+            checked_to = 0
+            for i in range(offset - chunk.start, min(chunk.length, end - chunk.start)):
                 size = sizes[i]
                 if offset >= last or len(out) >= max_count or (out and total + size > max_bytes):
                     done = True
                     break
+                if i >= checked_to:
+                    checked_to = self._check_window(flat, chunk, i)
+                if bad and i in bad:  # never served: the local copy, else the next record
+                    if self._local_holds(topic, queue_id, offset):
+                        if offset == request.offset:
+                            return None
+                        done = True
+                        break
+                    offset += 1
+                    continue
                 offset += 1
                 served += 1
                 at = starts[i]
@@ -297,7 +373,7 @@ class TierFetcher:
                 continue  # its file expired from the tier
             try:
                 data = flat.commit_log.read(item.offset, item.size)
-                msg = codec.decode(data)
+                msg = self._decode_checked(flat, data)
             except (OSError, ValueError, struct.error) as exc:
                 log.warning("tier index item of %s/%d at %d unreadable: %s", topic,
                             item.queue_id, item.offset, exc)
@@ -329,8 +405,23 @@ class TierFetcher:
                             physical_offset, flat.file_path, exc)
                 continue
             if data is not None:
-                return codec.decode(data)
+                try:
+                    return self._decode_checked(flat, data)
+                except (ValueError, struct.error):
+                    return None
         return None
+
+    def _decode_checked(self, flat: FlatMessageFile, data: bytes) -> StoredMessage:
+        """A record found by a lookup (key, offset message id), decoded once its body matches
+        its CRC; a corrupt one is noted (ERROR once) and raises ``RecordCorrupt``."""
+        try:
+            return codec.decode(data, check_crc=self.check_records)
+        except codec.RecordCorrupt as exc:
+            if len(data) >= codec.QUEUE_OFFSET_POS + 8:
+                queue_offset = codec.record_positions(data, 0)[0]
+                self.damage.corrupt(flat.topic, flat.queue_id, queue_offset, exc.reason,
+                                    flat.file_path)
+            raise
 
     def _physical_bounds(self, flat: FlatMessageFile) -> tuple[int, int] | None:
         if not flat.is_init():

@@ -34,6 +34,7 @@ from stratamq.tiered.drivers.base import NO_TIMESTAMP
 from stratamq.tiered.flat_file import UNIT_DTYPE, FlatCommitLogFile, FlatConsumeQueueFile
 from stratamq.tiered.metadata import MetadataStore, QueueMetadata, TopicMetadata
 from stratamq.tiered.naming import queue_file_path
+from stratamq.tiered.read_damage import BlockChecks
 
 __all__ = ["FlatFileStore", "FlatMessageFile", "RecordBlock", "TierRecord"]
 
@@ -56,7 +57,8 @@ class RecordBlock(NamedTuple):
     """Consecutive records from queue offset ``start``: record ``i`` is
     ``buffer[starts[i]:starts[i] + sizes[i]]`` (one ranged read's buffer), with tags code
     ``codes[i]``, original CommitLog offset ``physical[i]`` and tier CommitLog offset
-    ``flat_offsets[i]``. Parallel lists, not an object per record: a block holds thousands."""
+    ``flat_offsets[i]``. Parallel lists, not an object per record: a block holds thousands.
+    ``checks``: the reader's checks of the records (``read_damage.BlockChecks``), if any."""
 
     start: int
     buffer: memoryview
@@ -65,6 +67,7 @@ class RecordBlock(NamedTuple):
     codes: list[int]
     physical: list[int]
     flat_offsets: list[int]
+    checks: BlockChecks | None = None
 
     @property
     def length(self) -> int:

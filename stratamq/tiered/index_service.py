@@ -120,6 +120,10 @@ class IndexStoreService:
         self.flat = FlatAppendFile(factory, metadata, FileSegmentType.INDEX,
                                    index_file_path(broker))
         self._lock = threading.RLock()
+        # One upload of a sealed file at a time, whoever asks (the scheduler, any number of
+        # ``tier flush`` calls): two would both take the oldest file, upload it twice and
+        # both try to forget it.
+        self._upload_lock = threading.Lock()
         self.unsealed: list[UnsealedIndexFile] = []  # oldest first; the last is written
         self.uploaded: list[UploadedIndexFile] = []
         self._slot_cache: OrderedDict[int, bytes] = OrderedDict()  # segment base -> table
@@ -227,18 +231,36 @@ class IndexStoreService:
                 local.flush()
 
     def seal_current(self) -> None:
-        """Seal the file being written (so ``upload_sealed`` takes it): ``tier flush``."""
+        """Seal the file being written (so ``upload_sealed`` takes it), whatever it holds."""
         with self._lock:
             if self.unsealed and self.unsealed[-1].item_count:
                 current = self.unsealed[-1]
                 self._new_file(current.max_timestamp)
 
+    def seal_idle(self, now_ms: int, idle_ms: int) -> bool:
+        """RocketMQ's rolling rule besides a full file: seal the file being written when it
+        holds items and took none for ``idle_ms`` (``tieredStoreIndexFileRollingIdleInterval``).
+        Never per flush: a sealed file is its whole slot table whatever it holds (about 40 MB
+        at the default geometry), so sealing on demand made the tier grow by that per call."""
+        with self._lock:
+            current = self.unsealed[-1] if self.unsealed else None
+            if current is None or not current.item_count or \
+                    now_ms - current.end_timestamp <= idle_ms:
+                return False
+            self._new_file(current.max_timestamp)
+            return True
+
     def upload_sealed(self, record: Callable[[], None] | None = None) -> bool:
         """Compact and upload the oldest sealed file (every local file but the last); True when
-        one went. ``record`` writes the metadata before the upload (default: the metadata
+        one went; raises TierIOError when the upload failed (retried by the next call).
+        ``record`` writes the metadata before the upload (default: the metadata
         store's ``persist``; the uploader passes its own, so that one write carries its
         progress too); the uploaded size needs no write of its own (a start takes it from the
         tier), so it goes with the next one."""
+        with self._upload_lock:
+            return self._upload_oldest(record)
+
+    def _upload_oldest(self, record: Callable[[], None] | None) -> bool:
         with self._lock:
             if len(self.unsealed) < 2:
                 return False
@@ -269,8 +291,8 @@ class IndexStoreService:
             segment.min_timestamp = local.min_timestamp
             segment.max_timestamp = local.max_timestamp
             if not flat.commit(defer_meta=True):
-                log.warning("tier index: upload of %s failed; retried later", local.path)
-                return False
+                raise TierIOError(f"tier index: upload of {local.path} failed (retried "
+                                  f"later): {segment.last_error or 'another upload was running'}")
         with self._lock:
             self.uploaded.append(UploadedIndexFile(segment, self))
             self._drop_local(local, compacting, later=True)

@@ -11,6 +11,12 @@ or the new one. It may lag what the tier holds (sizes are then corrected from th
 next start), never run ahead of it: a segment is recorded before anything is written to it,
 and sizes only after their upload returned.
 
+The ``.bak`` is the last good version: a document that lacks queues the ``.bak`` has (other
+than those deleted on purpose, ``queuesDeletedSinceBackup``) never replaces it (the file alone
+is written). A missing file next to a ``.bak`` is refused (``MetadataMissing``): starting
+empty would serve a fraction of the history and, two saves later, overwrite the ``.bak``;
+``TieredStore`` refuses a missing file too when the tier holds the broker's files.
+
 Thread-safety: every method takes the store's lock; entities handed out are copies' owners'
 to change only through ``update_*`` (callers keep their own objects and write them back).
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -29,8 +36,8 @@ from typing import Any
 from stratamq.fileutil import atomic_write
 from stratamq.tiered.naming import METADATA_FILE, FileSegmentType
 
-__all__ = ["FileSegmentMetadata", "MetadataCorrupt", "MetadataStore", "QueueMetadata",
-           "TopicMetadata"]
+__all__ = ["FileSegmentMetadata", "MetadataCorrupt", "MetadataMissing", "MetadataStore",
+           "QueueMetadata", "TopicMetadata"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,11 @@ _TABLES = {FileSegmentType.COMMIT_LOG: "commitLogFileSegmentTable",
 
 class MetadataCorrupt(ValueError):
     """The metadata file exists but is not a document this version can read."""
+
+
+class MetadataMissing(MetadataCorrupt):
+    """The metadata file is gone while what it described is still there (its ``.bak``, or
+    the tier's files): starting without it would lose that history quietly."""
 
 
 def _now() -> int:
@@ -120,6 +132,16 @@ def _segment(obj: dict[str, Any]) -> FileSegmentMetadata:
     return meta
 
 
+def _queues_in(path: Path) -> set[tuple[str, int]]:
+    """(topic, queue id) of every queue a metadata document records (empty when it is missing
+    or unreadable: then there is nothing to keep it for)."""
+    try:
+        table = json.loads(path.read_bytes())["queueMetadataTable"]
+        return {(t, int(q)) for t, queues in table.items() for q in queues}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+
+
 class MetadataStore:
     """The tables, in memory, persisted on demand. ``root`` is the store directory."""
 
@@ -140,23 +162,69 @@ class MetadataStore:
         # Changed, but only in what a start reads back from the tier anyway (an uploaded
         # file's size): written by the next write, or ``persist(deferred_too=True)``.
         self._deferred = False
+        self.found = False  # the file existed when loaded
+        # Queues of the document on disk and of its .bak (the .bak rule, see the docstring),
+        # and the queues this process deleted since the .bak was written.
+        self._file_queues: set[tuple[str, int]] = set()
+        self._bak_queues: set[tuple[str, int]] = set()
+        self._deleted_queues: set[tuple[str, int]] = set()
+        # Queues deleted between the .bak's write and the file's (its "queuesDeletedSince-
+        # Backup"): the file lacks them on purpose.
+        self._deleted_before_file: set[tuple[str, int]] = set()
+        self._kept_bak_logged = False
         self._load()
 
     # -- load / persist --------------------------------------------------------------------------
 
+    @property
+    def backup_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".bak")
+
     def _load(self) -> None:
+        backup = self.backup_path
+        raw: bytes | None
         try:
             raw = self.path.read_bytes()
         except FileNotFoundError:
+            raw = self._finish_interrupted_write()
+        if raw is None:
+            if backup.exists():
+                raise MetadataMissing(
+                    f"tier metadata {self.path} is missing but its previous version {backup} "
+                    "is there: the tier's history would be served in part and the backup "
+                    "overwritten. Copy the backup over the file (the start takes the last "
+                    "files' sizes from the tier), or move both away deliberately")
             return
+        self.found = True
         try:
             doc = json.loads(raw)
             self._decode(doc)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            backup = self.path.with_name(self.path.name + ".bak")
             raise MetadataCorrupt(
                 f"tier metadata {self.path} is damaged ({exc}); its previous version is "
                 f"{backup} (copy it over the file to go back to it)") from None
+        self._file_queues = self._queue_keys()
+        self._bak_queues = _queues_in(backup)
+
+    def _finish_interrupted_write(self) -> bytes | None:
+        """A crash between ``atomic_write``'s two renames leaves the old document as the .bak
+        and the new one, whole (synced before the renames), as the .tmp: finish the rename."""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        if self.read_only or not self.backup_path.exists():
+            return None
+        try:
+            raw = tmp.read_bytes()
+            json.loads(raw)
+        except (OSError, ValueError):
+            return None
+        os.replace(tmp, self.path)
+        log.warning("tier metadata %s: finished a write a stop interrupted (from %s)", self.path,
+                    tmp)
+        return raw
+
+    def _queue_keys(self) -> set[tuple[str, int]]:
+        with self._lock:
+            return {(t, q) for t, table in self._queues.items() for q in table}
 
     def _decode(self, doc: dict[str, Any]) -> None:
         version = doc.get("version", FORMAT_VERSION)
@@ -172,8 +240,12 @@ class MetadataStore:
                 path: {int(base): _segment(obj) for base, obj in table.items()}
                 for path, table in doc.get(table_name, {}).items()}
         self.durable_offset = int(doc.get("dispatcher", {}).get("durableOffset", 0))
+        self._deleted_before_file = {(str(t), int(q))
+                                     for t, q in doc.get("queuesDeletedSinceBackup", [])}
 
-    def encode(self) -> bytes:
+    def encode(self, *, deleted_since_backup: set[tuple[str, int]] | None = None) -> bytes:
+        """The document; ``deleted_since_backup``: queues deleted on purpose since the .bak
+        this file will sit next to was written (``persist`` passes them)."""
         # Shallow copies of the entities' fields (``vars``: the same keys, in field order, as
         # ``dataclasses.asdict``, which deep-copies field by field at several times the cost;
         # a document holds every segment of every queue and is written after each upload).
@@ -193,6 +265,8 @@ class MetadataStore:
                     path: {str(base): dict(vars(m)) for base, m in sorted(table.items())}
                     for path, table in sorted(self._segments[file_type].items())}
             doc["dispatcher"] = {"durableOffset": self.durable_offset}
+            if deleted_since_backup:
+                doc["queuesDeletedSinceBackup"] = sorted([t, q] for t, q in deleted_since_backup)
             self._dirty = self._deferred = False
         return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
@@ -209,10 +283,31 @@ class MetadataStore:
         with self._persist_lock:
             if self._written_from > ticket:
                 return  # a write that began after this call was made wrote what it had
+            # The file on disk becomes the .bak only if it lost no queue the .bak has, but
+            # those deleted on purpose between the two writes: the .bak stays the last good
+            # version. Each document carries the deletions made since the .bak it will sit
+            # next to was written, so the rule holds across a restart too.
+            exists = self.path.exists()
             with self._lock:
                 starts_at = self._tickets  # every call with a lower ticket is covered
-                data = self.encode()
-            atomic_write(self.path, data, backup=True)
+                since = set(self._deleted_queues)  # deleted since the last write
+                lost = self._bak_queues - self._file_queues - self._deleted_before_file
+                rotate = exists and not lost
+                carried = since if rotate else self._deleted_before_file | since
+                data = self.encode(deleted_since_backup=carried)
+                written = self._queue_keys()
+            if lost and exists and not self._kept_bak_logged:
+                log.error("tier metadata %s lacks %d queues its backup %s has (e.g. %s/%d): the "
+                          "backup is kept, not replaced", self.path, len(lost), self.backup_path,
+                          *sorted(lost)[0])
+                self._kept_bak_logged = True
+            atomic_write(self.path, data, backup=rotate)
+            with self._lock:
+                self._deleted_queues -= since
+            if rotate:
+                self._bak_queues = self._file_queues
+            self._deleted_before_file = carried
+            self._file_queues = written
             self._written_from = starts_at
 
     def changed(self, *, deferred_too: bool = False) -> bool:
@@ -250,7 +345,8 @@ class MetadataStore:
     def delete_topic(self, topic: str) -> None:
         with self._lock:
             self._topics.pop(topic, None)
-            self._queues.pop(topic, None)
+            for queue_id in self._queues.pop(topic, {}):
+                self._deleted_queues.add((topic, queue_id))
             self._dirty = True
 
     # -- queues ----------------------------------------------------------------------------------
@@ -284,7 +380,8 @@ class MetadataStore:
 
     def delete_queue(self, topic: str, queue_id: int) -> None:
         with self._lock:
-            self._queues.get(topic, {}).pop(queue_id, None)
+            if self._queues.get(topic, {}).pop(queue_id, None) is not None:
+                self._deleted_queues.add((topic, queue_id))
             self._dirty = True
 
     # -- file segments ---------------------------------------------------------------------------

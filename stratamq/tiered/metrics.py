@@ -14,6 +14,10 @@ stratamq_tiered_store_retention_hold_bytes        local CommitLog bytes kept bec
                                                   dispatcherRetentionHoldMaxBytes)
 stratamq_tiered_store_skipped_messages_total      messages that left the local store before
                                                   they could be uploaded
+stratamq_tiered_store_corrupt_records_total       tier records reads found corrupt (each once;
+                                                  never served)
+stratamq_tiered_store_missing_messages_total      queue offsets reads found lost from the tier
+                                                  (a file truncated or gone; each once)
 ================================================  =============================================
 """
 
@@ -62,8 +66,21 @@ class TierCollector(Collector):
                             up.skipped_messages)
             yield self._one(gauge, "stratamq_tiered_store_retention_hold_bytes",
                             "local CommitLog bytes held for the tier", up.retention_hold_bytes())
+            yield self._one(gauge, "stratamq_tiered_store_unverified_queues",
+                            "tier queues whose committed data the tier's listing or last "
+                            "record did not confirm (their local files are kept)",
+                            up.coverage.unverified_queues)
+            yield self._one(gauge, "stratamq_tiered_store_failing",
+                            "1 while the tier's uploads fail (backing off), else 0",
+                            1 if up.health.failures else 0)
         yield self._one(counter, "rocketmq_tiered_store_messages_out",
                         "messages the tier served", tier.fetcher.served)
+        yield self._one(counter, "stratamq_tiered_store_corrupt_records",
+                        "tier records found corrupt by reads (never served)",
+                        tier.fetcher.damage.corrupt_records)
+        yield self._one(counter, "stratamq_tiered_store_missing_messages",
+                        "queue offsets found lost from the tier by reads",
+                        tier.fetcher.damage.missing_messages)
         yield self._one(gauge, "rocketmq_tiered_store_read_ahead_cache_count",
                         "messages in the read-ahead cache", len(cache))
         yield self._one(gauge, "rocketmq_tiered_store_read_ahead_cache_bytes",

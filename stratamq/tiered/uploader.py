@@ -14,10 +14,14 @@ uploader's own threads, as RocketMQ's dispatcher does:
   tier index;
 * a queue whose local data expired before it was uploaded resumes at the local minimum (the
   tier's ConsumeQueue gets a gap there) and the skipped offsets are logged;
-* ``durable_offset()``: the CommitLog offset below which every record is in the tier (the
-  first waiting record of any queue, or the end of what was dispatched). The store replays
-  dispatch from it on open and keeps local CommitLog files above it, bounded by
-  ``dispatcherRetentionHoldMaxBytes``; ``retention_hold_bytes()`` is how much it holds.
+* ``committed_offset()``: the CommitLog offset below which every record was committed to the
+  tier (the first waiting record of any queue, or the end of what was dispatched);
+  ``durable_offset()``: the same, verified in the tier (``coverage.TierCoverage``: the tier's
+  listing and each queue's last record read back), which is what local clean-up trusts (the
+  store's and ``store clean --tiered-only``). The store replays dispatch from it on open (the
+  first call after ``attach``: the committed offset, nothing asked of the tier) and keeps local
+  CommitLog files above it, bounded by ``dispatcherRetentionHoldMaxBytes``;
+  ``retention_hold_bytes()`` is how much it holds.
 
 Threads: ``dispatch`` on the store's dispatch thread (cheap, under ``_lock``); one scheduler
 thread (``tier-uploader``); uploads on a pool (``tier-upload-N``), one at a time per queue
@@ -40,9 +44,10 @@ from stratamq.config import StoreConfig
 from stratamq.message import DispatchInfo
 from stratamq.store.consume_queue_format import is_blank_unit
 from stratamq.store.log_reader import CommitLogReader
-from stratamq.tiered.batch import Batch, gather, index_keys, store_times
-from stratamq.tiered.drivers import TierIOError
+from stratamq.tiered.batch import Batch, collect, gather, index_keys, store_times
+from stratamq.tiered.coverage import TierCoverage
 from stratamq.tiered.flat_message_file import HEADER_PEEK, FlatFileStore, FlatMessageFile
+from stratamq.tiered.health import TierHealth
 from stratamq.tiered.index_service import IndexStoreService
 from stratamq.tiered.metadata import MetadataStore
 
@@ -120,6 +125,11 @@ class TierUploader:
         self._thread: threading.Thread | None = None
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="tier-upload")
         self._last_expiry = time.monotonic()
+        # Whether the tier works, and when to try it again after a failure (back-off, one log
+        # line per change of state): no round, flush or index upload is tried before that.
+        self.health = TierHealth(files.factory.describe())
+        self.coverage = TierCoverage(files, local)
+        self._opening = False  # attached, the store's replay start not asked yet
         # Counters (metrics, status), changed under _count_lock: uploads run on several pool
         # threads, and ``+=`` on an attribute is not atomic across them.
         self._count_lock = threading.Lock()
@@ -135,6 +145,7 @@ class TierUploader:
 
     def attach(self, reader: CommitLogReader) -> None:
         self.reader = reader
+        self._opening = True
 
     def dispatch(self, info: DispatchInfo) -> None:
         end = info.physical_offset + info.size
@@ -159,10 +170,48 @@ class TierUploader:
             if self._due(waiting, 0):
                 self._wake.set()
 
-    def durable_offset(self) -> int:
+    def committed_offset(self) -> int:
+        """Below this CommitLog offset every record was committed to the tier (as far as this
+        process knows: see ``durable_offset``)."""
         with self._lock:
             return min([w.first_phys for w in self._waiting.values()], default=-1) \
                 if self._waiting else self._dispatched_end
+
+    def durable_offset(self) -> int:
+        """Below this CommitLog offset every record is verified to be in the tier: what local
+        clean-up may delete. The committed offset, lowered to what the last verification of
+        the tier confirmed; a verification is made here when the committed offset passed a
+        CommitLog file's end the last one did not cover (``TierCoverage.due``: a deletion
+        could depend on it), not while the tier backs off. Never
+        verified: the local CommitLog's start (nothing is deletable as held by the tier).
+
+        The first call after ``attach`` is the store's replay start on open: the committed
+        offset, unverified (replaying records the tier lost would not bring them back:
+        dispatch skips what the metadata says is committed), so an open asks nothing of the
+        tier."""
+        committed = self.committed_offset()
+        if self._opening:
+            self._opening = False
+            return committed
+        reader = self.reader
+        if self.health.ready() and self.coverage.due(
+                committed, reader.segment_size if reader is not None else 0):
+            self.verify_coverage(committed)
+        floor = self.coverage.floor
+        if floor is None:
+            return min(committed, reader.min_offset if reader is not None else 0)
+        return min(committed, floor)
+
+    def verify_coverage(self, committed: int | None = None) -> int:
+        """Verify the tier's coverage now (``TierCoverage.verify``) and return the offset
+        below which every record is in the tier (``store clean --tiered-only`` calls it before
+        deciding)."""
+        if committed is None:
+            committed = self.committed_offset()
+        skip = self.skip_topic
+        skipped = {(f.topic, f.queue_id) for f in self.files.files()
+                   if skip is not None and skip(f.topic)}
+        return self.coverage.verify(committed, skipped)
 
     def destroy_topic(self, topic: str) -> None:
         with self._lock:
@@ -189,7 +238,9 @@ class TierUploader:
         """Local CommitLog bytes kept only because the tier does not have them yet."""
         if self.reader is None:
             return 0
-        return max(0, self.reader.end() - max(self.durable_offset(), self.reader.min_offset))
+        floor = self.coverage.floor  # the last verdict: no verification from a status call
+        held = self.committed_offset() if floor is None else min(self.committed_offset(), floor)
+        return max(0, self.reader.end() - max(held, self.reader.min_offset))
 
     # -- the scheduler -----------------------------------------------------------------------------
 
@@ -222,6 +273,8 @@ class TierUploader:
     def run_round(self, *, force: bool = False) -> int:
         """Start an upload for every queue whose batch is due (every waiting queue with
         ``force``); returns how many were started."""
+        if not self.health.ready():
+            return 0  # backing off after a failure: waiting queues go at the next attempt
         now = int(time.time() * 1000)
         due: list[tuple[tuple[str, int], int]] = []
         with self._lock:
@@ -234,12 +287,15 @@ class TierUploader:
                 due.append((key, waiting.next))
         try:
             self._start_new_queues(due)
-        except Exception:
+        except Exception as exc:
             with self._progress:
                 for key, _next in due:
                     if (left := self._waiting.get(key)) is not None:
                         left.scheduled = False
-            raise
+            if not isinstance(exc, OSError):
+                raise
+            self.health.failed("starting new tier queues", exc)
+            return 0
         for key, _next in due:
             self._executor.submit(self._upload_task, key)
         return len(due)
@@ -273,8 +329,9 @@ class TierUploader:
 
     def _housekeeping(self) -> None:
         if self.index is not None:
-            while self.index.upload_sealed(self.persist):
-                pass
+            self.index.seal_idle(int(time.time() * 1000),
+                                 self.config.tiered_store_index_file_rolling_idle_interval)
+            self._upload_index()
         cfg = self.config
         interval_s = cfg.tiered_store_delete_file_interval / 1000
         if cfg.tiered_store_delete_file_enable and \
@@ -283,12 +340,28 @@ class TierUploader:
             self.delete_expired()
         self.persist(deferred_too=True)
 
+    def _upload_index(self) -> bool:
+        """Upload the sealed index files (not while the tier backs off); False when one
+        failed (it stays local, retried later)."""
+        assert self.index is not None
+        while len(self.index.unsealed) > 1:
+            if not self.health.ready():
+                return False
+            try:
+                if not self.index.upload_sealed(self.persist):
+                    return True  # none left (another caller took the last)
+            except OSError as exc:
+                self.health.failed("index upload", exc)
+                return False
+            self.health.succeeded()
+        return True
+
     def persist(self, *, deferred_too: bool = False) -> None:
         """Make the tier's progress durable: the index first, then the metadata (with the
         durable offset), so the metadata never claims what is not on disk. Only when
         something changed (``deferred_too``: also a deferred change, an uploaded index
         file's size)."""
-        durable = self.durable_offset()
+        durable = self.committed_offset()  # where dispatch resumes after a restart
         if durable != self.metadata.durable_offset:
             self.metadata.durable_offset = durable
             self.metadata.mark_dirty()
@@ -325,12 +398,14 @@ class TierUploader:
         repeat = False
         try:
             repeat = self.upload_queue(*key)
-        except TierIOError as exc:
+        except OSError as exc:  # TierIOError, or a POSIX tier's own error
             self._count(failed=1)
-            log.warning("tier upload of %s/%d failed, retried later: %s", key[0], key[1], exc)
-        except Exception:
+            self.health.failed(f"upload of {key[0]}/{key[1]}", exc)
+        except Exception as exc:
             self._count(failed=1)
-            log.exception("tier upload of %s/%d failed", *key)
+            if self.health.failures == 0:  # once per failing run, not per attempt
+                log.exception("tier upload of %s/%d failed", *key)
+            self.health.failed(f"upload of {key[0]}/{key[1]}", exc)
         finally:
             with self._progress:
                 waiting = self._waiting.get(key)
@@ -355,7 +430,7 @@ class TierUploader:
                 self._catch_up_index(flat)
             if flat.append_offset > flat.commit_offset:
                 # The last batch failed: retry it, as it was, before anything new.
-                if not flat.commit():
+                if not self._commit(flat):
                     return False
                 failed = self._failed.pop((topic, queue_id), None)
                 if failed is not None:
@@ -396,13 +471,17 @@ class TierUploader:
         block = gather(self.reader, start, units, cfg.tiered_store_group_commit_size)
         offset = start
         if block is None:
-            block, offset = self._collect(flat, start, units)
+            block, offset, skipped = collect(self.reader, start, units,
+                                             cfg.tiered_store_group_commit_size)
+            for low, high in skipped:
+                self._skipped(flat, low, high, "their records left the local CommitLog before "
+                              "upload")
         flat_offsets = flat.append_block(block) if block is not None else np.empty(0)
         total = 0
         if block is not None and len(flat_offsets):
             block = block.head(len(flat_offsets))
             total = block.nbytes()
-            if not flat.commit():
+            if not self._commit(flat):
                 self._count(failed=1)
                 self._failed[key] = (block, flat_offsets)  # indexed once its retry lands
                 return False
@@ -414,43 +493,17 @@ class TierUploader:
         remaining = units[offset - start] if 0 <= offset - start < len(units) else None
         return self._settle(key, offset, remaining, total)
 
-    def _collect(self, flat: FlatMessageFile, start: int, units: list[tuple[int, int, int]]
-                 ) -> tuple[Batch | None, int]:
-        """Record by record: the records from ``start`` up to the first that is blank or gone
-        (or, when the first ones are, those skipped, with a warning); (batch or None, the
-        queue offset after what was looked at)."""
-        assert self.reader is not None
-        limit = self.config.tiered_store_group_commit_size
-        records: list[bytes] = []
-        codes: list[int] = []
-        first = total = 0
-        offset = start
-        missing_from = None
-        for phys, size, code in units:
-            if records and total + size > limit:
-                break
-            data = None if is_blank_unit(phys, size, code) else self.reader.read_bytes(phys, size)
-            if data is None:
-                if records:
-                    break  # commit what comes before the gap first
-                if missing_from is None:
-                    missing_from = offset
-                offset += 1
-                continue
-            if missing_from is not None:
-                self._skipped(flat, missing_from, offset, "their records left the local "
-                              "CommitLog before upload")
-                missing_from = None
-            if not records:
-                first = offset
-            records.append(data)
-            codes.append(code)
-            total += size
-            offset += 1
-        if missing_from is not None:
-            self._skipped(flat, missing_from, offset, "their records left the local CommitLog "
-                          "before upload")
-        return (Batch.of(first, records, codes) if records else None), offset
+    def _commit(self, flat: FlatMessageFile) -> bool:
+        """``flat.commit()``, its outcome told to ``health`` (a commit refused only because
+        another was running is no failure of the tier)."""
+        if flat.commit():
+            self.health.succeeded()
+            return True
+        errors = [s.last_error for f in (flat.commit_log, flat.consume_queue)
+                  for s in f.segments[-1:] if s.last_error]
+        if errors:
+            self.health.failed(f"upload of {flat.topic}/{flat.queue_id}", errors[0])
+        return False
 
     def _settle(self, key: tuple[str, int], next_offset: int,
                 unit: tuple[int, int, int] | None, uploaded: int = 0) -> bool:
@@ -528,7 +581,10 @@ class TierUploader:
 
     def flush(self, timeout: float = 60.0, *, index: bool = True) -> bool:
         """Upload everything dispatched so far, now; True once it is all committed (and, with
-        ``index``, the index sealed and uploaded too)."""
+        ``index``, every sealed index file uploaded too). The index file being written is
+        sealed only by RocketMQ's rule (full, or idle for
+        ``tieredStoreIndexFileRollingIdleInterval``), never because of a flush; until then
+        lookups read it locally."""
         deadline = time.monotonic() + timeout
         with self._lock:
             targets = {k: w.seen_next for k, w in self._waiting.items()}
@@ -542,20 +598,22 @@ class TierUploader:
                 if not left:
                     break
                 if time.monotonic() >= deadline:
-                    log.warning("tier flush: %d queues not uploaded in %.0f s", len(left),
-                                timeout)
+                    log.warning("tier flush: %d queues not uploaded in %.0f s%s", len(left),
+                                timeout, f" (the tier fails: {self.health.last_error})"
+                                if self.health.last_error else "")
                     return False
-                if self._finished == finished:  # else a batch ended since: start the next
-                    self._progress.wait(0.2)
+                if self._finished == finished or not self.health.ready():
+                    # Wait for a batch to end, or out the tier's back-off: a broken tier is
+                    # tried once per back-off step, not in a loop.
+                    wait = max(0.2, self.health.retry_in())
+                    self._progress.wait(min(wait, max(0.0, deadline - time.monotonic())))
         ok = True
         if index and self.index is not None:
-            self.index.seal_current()
-            while len(self.index.unsealed) > 1:
-                # The write before the index upload is this flush's progress write too: one
-                # write (two fsyncs) for the round, where there were two.
-                if not self.index.upload_sealed(self.persist):
-                    ok = False
-                    break
+            self.index.seal_idle(int(time.time() * 1000),
+                                 self.config.tiered_store_index_file_rolling_idle_interval)
+            # The write before an index upload is this flush's progress write too: one write
+            # (two fsyncs) for the round, where there were two.
+            ok = self._upload_index()
         self.persist()
         return ok
 

@@ -69,10 +69,11 @@ def spark_session(app_name: str, master: str | None = None, conf: dict[str, str]
     only (``QUICK_JIT``; for jobs whose per-record work is all in Python workers).
 
     What a user reads carries no JVM class names: a JVM this process starts logs errors only,
-    without logger names (``data/spark-log4j2.properties``), and Spark's own progress bar is
-    shown on a terminal only (elsewhere its carriage returns turn a log into one long line;
-    the pipelines print a line per stage instead). Under spark-submit the JVM is already
-    running: its log level is set to errors once the application starts."""
+    without logger names (``data/spark-log4j2.properties``), and Spark's own progress bars
+    are off (``[Stage 0:> ...]`` with carriage returns, on stderr even off a terminal, would
+    interleave with StrataMQ's progress, which is the one display: ``rich`` on a terminal,
+    whole lines elsewhere). Under spark-submit the JVM is already running: its log level is
+    set to errors once the application starts."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -81,7 +82,7 @@ def spark_session(app_name: str, master: str | None = None, conf: dict[str, str]
 
     builder = (SparkSession.builder.appName(app_name)
                .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.ui.showConsoleProgress", str(sys.stderr.isatty()).lower()))
+               .config("spark.ui.showConsoleProgress", "false"))
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     if master or "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit

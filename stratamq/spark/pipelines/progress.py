@@ -1,4 +1,6 @@
-"""A pipeline's progress on stderr: one line per stage, with rows, bytes and what is left.
+"""A pipeline's progress on stderr: one line per stage, with rows, bytes and what is left; on a
+terminal a ``rich`` line redrawn in place while the stage runs (Spark's own progress bars are
+off: ``common.spark_session``), elsewhere whole lines.
 
 Spark's own progress counts tasks; these lines count what a user knows the job by. Each stage
 gets two accumulators (rows, bytes) that its tasks add to; Spark merges a task's additions into
@@ -84,17 +86,26 @@ class PipelineProgress:
                     else "")
             return f"{self.job} {name}: {share:.0%} ({what}), {elapsed:.0f} s{left}"
 
+        live = self._live()
+
         def run() -> None:
             last = time.monotonic()
             seen = None
             while not stop.wait(0.25):
+                if live is not None:  # a terminal: one line redrawn in place
+                    live.update(line(False))
+                    continue
                 now = time.monotonic()
                 current = (counters.rows.value, counters.bytes.value)
                 if now - last >= LINE_EVERY_S and current != seen:
                     seen, last = current, now
                     self._print(line(False))
 
-        self._print(line(False))
+        if live is not None:
+            live.start()
+            live.update(line(False))
+        else:
+            self._print(line(False))
         thread = threading.Thread(target=run, name=f"progress-{name}", daemon=True)
         if not self.quiet:
             thread.start()
@@ -104,10 +115,22 @@ class PipelineProgress:
             stop.set()
             if thread.is_alive():
                 thread.join()
+            if live is not None:
+                live.stop()
         self._print(line(True))
         elapsed = time.monotonic() - started
         self.stages[name] = {"rows": counters.rows.value, "bytes": counters.bytes.value,
                              "seconds": round(elapsed, 3)}
+
+    def _live(self) -> Any:
+        """On a terminal, a ``rich`` live line for a stage (transient: the final line stays);
+        None elsewhere, where whole lines are printed."""
+        if self.quiet or not self.stream.isatty():
+            return None
+        from rich.console import Console
+        from rich.live import Live
+
+        return Live(console=Console(file=self.stream), refresh_per_second=4, transient=True)
 
     def _print(self, text: str) -> None:
         if not self.quiet:

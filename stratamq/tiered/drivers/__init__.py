@@ -21,12 +21,19 @@ from stratamq.tiered.drivers.base import (
     TierCorrupt,
     TierIOError,
 )
-from stratamq.tiered.naming import FileSegmentType, cluster_dir, segment_path
+from stratamq.tiered.naming import BROKER_CONFIG_DIR, FileSegmentType, cluster_dir, segment_path
 
-__all__ = ["AppendResult", "FileSegment", "FileSegmentFactory", "SegmentLimits", "TierCorrupt",
-           "TierIOError", "open_filesystem"]
+__all__ = ["AppendResult", "FileSegment", "FileSegmentFactory", "SegmentLimits",
+           "TierBucketMissing", "TierCorrupt", "TierIOError", "open_filesystem"]
 
 log = logging.getLogger(__name__)
+
+# The uploader's file types, as directories of a queue (a compaction topic's are COMPACTION).
+QUEUE_FILE_TYPES = frozenset(t.name for t in FileSegmentType)
+
+
+class TierBucketMissing(TierIOError):
+    """The S3 bucket the tier is configured in does not exist (a set-up error, not retried)."""
 
 
 def open_filesystem(url: str, endpoint: str = "") -> tuple[Any, str]:
@@ -78,6 +85,7 @@ class FileSegmentFactory:
                                     config.tiered_store_max_pending_limit)
         self.fs: Any = fs
         self.fs_root = ""
+        self._s3_endpoint = config.tiered_store_s3_endpoint
         if provider == "s3" and fs is None:
             self.fs, self.fs_root = open_filesystem(self.root, config.tiered_store_s3_endpoint)
         elif provider == "s3":
@@ -108,6 +116,51 @@ class FileSegmentFactory:
             return
         with self._listing_lock:
             self._broker_topics[broker] = {*dirs, *(name for name, _size in files)}
+
+    def topics_with_queue_files(self, broker: str, most: int = 5) -> list[str]:
+        """Up to ``most`` topic directories of the broker in the tier that hold the uploader's
+        queue files (a queue directory with ``COMMIT_LOG``, ``CONSUME_QUEUE`` or ``INDEX``);
+        not ``config`` (offload and compaction documents) nor a compaction topic's
+        ``COMPACTION`` files, which need no tier metadata. On an object store the broker
+        directory's listing from the start (``list_broker``) is reused, then a topic and one
+        of its queues are listed per topic until one is found. Raises TierIOError when the
+        tier cannot say; the memory tier holds nothing after a start."""
+        if self.provider not in ("posix", "s3"):
+            return []
+        base = f"{cluster_dir(self.cluster)}/{broker}"
+        with self._listing_lock:
+            listed = self._broker_topics.get(broker) if self.provider == "s3" else None
+        try:
+            topics = sorted(listed) if listed is not None else self._names(base)
+            found = []
+            for topic in topics:
+                if topic == BROKER_CONFIG_DIR:
+                    continue
+                for queue in self._names(f"{base}/{topic}")[:1]:
+                    if QUEUE_FILE_TYPES & set(self._names(f"{base}/{topic}/{queue}")):
+                        found.append(topic)
+                if len(found) >= most:
+                    break
+            return found
+        except OSError as exc:
+            raise TierIOError(f"cannot list the tier directory of {broker}: {exc}") from exc
+
+    def _names(self, relative: str) -> list[str]:
+        """Names directly under a tier directory ([] when it does not exist)."""
+        if self.provider == "s3":
+            from stratamq.tiered.drivers.object_store import list_directory
+
+            try:
+                files, dirs = list_directory(self.fs, self.full_path(relative))
+            except OSError:
+                raise
+            except Exception as exc:  # botocore's own errors
+                raise TierIOError(str(exc)) from exc
+            return sorted({*dirs, *(name for name, _size in files)})
+        try:
+            return sorted(os.listdir(self.full_path(relative)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def _topic_known_absent(self, file_path: str) -> bool:
         """True when the topic of ``file_path`` (broker/topic/...) was not in its broker's
@@ -211,6 +264,36 @@ class FileSegmentFactory:
 
         return MemoryFileSegment(self.limits, file_type, file_path, base_offset,
                                  self.full_path(relative))
+
+    def check_bucket(self, create: bool) -> None:
+        """On S3: the bucket of ``tieredStoreFilePath`` exists, or (``create``) is created now.
+
+        A missing bucket is a set-up mistake, not an outage: without this check the broker
+        would start and fail every upload. TierBucketMissing names the bucket and the two ways
+        out. Any other failure (the server is down) is only logged: uploads retry."""
+        if self.provider != "s3" or not hasattr(self.fs, "call_s3"):
+            return
+        bucket = self.fs_root.split("/", 1)[0]
+        try:
+            self.fs.call_s3("head_bucket", Bucket=bucket)
+            return
+        except FileNotFoundError:
+            pass
+        except Exception as exc:  # botocore / aiohttp errors are not OSErrors
+            log.warning("tier: cannot check bucket %r at %s: %s", bucket,
+                        self._s3_endpoint or "AWS", exc)
+            return
+        if not create:
+            raise TierBucketMissing(
+                f"the tier's bucket {bucket!r} (tieredStoreFilePath={self.root}) does not exist "
+                f"at {self._s3_endpoint or 'AWS S3'}: create it, or set "
+                f"tieredStoreS3CreateBucket=true to have the broker create it")
+        try:
+            self.fs.mkdir(bucket)
+        except Exception as exc:
+            raise TierIOError(f"cannot create the tier's bucket {bucket!r} at "
+                              f"{self._s3_endpoint or 'AWS S3'}: {exc}") from exc
+        log.info("tier: created bucket %r (tieredStoreS3CreateBucket=true)", bucket)
 
     def describe(self) -> str:
         return f"{self.provider} tier at {self.root or '(process memory)'}"

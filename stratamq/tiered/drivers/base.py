@@ -106,6 +106,9 @@ class FileSegment(ABC):
         self.append_position = 0
         self._buffers: list[bytes] = []
         self._inflight: bytes | None = None  # what the last, failed commit tried to write
+        # Why the last commit failed (None after one that worked): the uploader reports it
+        # once per change of state (``TierHealth``), so a failed attempt logs only at DEBUG.
+        self.last_error: str | None = None
 
     def __lt__(self, other: FileSegment) -> bool:
         return self.base_offset < other.base_offset
@@ -247,12 +250,14 @@ class FileSegment(ABC):
             with self.limits.pending:
                 self.commit0(data, position, self.file_type is not FileSegmentType.INDEX)
         except Exception as exc:  # any backend failure: find out what landed
-            log.warning("tier commit of %d bytes at %d to %s failed: %s", len(data), position,
-                        self.path, exc)
+            log.debug("tier commit of %d bytes at %d to %s failed: %s", len(data), position,
+                      self.path, exc)
+            self.last_error = f"upload to {self.path} failed: {exc}"
             return self._check_remote() == "landed"
         with self._file_lock:
             self.commit_position = position + len(data)
             self._inflight = None
+        self.last_error = None
         return True
 
     def _check_remote(self) -> str:
@@ -263,7 +268,8 @@ class FileSegment(ABC):
         try:
             size = self.get_size()
         except OSError as exc:
-            log.error("tier file %s: cannot read its size to correct the commit position "
+            self.last_error = f"tier file {self.path}: cannot read its size: {exc}"
+            log.debug("tier file %s: cannot read its size to correct the commit position "
                       "(commit=%d, append=%d, pending=%d): %s", self.path, self.commit_position,
                       self.append_position, len(self._inflight), exc)
             return "fail"
@@ -272,15 +278,17 @@ class FileSegment(ABC):
             with self._file_lock:
                 self.commit_position = expected
                 self._inflight = None
+            self.last_error = None
             log.info("tier file %s: the failed upload had landed; commit position %d",
                      self.path, expected)
             return "landed"
         if self.commit_position <= size < expected:
             return "retry"
-        log.error("tier file %s is %d bytes but %d were committed and %d more were being "
-                  "written: it was changed outside this broker; not writing to it (the local "
-                  "CommitLog keeps the data)", self.path, size, self.commit_position,
-                  len(self._inflight))
+        self.last_error = (f"tier file {self.path} is {size} bytes but {self.commit_position} "
+                           f"were committed and {len(self._inflight)} more were being written: "
+                           "it was changed outside this broker; not writing to it (the local "
+                           "CommitLog keeps the data)")
+        log.debug("%s", self.last_error)
         return "fail"
 
     # -- reading -------------------------------------------------------------------------------

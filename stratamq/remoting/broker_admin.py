@@ -1,0 +1,208 @@
+"""Admin codes over remoting, the ones ``mqadmin`` and RocketMQ Dashboard use most, after
+RocketMQ's ``AdminBrokerProcessor``:
+
+* ``UPDATE_AND_CREATE_TOPIC`` (17, ``mqadmin updateTopic``): create, or change the queue
+  counts and perm of, a topic; ``GET_ALL_TOPIC_CONFIG`` (21): the topic table.
+* ``UPDATE_AND_CREATE_SUBSCRIPTIONGROUP`` (200, ``updateSubGroup``) and
+  ``GET_ALL_SUBSCRIPTIONGROUP_CONFIG`` (201).
+* ``GET_BROKER_RUNTIME_INFO`` (28, ``brokerStatus``/``clusterList``): a ``KVTable``.
+* ``GET_TOPIC_STATS_INFO`` (202, ``topicStatus``), ``GET_CONSUME_STATS`` (208,
+  ``consumerProgress``), ``GET_CONSUMER_CONNECTION_LIST`` (203).
+
+Maps keyed by a ``MessageQueue`` are written as fastjson writes them, with the queue object as
+the key (``{{"brokerName":..,"queueId":0,"topic":..}:{...}}``): not standard JSON, but what
+RocketMQ's clients and tools parse. Every change needs an admin account with ACL on (the
+``Create``/``Update`` actions, as the gRPC admin service).
+
+Thread-safety: handlers on the event loop; store and metadata calls through ``run``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from stratamq import __version__
+from stratamq.broker.lookup import Lookup
+from stratamq.broker.metadata import MetadataError
+from stratamq.broker.pop_state import PopState
+from stratamq.broker.ports import Call, MessageReader
+from stratamq.broker.pulling import consumer_offset
+from stratamq.remoting.broker_send import _int
+from stratamq.remoting.clients import ConsumerTable
+from stratamq.remoting.codec import RemotingCommand
+from stratamq.remoting.codes import ResponseCode
+from stratamq.remoting.errors import RemotingError, answer_in
+from stratamq.remoting.namesrv import to_json
+from stratamq.remoting.transport import Connection
+
+__all__ = ["AdminHandlers", "fastjson_queue_map"]
+
+UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 200, 201
+GET_TOPIC_STATS_INFO, GET_CONSUMER_CONNECTION_LIST, GET_CONSUME_STATS = 202, 203, 208
+_VERSION_DESC, _VERSION = "V4_9_4", 395  # the remoting generation StrataMQ speaks
+
+
+def fastjson_queue_map(entries: list[tuple[str, str, int, dict[str, Any]]]) -> str:
+    """``{MessageQueue: value}`` as fastjson writes a map with object keys."""
+    items = []
+    for topic, broker, qid, value in entries:
+        key = json.dumps({"brokerName": broker, "queueId": qid, "topic": topic},
+                         separators=(",", ":"))
+        items.append(f"{key}:{json.dumps(value, separators=(',', ':'))}")
+    return "{" + ",".join(items) + "}"
+
+
+class AdminHandlers:
+    def __init__(self, lookup: Lookup, reader: MessageReader, state: PopState,
+                 consumers: ConsumerTable, broker_name: str, started_ms: int,
+                 call_of: Callable[[RemotingCommand, Connection], Call],
+                 run: Callable[..., Any]) -> None:
+        self.lookup = lookup
+        self.reader = reader
+        self.state = state
+        self.consumers = consumers
+        self.broker_name = broker_name
+        self.started_ms = started_ms
+        self.call_of = call_of
+        self.run = run
+
+    def handlers(self) -> dict[int, Any]:
+        def guarded(fn: Callable[[RemotingCommand, Connection], RemotingCommand]) -> Any:
+            def checked(request: RemotingCommand, conn: Connection) -> RemotingCommand:
+                try:
+                    return fn(request, conn)
+                except MetadataError as exc:
+                    return request.response(ResponseCode.SYSTEM_ERROR, str(exc))
+
+            async def handler(request: RemotingCommand, conn: Connection) -> RemotingCommand:
+                return await answer_in(self.run, checked, request, conn)
+            return handler
+
+        return {17: guarded(self._update_topic), 21: guarded(self._all_topics),
+                28: guarded(self._runtime_info),
+                UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: guarded(self._update_group),
+                GET_ALL_SUBSCRIPTIONGROUP_CONFIG: guarded(self._all_groups),
+                GET_TOPIC_STATS_INFO: guarded(self._topic_stats),
+                GET_CONSUME_STATS: guarded(self._consume_stats),
+                GET_CONSUMER_CONNECTION_LIST: guarded(self._connections)}
+
+    # -- topics and groups ----------------------------------------------------------------------
+
+    def _update_topic(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        h = request.ext_fields
+        name = h.get("topic", "")
+        meta = self.lookup.meta
+        existing = meta.topic(name)
+        self.lookup.authorize(self.call_of(request, conn), f"Topic:{name}",
+                              "Update" if existing else "Create")
+        read, write = _int(h, "readQueueNums", 8), _int(h, "writeQueueNums", 8)
+        perm = _int(h, "perm", 6)
+        if existing is None:
+            kind = "FIFO" if h.get("order") == "true" else "NORMAL"
+            attrs = h.get("attributes", "")
+            if "message.type=" in attrs:
+                kind = attrs.split("message.type=", 1)[1].split(",", 1)[0]
+            meta.create_topic(name, max(read, write), kind)
+        meta.update_topic(name, None, None, perm, read_queues=read, write_queues=write)
+        return request.response(ResponseCode.SUCCESS)
+
+    def _all_topics(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        self.lookup.authorize(self.call_of(request, conn), "Cluster", "List")
+        meta = self.lookup.meta
+        return request.response(ResponseCode.SUCCESS, body=to_json({
+            "topicConfigTable": {t.name: t.to_json() for t in meta.topics()},
+            "dataVersion": {"counter": meta.topics_version, "stateVersion": 0,
+                            "timestamp": self.started_ms}}))
+
+    def _update_group(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        try:
+            doc = json.loads(request.body)
+            name = str(doc["groupName"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RemotingError(ResponseCode.SYSTEM_ERROR,
+                                f"the body is not a SubscriptionGroupConfig: {exc}") from None
+        meta = self.lookup.meta
+        existing = meta.group(name)
+        self.lookup.authorize(self.call_of(request, conn), f"Group:{name}",
+                              "Update" if existing else "Create")
+        retry = int(doc.get("retryMaxTimes", meta.default_retry_max_times))
+        orderly = bool(doc.get("consumeMessageOrderly", False))
+        if existing is None:
+            meta.create_group(name, retry_max_times=retry, orderly=orderly)
+        meta.update_group(name, retry_max_times=retry, consume_message_orderly=orderly,
+                          consume_enable=bool(doc.get("consumeEnable", True)))
+        return request.response(ResponseCode.SUCCESS)
+
+    def _all_groups(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        self.lookup.authorize(self.call_of(request, conn), "Cluster", "List")
+        return request.response(ResponseCode.SUCCESS, body=to_json({
+            "subscriptionGroupTable": {g.name: g.to_json() for g in self.lookup.meta.groups()},
+            "dataVersion": {"counter": 0, "stateVersion": 0, "timestamp": self.started_ms}}))
+
+    # -- status ---------------------------------------------------------------------------------
+
+    def _runtime_info(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        self.lookup.authorize(self.call_of(request, conn), "Cluster", "Get")
+        now = int(time.time() * 1000)
+        table = {"brokerVersionDesc": _VERSION_DESC, "brokerVersion": str(_VERSION),
+                 "brokerVersionStratamq": __version__, "bootTimestamp": str(self.started_ms),
+                 "runtime": f"[ {(now - self.started_ms) // 86_400_000} days ]",
+                 "msgPutTotalTodayNow": "0", "msgGetTotalTodayNow": "0",
+                 "msgPutTotalYesterdayMorning": "0", "msgGetTotalYesterdayMorning": "0",
+                 "msgPutTotalTodayMorning": "0", "msgGetTotalTodayMorning": "0",
+                 "putTps": "0.0 0.0 0.0", "getTransferedTps": "0.0 0.0 0.0",
+                 "sendThreadPoolQueueSize": "0", "pullThreadPoolQueueSize": "0",
+                 "earliestMessageTimeStamp": "0", "commitLogDiskRatio": "0.0",
+                 "pageCacheLockTimeMills": "0", "dispatchBehindBytes": "0"}
+        return request.response(ResponseCode.SUCCESS, body=to_json({"table": table}))
+
+    def _queues(self, topic: str) -> list[tuple[int, int, int]]:
+        cfg = self.lookup.topic(topic)
+        return [(q, self.reader.get_min_offset_in_queue(topic, q),
+                 self.reader.get_max_offset_in_queue(topic, q)) for q in range(cfg.queue_count)]
+
+    def _topic_stats(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        topic = request.ext_fields.get("topic", "")
+        self.lookup.authorize(self.call_of(request, conn), f"Topic:{topic}", "Get")
+        rows = [(topic, self.broker_name, q, {"lastUpdateTimestamp": 0, "maxOffset": high,
+                                                 "minOffset": low})
+                for q, low, high in self._queues(topic)]
+        body = '{"offsetTable":' + fastjson_queue_map(rows) + "}"
+        return request.response(ResponseCode.SUCCESS, body=body.encode())
+
+    def _consume_stats(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        h = request.ext_fields
+        group = h.get("consumerGroup", "")
+        self.lookup.authorize(self.call_of(request, conn), f"Group:{group}", "Get")
+        topics = [h["topic"]] if h.get("topic") else sorted(
+            t for g, t in self.state.groups_of() if g == group)
+        rows = []
+        for topic in topics:
+            for q, _low, high in self._queues(topic):
+                done = consumer_offset(self.state, group, topic, q)
+                rows.append((topic, self.broker_name, q, {
+                    "brokerOffset": high, "consumerOffset": -1 if done is None else done,
+                    "pullOffset": -1 if done is None else done, "lastTimestamp": 0}))
+        body = '{"consumeTps":0.0,"offsetTable":' + fastjson_queue_map(rows) + "}"
+        return request.response(ResponseCode.SUCCESS, body=body.encode())
+
+    def _connections(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        group = request.ext_fields.get("consumerGroup", "")
+        self.lookup.authorize(self.call_of(request, conn), f"Group:{group}", "Get")
+        clients = self.consumers.describe(group)
+        if not clients:
+            raise RemotingError(ResponseCode.CONSUMER_NOT_ONLINE,
+                                "the consumer group not online")
+        first = clients[-1][1]
+        return request.response(ResponseCode.SUCCESS, body=to_json({
+            "connectionSet": [{"clientId": cid, "clientAddr": info.get("clientAddr", ""),
+                               "language": info.get("language", "JAVA"),
+                               "version": info.get("version", 0)} for cid, info in clients],
+            "subscriptionTable": {str(s.get("topic")): s
+                                  for s in first.get("subscriptionDataSet") or []},
+            "consumeType": first.get("consumeType") or "CONSUME_PASSIVELY",
+            "messageModel": first.get("messageModel") or "CLUSTERING",
+            "consumeFromWhere": first.get("consumeFromWhere") or "CONSUME_FROM_LAST_OFFSET"}))
