@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from stratamq.cli.app import main
-from stratamq.cli.common import emit, emit_rows, output_option
+from stratamq.cli.common import emit, output_option
 
 
 def _where(fn: Any) -> Any:
@@ -72,7 +72,7 @@ def cluster() -> None:
 @_where
 @output_option
 def cluster_status(endpoint: str | None, etcd: str | None, cluster_name: str, etcd_prefix: str,
-                   access_key: str | None, secret_key: str | None, output: str) -> None:
+                   access_key: str | None, secret_key: str | None) -> None:
     """One JSON line per broker group: master, epoch, SyncStateSet and brokers."""
     from stratamq.cluster.coordination import CoordinationError
     from stratamq.cluster.status import group_status
@@ -89,12 +89,8 @@ def cluster_status(endpoint: str | None, etcd: str | None, cluster_name: str, et
             raise click.ClickException(str(exc)) from None
         finally:
             coord.close()
-    if output == "json":
-        for group in groups:
-            emit(group)
-    else:
-        emit_rows([{**{k: v for k, v in g.items() if k != "brokers"}, **b}
-                   for g in groups for b in g["brokers"] or [{}]], output)
+    for group in groups:
+        emit(group)
 
 
 @cluster.command("elect")
