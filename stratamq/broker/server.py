@@ -107,6 +107,7 @@ class Broker:
         self.metrics: Any = NullMetrics()
         self.timer: Any = None
         self.replication: Any = None  # broker/replication.py, made in _build
+        self.cluster: Any = None  # cluster/node.py in controller mode, made in _build
         self.server_credentials: grpc.ServerCredentials | None = None
         self.clients = ClientRegistry(self.config.channel_expired_timeout)
         self.server: grpc.aio.Server | None = None
@@ -287,6 +288,9 @@ class Broker:
         self.advertised = (advertised, port)
         # The store host in every record and offset message id is this broker's real endpoint.
         self.store_config = replace(self.store_config, listen_port=port)
+        if cfg.enable_controller_mode:  # the group's election decides the role (cluster/)
+            self.store_config = replace(self.store_config, broker_role=BrokerRole.SLAVE,
+                                        ha_master_address="", ha_master_endpoint="")
         try:
             self.store = MessageStore(self.store_config)
             from stratamq.compaction.tiering import link as link_compaction_tier
@@ -357,6 +361,8 @@ class Broker:
 
         self.replication = BrokerReplication(self)
         self.replication.start()
+        if cfg.enable_controller_mode:
+            self.cluster = self._join_cluster()
         timer = self.timer if cfg.timer_enable else None
         from stratamq.broker.transactions import (
             EndTransactionService,
@@ -429,11 +435,34 @@ class Broker:
                           f"(remotingListenPort): {exc.strerror or exc}") from None
         log.info("broker %s serving remoting on port %d", cfg.broker_name, self.remoting.port)
 
+    def _join_cluster(self) -> Any:
+        from stratamq.cluster.node import ClusterNode
+        from stratamq.ha.epochs import EpochFile
+
+        replication, store = self.replication, self.store
+        host = self.advertised[0]
+
+        def last_epoch() -> int:  # of the store's epoch file, whatever the role
+            epochs = replication.ha.epochs or EpochFile(replication.ha.epoch_file)
+            return epochs.entries[-1].epoch if epochs.entries else 0
+
+        node = ClusterNode(self.config, endpoint=self.endpoint,
+                           ha_address=f"{host}:{self.store_config.ha_listen_port}",
+                           max_offset=lambda: store.max_physical_offset,
+                           last_epoch=last_epoch, switch_role=replication.switch_role,
+                           put_guards=store.put_guards, progress=replication.slave_progress,
+                           max_gap=self.store_config.ha_max_gap_not_in_sync)
+        node.start()
+        return node
+
     def _on_dispatch(self, info: DispatchInfo) -> None:
         self.polls.notify(info.topic)
 
     def _abandon_start(self) -> None:
         """Undo a start that failed after the store opened: nothing may stay running."""
+        if self.cluster is not None:
+            with _suppress_all():
+                self.cluster.stop()
         if self.server is not None:
             with _suppress_all():
                 self._on_loop(self.server.stop(0))
@@ -519,6 +548,8 @@ class Broker:
             if done.is_alive() or not self._stop_loop():
                 stopped = False
 
+        if self.cluster is not None:  # first: the group elects another master at once
+            step("leaving the cluster", self.cluster.stop)
         if self.remoting is not None:  # unregisters from the NameServers first
             step("stopping remoting", lambda: self._on_loop(self.remoting.close(), 30.0))
         step("stopping the gRPC server", stop_server)
