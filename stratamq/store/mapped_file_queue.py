@@ -151,9 +151,10 @@ class MappedFileQueue:
                     )
                 if start % self.mapped_file_size:
                     raise MappedFileError(f"{path}: start offset not a multiple of the file size")
+                # An evictable file stays unmapped until first used (see MappedFile.hold).
                 mf = MappedFile(path, self.mapped_file_size, read_only=self.read_only,
                                 allocate_ahead=self.allocate_ahead, evictable=self.evictable,
-                                readahead=self.readahead)
+                                readahead=self.readahead, mapped=not self.evictable)
                 mf.set_positions(self.mapped_file_size)  # recovery sets the real end
                 files.append(mf)
         except BaseException:
@@ -247,17 +248,18 @@ class MappedFileQueue:
 
     # -- truncation and deletion ----------------------------------------------------------------
 
-    def truncate_dirty_files(self, offset: int) -> None:
+    def truncate_dirty_files(self, offset: int, *, zero_tail: bool = True) -> None:
         """Make ``offset`` the end of the data: later files are deleted, the containing one is
         cut and its tail zeroed, so stale records or units behind the cut can never be taken
-        for live ones by a later recovery (a read-only queue only stops short of them)."""
+        for live ones by a later recovery (a read-only queue only stops short of them).
+        ``zero_tail=False``: the caller read the tail and found only zeros."""
         keep: list[MappedFile] = []
         for mf in self._files:
             if mf.file_end_offset <= offset:
                 keep.append(mf)
             elif mf.file_from_offset <= offset:
                 mf.set_positions(offset - mf.file_from_offset)
-                if not self.read_only:
+                if zero_tail and not self.read_only:
                     mf.zero_from(mf.wrote_position)
                 keep.append(mf)
             else:
