@@ -260,24 +260,29 @@ class ConsumeQueue:
                 log.warning("%s/%d: unit for queue offset %d already written; skipped",
                             self.topic, self.queue_id, queue_offset)
                 return
-            if current == 0 and self.files.last() is None and target > 0:
-                # A queue whose earlier units are gone (or never existed here) starts mid-file:
-                # fill the head of its first file with blank units, as RocketMQ does.
-                mf = self._file_for(target)
-                head = target - mf.file_from_offset
-                if head:
-                    mf.write_at(0, BLANK_UNIT * (head // UNIT_SIZE))
+            unit = UNIT.pack(commitlog_offset, size, tags_code)
+            if current == 0 and self.files.last() is None and not self.files.read_only:
+                # A new queue's first file is created with its first unit in it (no map, see
+                # MappedFile._create_with). A queue whose earlier units are gone (or never
+                # existed here) starts mid-file: the head of its first file is filled with
+                # blank units, as RocketMQ does.
+                head = target % self.file_size
+                self.files.create_with(BLANK_UNIT * (head // UNIT_SIZE) + unit, target)
                 self.min_logic_offset = target
-                current = target
+                self.max_physic_offset = commitlog_offset + size
+                return
             while current < target:
                 log.error("%s/%d: gap in queue before offset %d; filling with blank units",
                           self.topic, self.queue_id, queue_offset)
                 mf = self._file_for(current)
                 mf.write_at(current - mf.file_from_offset, BLANK_UNIT)
                 current += UNIT_SIZE
-            mf = self._file_for(target)
-            mf.write_at(target - mf.file_from_offset,
-                        UNIT.pack(commitlog_offset, size, tags_code))
+            last = self.files.last()
+            if last is not None and last.is_full() and not self.files.read_only:
+                self.files.create_with(unit)  # the next file, created with its first unit
+            else:
+                mf = self._file_for(target)
+                mf.write_at(target - mf.file_from_offset, unit)
             self.max_physic_offset = commitlog_offset + size
 
     def stage_unit(self, queue_offset: int, commitlog_offset: int, size: int,

@@ -217,7 +217,8 @@ class MappedFile(RefCountedMap):
 
     def __init__(self, path: Path, file_size: int, *, read_only: bool = False,
                  allocate_ahead: int = ALLOCATE_AHEAD, evictable: bool = False,
-                 readahead: bool = True, mapped: bool = True) -> None:
+                 readahead: bool = True, mapped: bool = True,
+                 initial: bytes | bytearray | None = None) -> None:
         start = parse_segment_name(path.name)
         if start is None:
             raise MappedFileError(f"{path}: not a 20-digit segment file name")
@@ -235,6 +236,9 @@ class MappedFile(RefCountedMap):
         self._address: int | None = None  # where the map starts in memory (for prefault)
         self.readahead = readahead
         self.evictable = evictable
+        if initial is not None:
+            self._create_with(initial)
+            return
         if not mapped:
             self._open_unmapped()
             return
@@ -294,6 +298,44 @@ class MappedFile(RefCountedMap):
         self._fd = -1
         self._map = None
         self.buffer = memoryview(b"")  # no map yet: hold() maps the file
+
+    def _create_with(self, data: bytes | bytearray) -> None:
+        """Create an evictable file holding ``data`` at its start, written with ``pwrite`` and
+        left unmapped (``hold`` or the next ``write_at`` maps it). A new ConsumeQueue file costs
+        no ``fallocate``, ``mmap``, page fault or ``munmap``: a store of many queues of few
+        messages creates one per queue. ``pwrite`` reserves the blocks it writes, so a full
+        disk is an ENOSPC here (the file removed), never a SIGBUS; the rest stays sparse, and
+        a later write through the map reserves its range first (``_ensure_allocated``)."""
+        if not self.evictable or self.read_only:
+            raise ValueError(f"{self.path}: only a writable evictable file is created unmapped")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise MappedFileError(exc.errno,
+                                  f"cannot open segment {self.path}: {exc.strerror}") from exc
+        try:
+            actual = os.fstat(fd).st_size
+            if actual not in (0, self.file_size):
+                raise MappedFileError(
+                    f"{self.path}: size {actual} bytes, expected {self.file_size}; "
+                    "segments of one queue must all have the same size"
+                )
+            try:
+                if not actual:
+                    os.ftruncate(fd, self.file_size)  # sparse, like RocketMQ's segments
+                _pwrite_all(fd, data, 0)
+            except OSError as exc:
+                if not actual:
+                    with contextlib.suppress(OSError):
+                        os.unlink(self.path)  # no empty segment left behind to be loaded later
+                raise MappedFileError(exc.errno, f"cannot write segment {self.path}: "
+                                                 f"{exc.strerror}") from exc
+        finally:
+            os.close(fd)
+        self._fd = -1
+        self._map = None
+        self.buffer = memoryview(b"")  # no map yet: hold() maps the file
+        self.wrote_position = self.committed_position = len(data)
 
     # -- eviction (see map_budget) ----------------------------------------------------------------
 

@@ -222,6 +222,27 @@ class MappedFileQueue:
             self._files = [*self._files, mf]
         return mf
 
+    def create_with(self, data: bytes | bytearray, start_offset: int = 0) -> MappedFile:
+        """Create the next file (for an empty queue: the one holding ``start_offset``) with
+        ``data`` at its start, written without mapping it (evictable files only; see
+        ``MappedFile._create_with``). The last file must be full."""
+        if not self.evictable:
+            raise ValueError(f"{self.directory}: only evictable files are created unmapped")
+        last = self.last()
+        if last is not None and not last.is_full():
+            raise MappedFileError(f"{self.directory}: the last file has room; nothing to create")
+        if last is None:
+            create_offset = start_offset - start_offset % self.mapped_file_size
+        else:
+            create_offset = last.file_end_offset
+        self.directory.mkdir(parents=True, exist_ok=True)
+        mf = MappedFile(self.directory / segment_name(create_offset), self.mapped_file_size,
+                        allocate_ahead=self.allocate_ahead, evictable=True,
+                        readahead=self.readahead, initial=data)
+        with self._files_lock:
+            self._files = [*self._files, mf]
+        return mf
+
     # -- flushing -------------------------------------------------------------------------------
 
     def flush(self, least_pages: int = 0) -> bool:
