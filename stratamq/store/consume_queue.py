@@ -132,8 +132,9 @@ class ConsumeQueue:
 
     # -- recovery -------------------------------------------------------------------------------
 
-    def load(self) -> None:
-        self.files.load()
+    def load(self, listing: list[tuple[int, os.DirEntry[str]]] | None = None) -> None:
+        """Load the queue's files (``listing``: its segments as the store listed them)."""
+        self.files.load(listing)
 
     def recover(self) -> None:
         """Find the end of the written units (the first unwritten unit) in the last files.
@@ -424,18 +425,18 @@ class FileConsumeQueueStore:
             for queue_entry in sorted(os.scandir(topic_dir), key=lambda e: e.name):
                 if not queue_entry.name.isdigit() or not queue_entry.is_dir():
                     continue
-                queue_dir = Path(queue_entry.path)
-                segments = sorted((e for e in os.scandir(queue_dir)
-                                   if parse_segment_name(e.name) is not None and e.is_file()),
-                                  key=lambda e: e.name)
+                queue_dir = topic_dir / queue_entry.name
+                segments = sorted((start, e) for e in os.scandir(queue_entry.path)
+                                  if (start := parse_segment_name(e.name)) is not None
+                                  and e.is_file())
                 if not segments:
                     continue
-                size = segments[0].stat().st_size or self.default_file_size
+                size = segments[0][1].stat().st_size or self.default_file_size
                 if size % UNIT_SIZE:
                     raise ValueError(f"{queue_dir}: file size {size} is not a multiple of 20")
-                cq = ConsumeQueue(topic_dir.name, int(queue_dir.name), queue_dir, size,
+                cq = ConsumeQueue(topic_dir.name, int(queue_entry.name), queue_dir, size,
                                   read_only=self.read_only)
-                cq.load()
+                cq.load(segments)
                 self._queues[(cq.topic, cq.queue_id)] = cq
 
     def recover(self) -> None:

@@ -218,7 +218,8 @@ class MappedFile(RefCountedMap):
     def __init__(self, path: Path, file_size: int, *, read_only: bool = False,
                  allocate_ahead: int = ALLOCATE_AHEAD, evictable: bool = False,
                  readahead: bool = True, mapped: bool = True,
-                 initial: bytes | bytearray | None = None) -> None:
+                 initial: bytes | bytearray | None = None,
+                 known_size: int | None = None) -> None:
         start = parse_segment_name(path.name)
         if start is None:
             raise MappedFileError(f"{path}: not a 20-digit segment file name")
@@ -240,7 +241,7 @@ class MappedFile(RefCountedMap):
             self._create_with(initial)
             return
         if not mapped:
-            self._open_unmapped()
+            self._open_unmapped(known_size)
             return
         flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT
         try:
@@ -278,19 +279,27 @@ class MappedFile(RefCountedMap):
             self._fd = -1
             budget.mapped(self)
 
-    def _open_unmapped(self) -> None:
+    def _open_unmapped(self, known_size: int | None) -> None:
         """An existing evictable file, left unmapped until its first reader or writer
         (``hold``, ``write_at``): a store of many queues reopens without a map per file, and
         recovery reads a queue's newest units with ``pread`` (``read_data``). Its size is
-        checked now, as a mapped open would."""
+        checked now, as a mapped open would (``known_size``: as the caller's listing saw it)."""
         if not self.evictable:
             raise ValueError(f"{self.path}: only an evictable file may open unmapped")
         try:
-            actual = os.stat(self.path).st_size
+            actual = os.stat(self.path).st_size if known_size is None else known_size
         except OSError as exc:
             raise MappedFileError(exc.errno,
                                   f"cannot open segment {self.path}: {exc.strerror}") from exc
-        if actual != self.file_size:
+        if actual == 0 and not self.read_only:
+            # Created, then the process died before its size was set: as a mapped open, give
+            # it its size (sparse: nothing to reserve until a write through the map).
+            try:
+                os.truncate(self.path, self.file_size)
+            except OSError as exc:
+                raise MappedFileError(exc.errno, f"cannot size segment {self.path}: "
+                                                 f"{exc.strerror}") from exc
+        elif actual != self.file_size:
             raise MappedFileError(
                 f"{self.path}: size {actual} bytes, expected {self.file_size}; "
                 "segments of one queue must all have the same size"

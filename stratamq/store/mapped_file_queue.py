@@ -12,6 +12,7 @@ ConsumeQueue (files named by byte offset of their first unit). Contracts:
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from concurrent.futures import Future
@@ -130,8 +131,13 @@ class MappedFileQueue:
 
     # -- loading --------------------------------------------------------------------------------
 
-    def load(self) -> None:
-        """Map every segment in the directory; refuse gaps and size mismatches clearly."""
+    def load(self, listing: list[tuple[int, os.DirEntry[str]]] | None = None) -> None:
+        """Map every segment in the directory; refuse gaps and size mismatches clearly.
+        ``listing``: the segments as the caller listed them, (start offset, entry) sorted
+        (evictable files: their sizes are checked from the entries, nothing is opened)."""
+        if listing is not None and self.evictable:
+            self._load_unmapped(listing)
+            return
         if not self.directory.is_dir():
             if not self.read_only:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -161,6 +167,24 @@ class MappedFileQueue:
             for mf in files:
                 mf.close()
             raise
+        self._files = files
+
+    def _load_unmapped(self, listing: list[tuple[int, os.DirEntry[str]]]) -> None:
+        files: list[MappedFile] = []
+        size = self.mapped_file_size
+        for start, entry in listing:
+            if files and start != files[-1].file_end_offset:
+                raise MappedFileError(
+                    f"{self.directory}: segment {entry.name} does not follow "
+                    f"{files[-1].path.name} (size {size}); a file is missing")
+            if start % size:
+                raise MappedFileError(f"{entry.path}: start offset not a multiple of the file size")
+            mf = MappedFile(self.directory / entry.name, size, read_only=self.read_only,
+                            allocate_ahead=self.allocate_ahead, evictable=True,
+                            readahead=self.readahead, mapped=False,
+                            known_size=entry.stat().st_size)
+            mf.set_positions(size)  # recovery sets the real end
+            files.append(mf)
         self._files = files
 
     # -- lookups --------------------------------------------------------------------------------
