@@ -359,19 +359,23 @@ class Broker:
         self.replication.start()
         timer = self.timer if cfg.timer_enable else None
         from stratamq.broker.transactions import (
+            AnyProducer,
             EndTransactionService,
             ProducerStreams,
             register_metrics,
             start_transactions,
         )
+        from stratamq.remoting.broker_transactions import RemotingProducers
         from stratamq.transactions import TransactionSettings
 
         self.producer_streams = ProducerStreams()
+        self.remoting_producers = RemotingProducers()  # 4.x producers, by their heartbeats
         self.transactions, self.transaction_checks = start_transactions(
             self.transaction_table, self.store, self.writer,
             TransactionSettings(cfg.transaction_check_interval, cfg.transaction_timeout,
                                 cfg.transaction_check_max),
-            self.producer_streams, may_check=lambda: not self.replication.is_slave)
+            AnyProducer(self.producer_streams, self.remoting_producers),
+            may_check=lambda: not self.replication.is_slave)
         if hasattr(self.metrics, "registry"):
             register_metrics(self.transactions, self.metrics.registry, self.metrics.node)
         services = Services(
@@ -413,7 +417,9 @@ class Broker:
                       # RocketMQ's ids: 0 the master, a slave's above (clients send to 0).
                       "brokerId": "1" if self.store_config.broker_role is BrokerRole.SLAVE
                       else "0", "haServerAddr": ""}, acl=self.acl,
-            metrics=lambda: self.metrics)
+            metrics=lambda: self.metrics, producers=self.remoting_producers,
+            transactions=lambda: self.transactions,
+            is_slave=lambda: self.replication.is_slave)
         shared = self.grpc_port != self.advertised[1]
         try:
             await self.remoting.start(
