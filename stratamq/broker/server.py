@@ -124,6 +124,7 @@ class Broker:
         self.writer: GroupWriter | None = None
         self.servicer: MessagingServicer | None = None
         self.remoting: Any = None  # remoting.broker.RemotingFrontend when remotingListenPort
+        self.admin: Any = None  # broker.admin.AdminService, made in _build
         self.grpc_port = 0  # where gRPC listens: the listen port, unless remoting shares it
 
     @property
@@ -353,9 +354,15 @@ class Broker:
                                             thread_name_prefix="broker-exec")
         self.writer = GroupWriter(self.store).start()
         self.lookup = Lookup(self.meta, cfg, self.acl)
-        from stratamq.broker.replication import BrokerReplication, replication_handler
+        from stratamq.broker.replication import (
+            BrokerReplication,
+            ReplicationParts,
+            replication_handler,
+        )
 
-        self.replication = BrokerReplication(self)
+        self.replication = BrokerReplication(ReplicationParts(
+            cfg, self.store_config, self.store, self.meta, self.state, self.listen_host,
+            self.compaction, self.compaction_gate, self.metrics, lambda: self.advertised))
         self.replication.start()
         timer = self.timer if cfg.timer_enable else None
         from stratamq.broker.transactions import (
@@ -392,14 +399,27 @@ class Broker:
             transactions=EndTransactionService(self.lookup, self.transactions),
             producers=self.producer_streams)
         self.servicer = MessagingServicer(services)
-        from stratamq.broker.admin import admin_handler
+        from stratamq.broker.admin import AdminService, admin_handler
         from stratamq.broker.tier_admin import tier_admin_handler
 
-        self._on_loop(self._serve(self.servicer, admin_handler(self, self.run),
-                                  tier_admin_handler(self), replication_handler(self, self.run),
-                                  compaction_admin_handler(self)))
+        parts = self.admin_parts()
+        self.admin = AdminService(parts)  # (also remoting's DELETE_TOPIC_IN_BROKER)
+        self._on_loop(self._serve(self.servicer, admin_handler(self.admin, self.run),
+                                  tier_admin_handler(self), replication_handler(parts, self.run),
+                                  compaction_admin_handler(parts)))
         if cfg.remoting_listen_port >= 0:  # RocketMQ 4.x clients (stratamq/remoting/)
             self._on_loop(self._start_remoting(timer))
+
+    def admin_parts(self) -> Any:
+        """What the admin services use (``broker.admin.AdminParts``), once built."""
+        from stratamq.broker.admin import AdminParts
+
+        assert self.engine is not None
+        return AdminParts(
+            self.config, self.store_config, self.store, self.meta, self.state, self.engine,
+            self.polls, self.clients, self.lookup, self.replication, self.transactions,
+            self.run, self.started_at, lambda: self.endpoint, self.live_clients,
+            lambda: self.telemetry_streams, self.compaction)
 
     async def _start_remoting(self, timer: Any) -> None:
         from stratamq.config import parse_delay_levels
@@ -419,7 +439,8 @@ class Broker:
                       else "0", "haServerAddr": ""}, acl=self.acl,
             metrics=lambda: self.metrics, producers=self.remoting_producers,
             transactions=lambda: self.transactions,
-            is_slave=lambda: self.replication.is_slave)
+            is_slave=lambda: self.replication.is_slave, delete_topic=self.admin.DeleteTopic,
+            refusal=self.replication.refusal)
         shared = self.grpc_port != self.advertised[1]
         try:
             await self.remoting.start(

@@ -66,7 +66,9 @@ class RemotingFrontend:
                  metrics: Callable[[], Any] | None = None,
                  producers: RemotingProducers | None = None,
                  transactions: Callable[[], Any] = lambda: None,
-                 is_slave: Callable[[], bool] = lambda: False) -> None:
+                 is_slave: Callable[[], bool] = lambda: False,
+                 delete_topic: Callable[[dict[str, Any]], Any] | None = None,
+                 refusal: Callable[[str], str | None] = lambda method: None) -> None:
         # With ACL on, the remoting adapter verifies RocketMQ 4 signatures itself and checks
         # permissions through the same accounts (its own Lookup over the same metadata).
         self.acl = RemotingAcl(acl) if acl is not None else None
@@ -94,7 +96,7 @@ class RemotingFrontend:
         self._started_ms = int(time.time() * 1000)
         self.admin = AdminHandlers(lookup, reader, state, self.consumers,
                                    identity.get("brokerName", ""), self._started_ms,
-                                   self.call_of, run)
+                                   self.call_of, run, delete_topic, refusal)
         self._housekeeping: asyncio.Task[None] | None = None
 
     def call_of(self, request: RemotingCommand, conn: Connection) -> Call:
