@@ -46,6 +46,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -64,10 +65,12 @@ from stratamq.store.message_store import MessageStore
 from stratamq.store.results import PutMessageStatus
 
 if TYPE_CHECKING:
+    from stratamq.broker.admin import AdminParts
     from stratamq.broker.metadata import MetadataStore
-    from stratamq.broker.server import Broker
+    from stratamq.broker.pop_state import PopState
+    from stratamq.config import BrokerConfig
 
-__all__ = ["SERVICE", "BrokerReplication", "master_endpoint", "plug_compaction"]
+__all__ = ["SERVICE", "BrokerReplication", "ReplicationParts", "master_endpoint", "plug_compaction"]
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +119,32 @@ class _OtherLineage(Exception):
     """The master's CommitLog is not (yet) of this slave's lineage: copy nothing from it."""
 
 
+@dataclass
+class ReplicationParts:
+    """What replication uses of a broker (never the ``Broker``): its settings, store,
+    metadata and pop state (a slave's copy of its master's), compaction store and gate,
+    metrics, the HA listen host and the endpoint clients reach (read per call)."""
+
+    config: BrokerConfig
+    store_config: StoreConfig
+    store: MessageStore
+    meta: MetadataStore
+    state: PopState
+    listen_host: str
+    compaction: CompactionStore | None
+    compaction_gate: CompactionGate | None
+    metrics: Any
+    advertised_of: Callable[[], tuple[str, int]]
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        return self.advertised_of()
+
+
 class StateSync:
     """A slave's copy of its master's topics, groups and pop state, every interval."""
 
-    def __init__(self, broker: Broker, endpoint: str, interval_ms: int) -> None:
+    def __init__(self, broker: ReplicationParts, endpoint: str, interval_ms: int) -> None:
         self.b = broker
         self.endpoint = endpoint
         self.interval = interval_ms / 1000
@@ -212,7 +237,7 @@ class StateSync:
 class BrokerReplication:
     """Replication for one broker; see the module docstring."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: ReplicationParts) -> None:
         self.b = broker
         cfg = broker.store_config
         self.role = cfg.broker_role
@@ -302,7 +327,7 @@ class BrokerReplication:
             self.sync = StateSync(self.b, self.master_endpoint,
                                   self.b.store_config.ha_state_sync_interval)
             self.sync.start()
-            gate = getattr(self.b, "compaction_gate", None)
+            gate = self.b.compaction_gate
             if gate is not None and self.b.compaction is not None:
                 self.replicator = self._compaction_replicator(gate, self.b.compaction)
                 self.replicator.start()
@@ -415,7 +440,7 @@ class BrokerReplication:
                 "lineage": self.ha.identity.lineage}
 
 
-def replication_handler(broker: Broker, run: Any) -> grpc.GenericRpcHandler:
+def replication_handler(broker: AdminParts, run: Any) -> grpc.GenericRpcHandler:
     """``/stratamq.admin.v1.Replication/{HaStatus,SyncState}`` as ``grpc.aio`` handlers; the
     work runs in the broker's executor (``run(fn, *args)``)."""
     from stratamq.broker.admin import json_methods_handler

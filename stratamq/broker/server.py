@@ -125,6 +125,7 @@ class Broker:
         self.writer: GroupWriter | None = None
         self.servicer: MessagingServicer | None = None
         self.remoting: Any = None  # remoting.broker.RemotingFrontend when remotingListenPort
+        self.admin: Any = None  # broker.admin.AdminService, made in _build
         self.grpc_port = 0  # where gRPC listens: the listen port, unless remoting shares it
 
     @property
@@ -357,27 +358,37 @@ class Broker:
                                             thread_name_prefix="broker-exec")
         self.writer = GroupWriter(self.store).start()
         self.lookup = Lookup(self.meta, cfg, self.acl)
-        from stratamq.broker.replication import BrokerReplication, replication_handler
+        from stratamq.broker.replication import (
+            BrokerReplication,
+            ReplicationParts,
+            replication_handler,
+        )
 
-        self.replication = BrokerReplication(self)
+        self.replication = BrokerReplication(ReplicationParts(
+            cfg, self.store_config, self.store, self.meta, self.state, self.listen_host,
+            self.compaction, self.compaction_gate, self.metrics, lambda: self.advertised))
         self.replication.start()
         if cfg.enable_controller_mode:
             self.cluster = self._join_cluster()
         timer = self.timer if cfg.timer_enable else None
         from stratamq.broker.transactions import (
+            AnyProducer,
             EndTransactionService,
             ProducerStreams,
             register_metrics,
             start_transactions,
         )
+        from stratamq.remoting.broker_transactions import RemotingProducers
         from stratamq.transactions import TransactionSettings
 
         self.producer_streams = ProducerStreams()
+        self.remoting_producers = RemotingProducers()  # 4.x producers, by their heartbeats
         self.transactions, self.transaction_checks = start_transactions(
             self.transaction_table, self.store, self.writer,
             TransactionSettings(cfg.transaction_check_interval, cfg.transaction_timeout,
                                 cfg.transaction_check_max),
-            self.producer_streams, may_check=lambda: not self.replication.is_slave)
+            AnyProducer(self.producer_streams, self.remoting_producers),
+            may_check=lambda: not self.replication.is_slave)
         if hasattr(self.metrics, "registry"):
             register_metrics(self.transactions, self.metrics.registry, self.metrics.node)
         services = Services(
@@ -394,16 +405,29 @@ class Broker:
             transactions=EndTransactionService(self.lookup, self.transactions),
             producers=self.producer_streams)
         self.servicer = MessagingServicer(services)
-        from stratamq.broker.admin import admin_handler
+        from stratamq.broker.admin import AdminService, admin_handler
         from stratamq.broker.message_admin import message_admin_handler
         from stratamq.broker.tier_admin import tier_admin_handler
 
-        self._on_loop(self._serve(self.servicer, admin_handler(self, self.run),
-                                  tier_admin_handler(self), replication_handler(self, self.run),
-                                  compaction_admin_handler(self),
+        parts = self.admin_parts()
+        self.admin = AdminService(parts)  # (also remoting's DELETE_TOPIC_IN_BROKER)
+        self._on_loop(self._serve(self.servicer, admin_handler(self.admin, self.run),
+                                  tier_admin_handler(self), replication_handler(parts, self.run),
+                                  compaction_admin_handler(parts),
                                   message_admin_handler(self)))
         if cfg.remoting_listen_port >= 0:  # RocketMQ 4.x clients (stratamq/remoting/)
             self._on_loop(self._start_remoting(timer))
+
+    def admin_parts(self) -> Any:
+        """What the admin services use (``broker.admin.AdminParts``), once built."""
+        from stratamq.broker.admin import AdminParts
+
+        assert self.engine is not None
+        return AdminParts(
+            self.config, self.store_config, self.store, self.meta, self.state, self.engine,
+            self.polls, self.clients, self.lookup, self.replication, self.transactions,
+            self.run, self.started_at, lambda: self.endpoint, self.live_clients,
+            lambda: self.telemetry_streams, self.compaction, lambda: self.advertised)
 
     async def _start_remoting(self, timer: Any) -> None:
         from stratamq.config import parse_delay_levels
@@ -421,7 +445,10 @@ class Broker:
                       # RocketMQ's ids: 0 the master, a slave's above (clients send to 0).
                       "brokerId": "1" if self.store_config.broker_role is BrokerRole.SLAVE
                       else "0", "haServerAddr": ""}, acl=self.acl,
-            metrics=lambda: self.metrics)
+            metrics=lambda: self.metrics, producers=self.remoting_producers,
+            transactions=lambda: self.transactions,
+            is_slave=lambda: self.replication.is_slave, delete_topic=self.admin.DeleteTopic,
+            refusal=self.replication.refusal)
         shared = self.grpc_port != self.advertised[1]
         try:
             await self.remoting.start(
