@@ -32,7 +32,7 @@ from typing import Protocol
 from stratamq import record as codec
 from stratamq.config import StoreConfig, TieredStorageLevel
 from stratamq.message import Prop, StoredMessage
-from stratamq.record.copy_check import check_copies
+from stratamq.record.copy_check import CopyChecks
 from stratamq.store.read_chain import QueueOffsets, ReadRequest
 from stratamq.store.results import GetMessageResult, GetMessageStatus, SelectedRecord
 from stratamq.tiered.flat_message_file import FlatFileStore, FlatMessageFile
@@ -202,12 +202,14 @@ class TierFetcher:
         k = i // CHECK_WINDOW
         first, end = k * CHECK_WINDOW, min(block.length, (k + 1) * CHECK_WINDOW)
         if not checks.done[k]:
-            bad = check_copies(block.buffer, block.starts[first:end], block.sizes[first:end],
-                               flat.topic, flat.queue_id, block.start + first)
-            for j, why in bad.items():
-                self.damage.corrupt(flat.topic, flat.queue_id, block.start + first + j, why,
+            copies = checks.copies
+            if copies is None:  # the layout of the whole block is checked at once, CRCs later
+                copies = checks.copies = CopyChecks(block.buffer, block.starts, block.sizes,
+                                                    flat.topic, flat.queue_id, block.start)
+            for j, why in copies.window(first, end).items():
+                self.damage.corrupt(flat.topic, flat.queue_id, block.start + j, why,
                                     flat.file_path)
-                checks.bad.add(first + j)
+                checks.bad.add(j)
             checks.done[k] = 1
         return end
 
