@@ -24,6 +24,7 @@ Thread-safety: every method from any reading thread.
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,6 +45,10 @@ from stratamq.tiered.read_damage import CHECK_WINDOW, BlockChecks, ReadDamage, f
 __all__ = ["LocalView", "TierFetcher"]
 
 log = logging.getLogger(__name__)
+
+# Set to 1, tier reads skip the checks of what they serve: for bench/tier_reads.py's baseline
+# broker only, never a setting (nothing a user should turn off).
+UNCHECKED_READS_ENV = "STRATAMQ_BENCH_UNCHECKED_TIER_READS"
 
 
 
@@ -85,8 +90,11 @@ class TierFetcher:
         self._closed = False
         self.served = 0  # messages handed to readers
         # Records are checked before they are served (``record.copy_check``); False only for
-        # the benchmark's baseline (bench/tier_reads.py).
-        self.check_records = True
+        # the benchmark's baseline (bench/tier_reads.py; a broker's through the environment).
+        self.check_records = os.environ.get(UNCHECKED_READS_ENV) != "1"
+        if not self.check_records:
+            log.warning("%s=1: tier records are served unchecked (a benchmark's baseline only)",
+                        UNCHECKED_READS_ENV)
         self.damage = ReadDamage()
         self._phys_ranges: dict[tuple[str, int], tuple[int, int, int, int]] = {}
 
