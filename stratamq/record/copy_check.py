@@ -68,10 +68,10 @@ class CopyChecks:
     (``window(first, end)``, each window once): the layout checks of every record of the block
     run once, at the first window (numpy's fixed cost paid once per block, not per window),
     the CRCs of a window's bodies when it is asked for (a reader that serves a few records of
-    a block pays the CRCs of one window only). Not thread-safe: a caller shares one between
-    readers under its own lock, or lets two readers check the same window (same answer)."""
+    a block pays the CRCs of one window only). Readers sharing one may check the same window
+    (or the layout) at the same moment: each computes the same answer, stored whole."""
 
-    __slots__ = ("_body", "_buf", "_crc", "_first", "_good", "_layout", "_name", "_queue_id",
+    __slots__ = ("_body", "_buf", "_crc", "_first", "_good", "_layout", "_queue_id",
                  "_sizes", "_starts", "_topic", "_v6")
 
     def __init__(self, buf: Buffer, starts: Sequence[int], sizes: Sequence[int], topic: str,
