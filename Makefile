@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser run test bench clean remoting-clients
+.PHONY: setup browser run test bench clean etcd remoting-clients
 
 setup: $(STAMP)
 
@@ -19,6 +19,12 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/stratamq broker start --store ./data
 
+# The cluster tests start their own etcd members: Debian's etcd-server, installed where missing
+# (as root, as CI runs; quiet and nothing to do where etcd is on PATH).
+etcd:
+	@command -v etcd >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; }
+
 # Byte-compiled once up front: the suite starts hundreds of Python processes (brokers, CLI
 # calls, Spark workers), and where PYTHONDONTWRITEBYTECODE is set each would otherwise compile
 # the package from source again (a stale .pyc is only recompiled in memory, never wrong).
@@ -29,7 +35,7 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 			chromium chromium-driver >/dev/null; fi
 
-test: setup remoting-clients browser
+test: setup etcd remoting-clients browser
 	$(PY) -m compileall -q stratamq
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(VENV)/bin/ruff check .

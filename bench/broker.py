@@ -78,8 +78,8 @@ def emit(obj: dict) -> None:
 class Server:
     """A server subprocess that prints ``listening on HOST:PORT`` once serving."""
 
-    def __init__(self, cmd: list[str]) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env)
         assert self.proc.stdout is not None

@@ -953,6 +953,54 @@ class BrokerConfig:
         minimum=10_000, maximum=60_000,
     )  # fmt: skip
 
+    # -- a cluster on etcd (issue 28; docs/CLUSTER.md) -------------------------------------------
+    broker_id: int = _setting(
+        "brokerId", 0, "id",
+        "this broker's id in its group (brokerName); in controller mode ids only tell the "
+        "group's brokers apart: the elected master is announced as broker id 0",
+        minimum=0, maximum=2**62,
+    )  # fmt: skip
+    enable_controller_mode: bool = _setting(
+        "enableControllerMode", False, "bool",
+        "join the cluster on etcdEndpoints: register under a lease, elect each group's master "
+        "(brokerRole is then ignored: the master acknowledges as SYNC_MASTER)",
+    )  # fmt: skip
+    etcd_endpoints: str = _setting(
+        "etcdEndpoints", "", "urls",
+        "the etcd members' client URLs, comma-separated (http://10.0.0.1:2379,...)",
+    )  # fmt: skip
+    etcd_prefix: str = _setting(
+        "etcdPrefix", "", "key",
+        "where the cluster's keys live in etcd (default /stratamq/<brokerClusterName>)",
+    )  # fmt: skip
+    etcd_lease_ttl_ms: int = _setting(
+        "etcdLeaseTtlMs", 6_000, "ms",
+        "a broker that has not renewed its etcd lease for this long is dead; a master stops "
+        "accepting writes after two thirds of it without a renewal (fencing)",
+        minimum=2_000, maximum=600_000,
+    )  # fmt: skip
+    broker_election_priority: int = _setting(
+        "brokerElectionPriority", INT_MAX, "rank",
+        "among candidates of equal epoch and max offset, the lowest value is elected",
+        minimum=0,
+    )  # fmt: skip
+    enable_elect_unclean_master: bool = _setting(
+        "enableElectUncleanMaster", False, "bool",
+        "when no member of the SyncStateSet is alive, elect another broker of the group "
+        "(messages acknowledged by the old master may be lost: logged at ERROR)",
+    )  # fmt: skip
+
+    ha_max_time_slave_not_catchup: int = _setting(
+        "haMaxTimeSlaveNotCatchup", 15_000, "ms",
+        "controller mode: a slave not caught up (within haMaxGapNotInSync) for this long leaves "
+        "its master's SyncStateSet, and the master acknowledges puts without it",
+        minimum=1,
+    )  # fmt: skip
+
+    def cluster_prefix(self) -> str:
+        """``etcdPrefix``, or its default ``/stratamq/<brokerClusterName>``."""
+        return (self.etcd_prefix or f"/stratamq/{self.broker_cluster_name}").rstrip("/")
+
     def __post_init__(self) -> None:
         _validate(self)
         for key, value in (("minInvisibleTimeMillsForRecv", self.min_invisible_time_mills_for_recv),
@@ -960,6 +1008,9 @@ class BrokerConfig:
             if value > self.max_invisible_time_mills:
                 raise InvalidSetting(f"{key}={value} is out of range: must be at most "
                                      f"maxInvisibleTimeMills ({self.max_invisible_time_mills} ms)")
+        if self.enable_controller_mode and not self.etcd_endpoints.strip():
+            raise InvalidSetting("enableControllerMode=true needs etcdEndpoints (the etcd "
+                                 "members' client URLs)")
 
 
 def parse_delay_levels(text: str) -> list[int]:

@@ -9,8 +9,8 @@ Keys fall into four groups:
 
 * StrataMQ's settings (``config.py``, RocketMQ's names where RocketMQ has the setting);
 * aliases: older StrataMQ names of a setting (``metricsPrometheusPort``);
-* keys a stock Apache RocketMQ broker knows and StrataMQ does not use (``brokerId``,
-  ``namesrvAddr``, ...; ``data/rocketmq-broker-keys.txt``): reported once as ignored, so an
+* keys a stock Apache RocketMQ broker knows and StrataMQ does not use (``namesrvAddr``,
+  ``brokerPermission``, ...; ``data/rocketmq-broker-keys.txt``): reported once as ignored, so an
   existing ``broker.conf`` starts a broker unchanged;
 * anything else: an error, with the closest known key suggested (a typo must not leave a
   setting at its default).

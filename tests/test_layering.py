@@ -68,3 +68,13 @@ def test_the_transaction_engine_is_free_of_any_client_protocol():
         m for m in imports_of(p) if m.startswith(outside))
         for p in sorted((PACKAGE / "transactions").rglob("*.py"))}
     assert {k: v for k, v in offending.items() if v} == {}
+
+
+def test_no_handler_imports_the_broker_back():
+    """The admin, compaction-topic and replication handlers get the narrow parts they use
+    (``AdminParts``, ``ReplicationParts``), never the ``Broker``: none imports server.py."""
+    handlers = [PACKAGE / "broker" / name for name in (
+        "admin.py", "compaction_topics.py", "replication.py", "transactions.py")]
+    handlers += sorted((PACKAGE / "remoting").glob("*.py"))
+    assert {str(p.relative_to(PACKAGE)) for p in handlers
+            if "stratamq.broker.server" in imports_of(p)} == set()

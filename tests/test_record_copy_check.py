@@ -10,7 +10,7 @@ import pytest
 
 from stratamq import record as codec
 from stratamq.message import Host, Message
-from stratamq.record.copy_check import check_copies
+from stratamq.record.copy_check import CopyChecks, check_copies
 
 V4 = Host("127.0.0.1", 10911)
 V6 = Host("::1", 10911)
@@ -67,3 +67,17 @@ def test_a_unit_pointing_outside_what_was_read_is_found():
     starts[10] = len(buf) - 10  # past the end of the buffer
     starts[11] = -40  # before its start
     assert set(check_copies(buf, starts, sizes, "Orders", 3, 100)) == {10, 11}
+
+
+def test_a_block_checked_a_window_at_a_time_says_each_record_in_its_own_window():
+    recs = records(100)
+    recs[10][recs[10].find(b"body-") + 3] ^= 0x20  # a flipped body byte
+    struct.pack_into(">q", recs[70], codec.QUEUE_OFFSET_POS, 5)  # another offset's record
+    recs[95][4:8] = b"\0\0\0\0"  # no record starts there
+    buf, starts, sizes = layout(recs)
+    checks = CopyChecks(buf, starts, sizes, "Orders", 3, 100)
+    later = checks.window(40, 96)
+    assert set(later) == {70, 95} and "queue offset 5" in later[70]
+    assert set(checks.window(0, 40)) == {10}
+    assert checks.window(96, 100) == {}
+    assert check_copies(buf, starts, sizes, "Orders", 3, 100).keys() == {10, 70, 95}

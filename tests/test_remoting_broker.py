@@ -387,6 +387,35 @@ def test_admin_codes_for_mqadmin(broker):
     assert offline.code == ResponseCode.CONSUMER_NOT_ONLINE
 
 
+def test_delete_topic_in_broker_removes_it_and_its_messages(broker):
+    """mqadmin deleteTopic's DELETE_TOPIC_IN_BROKER: the gRPC admin's DeleteTopic."""
+    _, address = broker
+    assert invoke(address, RequestCode.UPDATE_AND_CREATE_TOPIC, {
+        "topic": "Doomed", "readQueueNums": "1", "writeQueueNums": "1",
+        "perm": "6"}).code == ResponseCode.SUCCESS
+    sent = invoke(address, RequestCode.SEND_MESSAGE, {
+        "producerGroup": "P", "topic": "Doomed", "queueId": "0", "sysFlag": "0",
+        "bornTimestamp": "1700000000000", "flag": "0", "properties": ""}, b"gone")
+    assert sent.code == ResponseCode.SUCCESS, sent.remark
+    assert [m.body for m in _pull(address, "Doomed", 0, 0)[1]] == [b"gone"]
+
+    blank = invoke(address, 215, {"topic": " "})
+    assert (blank.code, blank.remark) == (ResponseCode.SYSTEM_ERROR,
+                                          "The specified topic is blank.")
+    system = invoke(address, 215, {"topic": "RMQ_SYS_TRANS_HALF_TOPIC"})
+    assert system.remark == "The topic[RMQ_SYS_TRANS_HALF_TOPIC] is conflict with system topic."
+    done = invoke(address, 215, {"topic": "Doomed"})
+    assert done.code == ResponseCode.SUCCESS, done.remark
+    table = json.loads(invoke(address, RequestCode.GET_ALL_TOPIC_CONFIG).body)
+    assert "Doomed" not in table["topicConfigTable"]
+    # Created again under the name, the topic starts empty.
+    assert invoke(address, RequestCode.UPDATE_AND_CREATE_TOPIC, {
+        "topic": "Doomed", "readQueueNums": "1", "writeQueueNums": "1",
+        "perm": "6"}).code == ResponseCode.SUCCESS
+    assert _pull(address, "Doomed", 0, 0)[1] == []
+    assert invoke(address, 215, {"topic": "NeverWas"}).code == ResponseCode.SUCCESS
+
+
 def test_bad_requests_get_rocketmq_errors_and_the_broker_serves_on(broker):
     _, address = broker
     cases = [

@@ -54,7 +54,8 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -68,7 +69,13 @@ from stratamq.client.admin import SERVICE
 from stratamq.client.connection import ANSWERED
 
 if TYPE_CHECKING:
-    from stratamq.broker.server import Broker
+    from stratamq.broker.engine import PopEngine
+    from stratamq.broker.lookup import Lookup
+    from stratamq.broker.metadata import MetadataStore
+    from stratamq.broker.polling import LongPolls
+    from stratamq.broker.pop_state import PopState
+    from stratamq.config import BrokerConfig, StoreConfig
+    from stratamq.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +112,56 @@ def _field(req: dict[str, Any], name: str, kind: type, required: bool = True) ->
     return value
 
 
+class Guarded(Protocol):
+    """What ``json_methods_handler`` checks a call against: the ACL lookups and (None off)
+    the replication that refuses writes on a slave."""
+
+    lookup: Lookup
+    replication: Any
+
+
+@dataclass
+class AdminParts:
+    """The parts of a running broker the admin services use (never the ``Broker``): its
+    settings, store, metadata, pop state and engine, long polls, gRPC clients, lookups,
+    replication, transaction engine, executor ``run``, and the live values read per call."""
+
+    config: BrokerConfig
+    store_config: StoreConfig
+    store: MessageStore
+    meta: MetadataStore
+    state: PopState
+    engine: PopEngine
+    polls: LongPolls
+    clients: Any  # broker.clients.ClientRegistry (len: connections)
+    lookup: Lookup
+    replication: Any  # broker.replication.BrokerReplication
+    transactions: Any  # transactions.TransactionEngine
+    run: Run
+    started_at: float
+    endpoint_of: Callable[[], str]
+    live_clients: Callable[[str], list[dict[str, Any]]]
+    telemetry_streams_of: Callable[[], int]
+    compaction: Any = None  # compaction.service.CompactionStore when enableCompaction
+    advertised_of: Callable[[], tuple[str, int]] | None = None  # (host, port) clients reach
+
+    @property
+    def endpoint(self) -> str:
+        return self.endpoint_of()
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        assert self.advertised_of is not None, "built without the advertised address"
+        return self.advertised_of()
+
+    @property
+    def telemetry_streams(self) -> int:
+        return self.telemetry_streams_of()
+
+
 class AdminService:
-    def __init__(self, broker: Broker) -> None:
-        self.b = broker
+    def __init__(self, parts: AdminParts) -> None:
+        self.b = parts
 
     def topic_json(self, t: TopicConfig) -> dict[str, Any]:
         store = self.b.store
@@ -324,12 +378,11 @@ _ACTIONS = {"CreateTopic": "Create", "UpdateTopic": "Update", "DeleteTopic": "De
             "ListTransactions": "List"}  # fmt: skip
 
 
-def admin_handler(broker: Broker, run: Run) -> grpc.GenericRpcHandler:
+def admin_handler(service: AdminService, run: Run) -> grpc.GenericRpcHandler:
     """The admin methods as ``grpc.aio`` handlers; ``run(fn, *args)`` runs each method (they
     write metadata, delete topics...) in the broker's executor."""
-    service = AdminService(broker)
     return json_methods_handler(
-        broker, SERVICE, {name: (getattr(service, name), action)
+        service.b, SERVICE, {name: (getattr(service, name), action)
                           for name, action in _ACTIONS.items()}, run)
 
 
@@ -337,7 +390,7 @@ def admin_handler(broker: Broker, run: Run) -> grpc.GenericRpcHandler:
 JsonMethod = Callable[..., dict[str, Any]]
 
 
-def json_methods_handler(broker: Broker, service: str,
+def json_methods_handler(broker: Guarded, service: str,
                          methods: dict[str, tuple[JsonMethod, str]], run: Run, *,
                          with_call: frozenset[str] = frozenset()) -> grpc.GenericRpcHandler:
     """``methods`` (name -> (method, ACL action on the Cluster resource)) as ``grpc.aio``

@@ -41,7 +41,7 @@ from stratamq.message import Message, Prop
 from stratamq.store.message_store import MessageStore
 
 if TYPE_CHECKING:
-    from stratamq.broker.server import Broker
+    from stratamq.broker.admin import AdminParts
 
 __all__ = ["compaction_admin_handler", "plug", "route_by_key"]
 
@@ -67,13 +67,13 @@ def route_by_key(topic: TopicConfig, msg: Message) -> None:
     msg.queue_id = abs(java_string_hash(key)) % topic.write_queue_nums
 
 
-def compaction_admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
+def compaction_admin_handler(broker: AdminParts) -> grpc.GenericRpcHandler:
     """The methods as ``grpc.aio`` handlers, each run in the broker's executor (a round takes
     a while)."""
     from stratamq.broker.admin import _field, json_methods_handler
 
     def compaction() -> CompactionStore:
-        comp = getattr(broker, "compaction", None)
+        comp = broker.compaction
         if comp is None:
             raise MetadataError("precondition", "compaction is off on this broker "
                                 "(enableCompaction=false)")

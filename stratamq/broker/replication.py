@@ -45,7 +45,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -61,12 +62,15 @@ from stratamq.config import BrokerRole, StoreConfig
 from stratamq.ha import HAConnectionState, HAService
 from stratamq.ha.message_replication import CompactionGate, CompactionReplicator, GrpcPullSource
 from stratamq.store.message_store import MessageStore
+from stratamq.store.results import PutMessageStatus
 
 if TYPE_CHECKING:
+    from stratamq.broker.admin import AdminParts
     from stratamq.broker.metadata import MetadataStore
-    from stratamq.broker.server import Broker
+    from stratamq.broker.pop_state import PopState
+    from stratamq.config import BrokerConfig
 
-__all__ = ["SERVICE", "BrokerReplication", "master_endpoint", "plug_compaction"]
+__all__ = ["SERVICE", "BrokerReplication", "ReplicationParts", "master_endpoint", "plug_compaction"]
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +119,32 @@ class _OtherLineage(Exception):
     """The master's CommitLog is not (yet) of this slave's lineage: copy nothing from it."""
 
 
+@dataclass
+class ReplicationParts:
+    """What replication uses of a broker (never the ``Broker``): its settings, store,
+    metadata and pop state (a slave's copy of its master's), compaction store and gate,
+    metrics, the HA listen host and the endpoint clients reach (read per call)."""
+
+    config: BrokerConfig
+    store_config: StoreConfig
+    store: MessageStore
+    meta: MetadataStore
+    state: PopState
+    listen_host: str
+    compaction: CompactionStore | None
+    compaction_gate: CompactionGate | None
+    metrics: Any
+    advertised_of: Callable[[], tuple[str, int]]
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        return self.advertised_of()
+
+
 class StateSync:
     """A slave's copy of its master's topics, groups and pop state, every interval."""
 
-    def __init__(self, broker: Broker, endpoint: str, interval_ms: int) -> None:
+    def __init__(self, broker: ReplicationParts, endpoint: str, interval_ms: int) -> None:
         self.b = broker
         self.endpoint = endpoint
         self.interval = interval_ms / 1000
@@ -211,7 +237,7 @@ class StateSync:
 class BrokerReplication:
     """Replication for one broker; see the module docstring."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: ReplicationParts) -> None:
         self.b = broker
         cfg = broker.store_config
         self.role = cfg.broker_role
@@ -220,13 +246,73 @@ class BrokerReplication:
         self.replicator: CompactionReplicator | None = None
         self.error = ""
         self.master_endpoint = (master_endpoint(cfg.ha_master_endpoint, cfg.ha_master_address)
-                                if self.is_slave else "")
+                                if self.is_slave and cfg.ha_master_address else "")
 
     @property
     def is_slave(self) -> bool:
         return self.role is BrokerRole.SLAVE
 
+    @property
+    def waiting_for_election(self) -> bool:
+        """Controller mode before this broker knows its group's master: no link at all."""
+        return self.is_slave and not self.b.store_config.ha_master_address
+
     def start(self) -> None:
+        if not self.waiting_for_election:
+            self._start_parts()
+        registry = getattr(self.b.metrics, "registry", None)
+        if registry is not None:
+            registry.register(_ReplicationCollector(self, self.b.metrics.node))
+
+    def switch_role(self, role: BrokerRole, master_ha_address: str = "",
+                    master_endpoint: str = "", epoch: int | None = None,
+                    acks_alone: Callable[[], bool] | None = None) -> None:
+        """Controller mode (``stratamq/cluster``): become ``role`` now. A master starts the
+        cluster's ``epoch`` at its log's end; a slave follows ``master_ha_address`` (its
+        master's client endpoint ``master_endpoint`` for state), cutting its log back where
+        it differs (the epoch file's rule). ``acks_alone``: whether a master's put may be
+        acknowledged without a slave now (its SyncStateSet is itself alone)."""
+        self._stop_parts()
+        store = self.b.store
+        self.ha.forget_put_waiter(store.put_waiters)
+        if role is not BrokerRole.SLAVE and self.role is BrokerRole.SLAVE:
+            store.recover_topic_queue_table()  # its copies assigned no queue offsets
+        cfg = self.b.store_config  # the store's own object: its puts check the role
+        cfg.broker_role = role
+        cfg.ha_master_address = master_ha_address
+        cfg.ha_master_endpoint = master_endpoint
+        self.role = role
+        self.error = ""
+        self.master_endpoint = master_endpoint
+        self.ha = HAService.for_store(store, host=self.b.listen_host, cluster_epoch=epoch)
+        self.sync = None
+        self.replicator = None
+        if not self.waiting_for_election:
+            self._start_parts()
+        server = self.ha.server
+        if server is not None and acks_alone is not None:
+            wait_for_slave = server.wait_for_slave
+
+            def wait_for_sync_state_set(end: int) -> PutMessageStatus | None:
+                return None if acks_alone() else wait_for_slave(end)
+
+            waiters = store.put_waiters
+            waiters[:] = [wait_for_sync_state_set if w == wait_for_slave else w
+                          for w in waiters]
+
+    def slave_progress(self) -> tuple[int, int | None, int]:
+        """A master's log end, the least offset its slaves acknowledged (None: no slave), and
+        how many slaves are connected (the SyncStateSet's inputs)."""
+        server = self.ha.server
+        if server is None:
+            return self.b.store.max_physical_offset, None, 0
+        # Only links past the lineage handshake, copying; one that has acknowledged nothing
+        # yet holds at least the empty log (-1 then, as RocketMQ's slaveAckOffset).
+        links = [link for link in server.links if link.state is HAConnectionState.TRANSFER]
+        acked = min((max(0, link.proto.acked) for link in links), default=None)
+        return server.reader.end(), acked, len(links)
+
+    def _start_parts(self) -> None:
         try:
             self.ha.start()
         except OSError as exc:
@@ -241,13 +327,10 @@ class BrokerReplication:
             self.sync = StateSync(self.b, self.master_endpoint,
                                   self.b.store_config.ha_state_sync_interval)
             self.sync.start()
-            gate = getattr(self.b, "compaction_gate", None)
+            gate = self.b.compaction_gate
             if gate is not None and self.b.compaction is not None:
                 self.replicator = self._compaction_replicator(gate, self.b.compaction)
                 self.replicator.start()
-        registry = getattr(self.b.metrics, "registry", None)
-        if registry is not None:
-            registry.register(_ReplicationCollector(self, self.b.metrics.node))
 
     def _compaction_replicator(self, gate: CompactionGate, compaction: CompactionStore
                                ) -> CompactionReplicator:
@@ -269,6 +352,8 @@ class BrokerReplication:
 
     def describe(self) -> str:
         """One line for the broker's start-up output."""
+        if self.waiting_for_election:
+            return "controller mode: the group's election decides this broker's role"
         if self.is_slave:
             return (f"SLAVE of {self.b.store_config.ha_master_address} (state from "
                     f"{self.master_endpoint})")
@@ -277,6 +362,9 @@ class BrokerReplication:
         return f"{self.role.value} serving slaves on {self.ha.server.host}:{self.ha.listen_port}"
 
     def stop(self) -> None:
+        self._stop_parts()
+
+    def _stop_parts(self) -> None:
         if self.replicator is not None:
             self.replicator.stop()
         if self.sync is not None:
@@ -318,7 +406,30 @@ class BrokerReplication:
             info["stateSync"] = self.sync.info()
         if self.replicator is not None:
             info["compactionReplication"] = self.replicator.info()
+        cluster = getattr(self.b, "cluster", None)
+        if cluster is not None:  # controller mode (stratamq/cluster/node.py)
+            info["cluster"] = cluster.status()
         return info
+
+    def ClusterStatus(self, req: dict[str, Any]) -> dict[str, Any]:
+        return {"groups": self._cluster().group_status()}
+
+    def ClusterElect(self, req: dict[str, Any]) -> dict[str, Any]:
+        from stratamq.cluster.status import ElectError
+
+        broker_id = req.get("brokerId")
+        try:
+            return self._cluster().elect(str(req.get("brokerName") or ""),
+                                         None if broker_id is None else int(broker_id))
+        except (ElectError, ValueError, TypeError) as exc:
+            raise MetadataError("precondition", str(exc)) from None
+
+    def _cluster(self) -> Any:
+        cluster = getattr(self.b, "cluster", None)
+        if cluster is None:
+            raise MetadataError("precondition", "this broker is not in controller mode "
+                                "(enableControllerMode=true with etcdEndpoints)")
+        return cluster
 
     def SyncState(self, req: dict[str, Any]) -> dict[str, Any]:
         if self.is_slave:
@@ -329,7 +440,7 @@ class BrokerReplication:
                 "lineage": self.ha.identity.lineage}
 
 
-def replication_handler(broker: Broker, run: Any) -> grpc.GenericRpcHandler:
+def replication_handler(broker: AdminParts, run: Any) -> grpc.GenericRpcHandler:
     """``/stratamq.admin.v1.Replication/{HaStatus,SyncState}`` as ``grpc.aio`` handlers; the
     work runs in the broker's executor (``run(fn, *args)``)."""
     from stratamq.broker.admin import json_methods_handler
@@ -337,7 +448,9 @@ def replication_handler(broker: Broker, run: Any) -> grpc.GenericRpcHandler:
     replication = broker.replication
     return json_methods_handler(
         broker, SERVICE, {"HaStatus": (replication.HaStatus, "Get"),
-                          "SyncState": (replication.SyncState, "Update")}, run)
+                          "SyncState": (replication.SyncState, "Update"),
+                          "ClusterStatus": (replication.ClusterStatus, "Get"),
+                          "ClusterElect": (replication.ClusterElect, "Update")}, run)
 
 
 class _ReplicationCollector:

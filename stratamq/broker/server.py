@@ -107,6 +107,7 @@ class Broker:
         self.metrics: Any = NullMetrics()
         self.timer: Any = None
         self.replication: Any = None  # broker/replication.py, made in _build
+        self.cluster: Any = None  # cluster/node.py in controller mode, made in _build
         self.server_credentials: grpc.ServerCredentials | None = None
         self.clients = ClientRegistry(self.config.channel_expired_timeout)
         self.server: grpc.aio.Server | None = None
@@ -125,6 +126,7 @@ class Broker:
         self.writer: GroupWriter | None = None
         self.servicer: MessagingServicer | None = None
         self.remoting: Any = None  # remoting.broker.RemotingFrontend when remotingListenPort
+        self.admin: Any = None  # broker.admin.AdminService, made in _build
         self.grpc_port = 0  # where gRPC listens: the listen port, unless remoting shares it
 
     @property
@@ -306,6 +308,9 @@ class Broker:
         self.advertised = (advertised, port)
         # The store host in every record and offset message id is this broker's real endpoint.
         self.store_config = replace(self.store_config, listen_port=port)
+        if cfg.enable_controller_mode:  # the group's election decides the role (cluster/)
+            self.store_config = replace(self.store_config, broker_role=BrokerRole.SLAVE,
+                                        ha_master_address="", ha_master_endpoint="")
         try:
             self.store = MessageStore(self.store_config)
             from stratamq.compaction.tiering import link as link_compaction_tier
@@ -373,25 +378,37 @@ class Broker:
                                             thread_name_prefix="broker-exec")
         self.writer = GroupWriter(self.store).start()
         self.lookup = Lookup(self.meta, cfg, self.acl)
-        from stratamq.broker.replication import BrokerReplication, replication_handler
+        from stratamq.broker.replication import (
+            BrokerReplication,
+            ReplicationParts,
+            replication_handler,
+        )
 
-        self.replication = BrokerReplication(self)
+        self.replication = BrokerReplication(ReplicationParts(
+            cfg, self.store_config, self.store, self.meta, self.state, self.listen_host,
+            self.compaction, self.compaction_gate, self.metrics, lambda: self.advertised))
         self.replication.start()
+        if cfg.enable_controller_mode:
+            self.cluster = self._join_cluster()
         timer = self.timer if cfg.timer_enable else None
         from stratamq.broker.transactions import (
+            AnyProducer,
             EndTransactionService,
             ProducerStreams,
             register_metrics,
             start_transactions,
         )
+        from stratamq.remoting.broker_transactions import RemotingProducers
         from stratamq.transactions import TransactionSettings
 
         self.producer_streams = ProducerStreams()
+        self.remoting_producers = RemotingProducers()  # 4.x producers, by their heartbeats
         self.transactions, self.transaction_checks = start_transactions(
             self.transaction_table, self.store, self.writer,
             TransactionSettings(cfg.transaction_check_interval, cfg.transaction_timeout,
                                 cfg.transaction_check_max),
-            self.producer_streams, may_check=lambda: not self.replication.is_slave)
+            AnyProducer(self.producer_streams, self.remoting_producers),
+            may_check=lambda: not self.replication.is_slave)
         if hasattr(self.metrics, "registry"):
             register_metrics(self.transactions, self.metrics.registry, self.metrics.node)
         services = Services(
@@ -408,16 +425,29 @@ class Broker:
             transactions=EndTransactionService(self.lookup, self.transactions),
             producers=self.producer_streams)
         self.servicer = MessagingServicer(services)
-        from stratamq.broker.admin import admin_handler
+        from stratamq.broker.admin import AdminService, admin_handler
         from stratamq.broker.message_admin import message_admin_handler
         from stratamq.broker.tier_admin import tier_admin_handler
 
-        self._on_loop(self._serve(self.servicer, admin_handler(self, self.run),
-                                  tier_admin_handler(self), replication_handler(self, self.run),
-                                  compaction_admin_handler(self),
+        parts = self.admin_parts()
+        self.admin = AdminService(parts)  # (also remoting's DELETE_TOPIC_IN_BROKER)
+        self._on_loop(self._serve(self.servicer, admin_handler(self.admin, self.run),
+                                  tier_admin_handler(self), replication_handler(parts, self.run),
+                                  compaction_admin_handler(parts),
                                   message_admin_handler(self)))
         if cfg.remoting_listen_port >= 0:  # RocketMQ 4.x clients (stratamq/remoting/)
             self._on_loop(self._start_remoting(timer))
+
+    def admin_parts(self) -> Any:
+        """What the admin services use (``broker.admin.AdminParts``), once built."""
+        from stratamq.broker.admin import AdminParts
+
+        assert self.engine is not None
+        return AdminParts(
+            self.config, self.store_config, self.store, self.meta, self.state, self.engine,
+            self.polls, self.clients, self.lookup, self.replication, self.transactions,
+            self.run, self.started_at, lambda: self.endpoint, self.live_clients,
+            lambda: self.telemetry_streams, self.compaction, lambda: self.advertised)
 
     async def _start_remoting(self, timer: Any) -> None:
         from stratamq.config import parse_delay_levels
@@ -435,7 +465,10 @@ class Broker:
                       # RocketMQ's ids: 0 the master, a slave's above (clients send to 0).
                       "brokerId": "1" if self.store_config.broker_role is BrokerRole.SLAVE
                       else "0", "haServerAddr": ""}, acl=self.acl,
-            metrics=lambda: self.metrics)
+            metrics=lambda: self.metrics, producers=self.remoting_producers,
+            transactions=lambda: self.transactions,
+            is_slave=lambda: self.replication.is_slave, delete_topic=self.admin.DeleteTopic,
+            refusal=self.replication.refusal)
         shared = self.grpc_port != self.advertised[1]
         try:
             await self.remoting.start(
@@ -449,11 +482,34 @@ class Broker:
                           f"(remotingListenPort): {exc.strerror or exc}") from None
         log.info("broker %s serving remoting on port %d", cfg.broker_name, self.remoting.port)
 
+    def _join_cluster(self) -> Any:
+        from stratamq.cluster.node import ClusterNode
+        from stratamq.ha.epochs import EpochFile
+
+        replication, store = self.replication, self.store
+        host = self.advertised[0]
+
+        def last_epoch() -> int:  # of the store's epoch file, whatever the role
+            epochs = replication.ha.epochs or EpochFile(replication.ha.epoch_file)
+            return epochs.entries[-1].epoch if epochs.entries else 0
+
+        node = ClusterNode(self.config, endpoint=self.endpoint,
+                           ha_address=f"{host}:{self.store_config.ha_listen_port}",
+                           max_offset=lambda: store.max_physical_offset,
+                           last_epoch=last_epoch, switch_role=replication.switch_role,
+                           put_guards=store.put_guards, progress=replication.slave_progress,
+                           max_gap=self.store_config.ha_max_gap_not_in_sync)
+        node.start()
+        return node
+
     def _on_dispatch(self, info: DispatchInfo) -> None:
         self.polls.notify(info.topic)
 
     def _abandon_start(self) -> None:
         """Undo a start that failed after the store opened: nothing may stay running."""
+        if self.cluster is not None:
+            with _suppress_all():
+                self.cluster.stop()
         if self.server is not None:
             with _suppress_all():
                 self._on_loop(self.server.stop(0))
@@ -539,6 +595,8 @@ class Broker:
             if done.is_alive() or not self._stop_loop():
                 stopped = False
 
+        if self.cluster is not None:  # first: the group elects another master at once
+            step("leaving the cluster", self.cluster.stop)
         if self.remoting is not None:  # unregisters from the NameServers first
             step("stopping remoting", lambda: self._on_loop(self.remoting.close(), 30.0))
         step("stopping the gRPC server", stop_server)

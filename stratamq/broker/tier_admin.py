@@ -3,9 +3,10 @@ bodies, same errors and ACL as ``broker/admin.py``); registered as a second hand
 service so that module stays as it is.
 
 * ``TierStatus {}`` -> ``{"queues": [ROW], "lastError", "lastErrorSince"}``
-* ``TierFlush {"timeout_s"?}`` -> ``{"committed": bool, "queues": [ROW]}``: upload everything
-  dispatched so far and answer once it is committed (``committed`` false if ``timeout_s``,
-  default 60, at most 600, ran out first)
+* ``TierFlush {"timeout_s"?}`` -> ``{"committed": bool, "queues": [ROW], "lastError",
+  "lastErrorSince"}``: upload everything dispatched so far and answer once it is committed
+  (``committed`` false if ``timeout_s``, default 60, at most 600, ran out first; then
+  ``lastError`` says why, where the tier failed)
 
 * ``TierClean {}`` -> what ``stratamq store clean --tiered-only`` prints (``store``,
   ``tiered_offset``, ``commitlog_files``, ``deleted``, ``bytes_freed``, ``min_offset``,
@@ -76,7 +77,8 @@ def tier_admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
                                 "SLAVE reads its master's tier; flush the master)")
         committed = tier().flush(float(timeout))
         return {"committed": committed,
-                "queues": tier().status(_local(broker), broker.store.local_source.topics)}
+                "queues": tier().status(_local(broker), broker.store.local_source.topics),
+                **tier().health()}
 
     def clean(req: dict[str, Any]) -> dict[str, Any]:
         from stratamq.tiered.local_clean import delete_tiered_commitlog

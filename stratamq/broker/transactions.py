@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from stratamq.broker.writer import GroupWriter
     from stratamq.store.message_store import MessageStore
 
-__all__ = ["EndTransactionService", "ProducerStreams", "TransactionCollector",
+__all__ = ["AnyProducer", "EndTransactionService", "ProducerStreams", "TransactionCollector",
            "plug_transactions", "recovery_duration", "register_metrics", "start_transactions"]
 
 Code = pb.Code
@@ -122,6 +122,21 @@ class ProducerStreams:
             return False
         self.sent += 1
         return True
+
+
+class AnyProducer:
+    """The engine's notifier over both protocols: a check goes to the first of ``notifiers``
+    (gRPC producer streams, 4.x remoting producers) that has a live producer for it."""
+
+    def __init__(self, *notifiers: Any) -> None:
+        self.notifiers = notifiers
+
+    def has_producer(self, producer_group: str, topic: str) -> bool:
+        return any(n.has_producer(producer_group, topic) for n in self.notifiers)
+
+    def __call__(self, check: CheckRequest) -> bool:
+        return any(n.has_producer(check.producer_group, check.real_topic) and n(check)
+                   for n in self.notifiers)
 
 
 class EndTransactionService:
@@ -207,7 +222,7 @@ def _puts(writer: GroupWriter) -> Callable[[list[Message]], list[Stored]]:
 
 
 def start_transactions(table: TransactionTable, store: MessageStore, writer: GroupWriter,
-                       settings: TransactionSettings, streams: ProducerStreams,
+                       settings: TransactionSettings, streams: ProducerStreams | AnyProducer,
                        may_check: Callable[[], bool]
                        ) -> tuple[TransactionEngine, TransactionCheckService]:
     engine = TransactionEngine(table, _puts(writer), store.look_message_by_offset,

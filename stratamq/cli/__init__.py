@@ -10,6 +10,7 @@ from stratamq.cli import (  # noqa: F401
     admin,  # topic ..., group ...
     bench,
     broker,  # broker start
+    cluster,  # cluster status, cluster elect
     compaction,  # compaction run, compaction status
     config,  # config show
     console,  # console (the web console)

@@ -96,11 +96,25 @@ def topic() -> None:
               help="A topic attribute (repeatable): cleanup.policy=COMPACTION makes a "
                    "compaction topic (the latest value per key); delete.retention.ms=MS how "
                    "long its tombstones stay (default 86400000).")
+@click.option("--cluster", "cluster_name", default=None,
+              help="Create it on the master of every broker group of this cluster (controller "
+                   "mode; mqadmin updateTopic -c); --endpoint is any broker of it. One JSON "
+                   "line per group.")
 def topic_create(endpoint: Connection, name: str, queues: int, mtype: str,
-                 attributes: dict[str, str]) -> None:
+                 attributes: dict[str, str], cluster_name: str | None) -> None:
     """Create a topic; fails if it exists."""
-    emit(_call(endpoint, "CreateTopic", topic=name, queues=queues, type=mtype.upper(),
-               attributes=attributes)["topic"])
+    request = {"topic": name, "queues": queues, "type": mtype.upper(), "attributes": attributes}
+    if cluster_name:
+        from stratamq.cli.cluster import create_topic_everywhere
+
+        results = create_topic_everywhere(endpoint, cluster_name, request)
+        for line in results:
+            emit(line)
+        failed = [r["brokerName"] for r in results if "error" in r]
+        if failed:
+            raise click.ClickException(f"not created on {', '.join(failed)}")
+        return
+    emit(_call(endpoint, "CreateTopic", **request)["topic"])
 
 
 @topic.command("update")

@@ -130,11 +130,13 @@ def tier_flush(store_dir: str | None, endpoint: str | None, access_key: str | No
     """Upload everything dispatched so far, now; exit once it is committed (JSON lines: the
     status after it). Exit 1 if it was not all committed in --timeout seconds."""
     _one_of(store_dir, endpoint)
+    last_error = None
     if endpoint is not None:
         reply = _remote(endpoint, access_key, secret_key, "TierFlush", timeout_s=timeout)
         for row in reply["queues"]:
             emit(row)
         ok = bool(reply["committed"])
+        last_error = reply.get("lastError")
     else:
         assert store_dir is not None
 
@@ -144,9 +146,10 @@ def tier_flush(store_dir: str | None, endpoint: str | None, access_key: str | No
 
         ok = _offline(store_dir, False, flush)
     if not ok:
-        raise click.ClickException(f"not everything was committed to the tier in {timeout:g} s "
-                                   "(the tier is unreachable or refused the uploads: see the "
-                                   "log with -v)")
+        why = (f": the tier's last error: {last_error}" if last_error else
+               " (the tier is unreachable or refused the uploads: see the log with -v)")
+        raise click.ClickException(
+            f"not everything was committed to the tier in {timeout:g} s{why}")
 
 
 @tier.command("clean")

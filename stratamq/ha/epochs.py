@@ -103,13 +103,16 @@ class EpochFile:
         with self._lock:
             return [e.start_offset for e in self.entries]
 
-    def begin(self, start_offset: int, min_offset: int = 0) -> EpochEntry:
+    def begin(self, start_offset: int, min_offset: int = 0, epoch: int | None = None
+              ) -> EpochEntry:
         """Record a new epoch starting at ``start_offset``; entries at or past it are replaced
         (that part of the log is gone), and entries below ``min_offset`` (bytes no node can
-        compare any more) dropped."""
+        compare any more) dropped. ``epoch``: its number (a cluster's, from etcd; at least the
+        last one's + 1), else the last one's + 1."""
         with self._lock:
             kept = [e for e in self.entries if min_offset <= e.start_offset < start_offset]
-            epoch = (self.entries[-1].epoch + 1) if self.entries else 1
+            last = self.entries[-1].epoch if self.entries else 0
+            epoch = max(epoch or 0, last + 1)
             entry = EpochEntry(epoch, start_offset)
             self.entries = [*kept, entry][-MAX_ENTRIES:]
             atomic_write(self.path, render(self.entries), backup=True)

@@ -56,9 +56,7 @@ class HAService:
                  dispatch_listeners: tuple[Callable[[Listener], None],
                                            Callable[[Listener], None]] | None = None,
                  host: str = "127.0.0.1") -> None:
-        if config.broker_role is BrokerRole.SLAVE and not config.ha_master_address:
-            raise ReplicationConfigError(
-                "brokerRole=SLAVE needs haMasterAddress (the master's host:haListenPort)")
+        self.cluster_epoch: int | None = None  # a cluster master's epoch, from etcd
         self.config = config
         self.role = config.broker_role
         self.reader = reader
@@ -75,29 +73,39 @@ class HAService:
         self.client: HAClient | None = None
 
     @classmethod
-    def for_store(cls, store: MessageStore, host: str = "127.0.0.1") -> HAService:
-        """Replication for an open store, by its ``brokerRole``."""
+    def for_store(cls, store: MessageStore, host: str = "127.0.0.1",
+                  cluster_epoch: int | None = None) -> HAService:
+        """Replication for an open store, by its ``brokerRole``. ``cluster_epoch``: a master
+        elected in a cluster (``stratamq/cluster``) starts that epoch where its log ends now."""
         cfg = store.config
         epoch_file = (Path(cfg.store_path_epoch_file) if cfg.store_path_epoch_file
                       else store.layout.epoch_file)
         life_start = store.recovery.end_offset if store.recovery is not None else 0
+        if cluster_epoch is not None:
+            life_start = store.max_physical_offset
         if store.identity is None:
             raise ReplicationConfigError("replication needs a store opened read-write")
-        return cls(cfg, store.log_reader, store.replica, identity=store.identity,
+        service = cls(cfg, store.log_reader, store.replica, identity=store.identity,
                    epoch_file=epoch_file,
                    life_start=life_start, store_time_at=_store_time(store.log_reader),
                    add_put_waiter=store.add_put_waiter,
                    dispatch_listeners=(store.add_dispatch_listener,
                                        store.remove_dispatch_listener), host=host)
+        service.cluster_epoch = cluster_epoch
+        return service
 
     @property
     def is_master(self) -> bool:
         return self.role is not BrokerRole.SLAVE
 
     def start(self) -> None:
+        if self.role is BrokerRole.SLAVE and not self.config.ha_master_address:
+            raise ReplicationConfigError(
+                "brokerRole=SLAVE needs haMasterAddress (the master's host:haListenPort)")
         self.epochs = EpochFile(self.epoch_file)
         if self.is_master:
-            entry = self.epochs.begin(self.life_start, self.reader.min_offset)
+            entry = self.epochs.begin(self.life_start, self.reader.min_offset,
+                                      self.cluster_epoch)
             log.info("master epoch %d starts at CommitLog offset %d", entry.epoch,
                      entry.start_offset)
             identity = self.identity
@@ -143,6 +151,13 @@ class HAService:
             self.server.shutdown()
         if self.client is not None:
             self.client.shutdown()
+
+    def forget_put_waiter(self, waiters: list) -> None:
+        """Take this master's "a slave has the bytes" out of a store's put waiters (its role
+        changes at run time: the next ``HAService`` adds its own)."""
+        server = self.server
+        if server is not None:
+            waiters[:] = [w for w in waiters if w != server.wait_for_slave]
 
     def runtime_info(self) -> dict:
         """RocketMQ's HARuntimeInfo as JSON-ready data (``stratamq ha status``)."""

@@ -32,6 +32,7 @@ from stratamq.remoting.broker_consume import ConsumeHandlers
 from stratamq.remoting.broker_lookup import LookupHandlers, Query
 from stratamq.remoting.broker_retry import SendBackHandler
 from stratamq.remoting.broker_send import SendHandlers
+from stratamq.remoting.broker_transactions import RemotingProducers, TransactionHandlers
 from stratamq.remoting.clients import ConsumerTable
 from stratamq.remoting.codec import DEFAULT_MAX_FRAME, RemotingCommand
 from stratamq.remoting.codes import RequestCode
@@ -62,7 +63,12 @@ class RemotingFrontend:
                  polls: LongPolls, timer: Any, run: Callable[..., Any],
                  max_message_size: int, delay_levels_ms: list[int],
                  identity: dict[str, str], acl: AclChecker | None = None,
-                 metrics: Callable[[], Any] | None = None) -> None:
+                 metrics: Callable[[], Any] | None = None,
+                 producers: RemotingProducers | None = None,
+                 transactions: Callable[[], Any] = lambda: None,
+                 is_slave: Callable[[], bool] = lambda: False,
+                 delete_topic: Callable[[dict[str, Any]], Any] | None = None,
+                 refusal: Callable[[str], str | None] = lambda method: None) -> None:
         # With ACL on, the remoting adapter verifies RocketMQ 4 signatures itself and checks
         # permissions through the same accounts (its own Lookup over the same metadata).
         self.acl = RemotingAcl(acl) if acl is not None else None
@@ -78,15 +84,19 @@ class RemotingFrontend:
             (lambda group, topic: metrics().on_dlq(group, topic)) if metrics else None)
         self.locks = QueueLocks()
         self.lookups = LookupHandlers(lookup, reader, look_up, query, self.call_of, run)
+        # 4.x producers (HEART_BEAT's producerDataSet): where transaction checks go.
+        self.producers = producers if producers is not None else RemotingProducers()
         self.consume = ConsumeHandlers(lookup, reader, state, polls, self.consumers, self.call_of,
-                                       run)
+                                       run, self.producers.table)
+        self.transactions = TransactionHandlers(lookup, transactions, look_up, is_slave,
+                                                self.call_of, run)
         self.server: RemotingServer | None = None
         self.registrar: BrokerRegistrar | None = None
         self.port = 0
         self._started_ms = int(time.time() * 1000)
         self.admin = AdminHandlers(lookup, reader, state, self.consumers,
                                    identity.get("brokerName", ""), self._started_ms,
-                                   self.call_of, run)
+                                   self.call_of, run, delete_topic, refusal)
         self._housekeeping: asyncio.Task[None] | None = None
 
     def call_of(self, request: RemotingCommand, conn: Connection) -> Call:
@@ -132,6 +142,7 @@ class RemotingFrontend:
                 RequestCode.UNREGISTER_CLIENT: c.unregister_client,
                 RequestCode.GET_CONSUMER_LIST_BY_GROUP: c.consumer_list,
                 RequestCode.CONSUMER_SEND_MSG_BACK: self.send_back.send_back,
+                RequestCode.END_TRANSACTION: self.transactions.end_transaction,
                 RequestCode.VIEW_MESSAGE_BY_ID: self.lookups.view_by_id,
                 RequestCode.QUERY_MESSAGE: self.lookups.query_message,
                 RequestCode.LOCK_BATCH_MQ: self.locks.lock_batch,
@@ -167,6 +178,7 @@ class RemotingFrontend:
                                      max(DEFAULT_MAX_FRAME, max_message_size + (1 << 20)),
                                      on_close=self.consume.connection_closed)
         self.port = await self.server.start(host, port, forward)
+        self.producers.loop = asyncio.get_running_loop()
         self._housekeeping = asyncio.get_running_loop().create_task(self._expire_clients())
         addresses = parse_namesrv_addr(namesrv_addr)
         if addresses:
@@ -182,6 +194,7 @@ class RemotingFrontend:
             await asyncio.sleep(_EXPIRY_SCAN_S)
             for group in self.consumers.expire():
                 self.consume.notify_changed(group)
+            self.producers.table.expire()
 
     async def close(self) -> None:
         if self._housekeeping is not None:

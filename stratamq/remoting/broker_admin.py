@@ -8,6 +8,10 @@ RocketMQ's ``AdminBrokerProcessor``:
 * ``GET_BROKER_RUNTIME_INFO`` (28, ``brokerStatus``/``clusterList``): a ``KVTable``.
 * ``GET_TOPIC_STATS_INFO`` (202, ``topicStatus``), ``GET_CONSUME_STATS`` (208,
   ``consumerProgress``), ``GET_CONSUMER_CONNECTION_LIST`` (203).
+* ``DELETE_TOPIC_IN_BROKER`` (215, ``mqadmin deleteTopic``): the gRPC admin's ``DeleteTopic``
+  (metadata, consumer state and messages); a blank or system topic is refused with
+  RocketMQ's remarks, a topic the broker does not have answers SUCCESS (as RocketMQ's does),
+  a slave refuses (its topics are its master's).
 
 Maps keyed by a ``MessageQueue`` are written as fastjson writes them, with the queue object as
 the key (``{{"brokerName":..,"queueId":0,"topic":..}:{...}}``): not standard JSON, but what
@@ -26,7 +30,7 @@ from typing import Any
 
 from stratamq import __version__
 from stratamq.broker.lookup import Lookup
-from stratamq.broker.metadata import MetadataError
+from stratamq.broker.metadata import MetadataError, is_system_topic
 from stratamq.broker.pop_state import PopState
 from stratamq.broker.ports import Call, MessageReader
 from stratamq.broker.pulling import consumer_offset
@@ -42,6 +46,7 @@ __all__ = ["AdminHandlers", "fastjson_queue_map"]
 
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 200, 201
 GET_TOPIC_STATS_INFO, GET_CONSUMER_CONNECTION_LIST, GET_CONSUME_STATS = 202, 203, 208
+DELETE_TOPIC_IN_BROKER = 215
 _VERSION_DESC, _VERSION = "V4_9_4", 395  # the remoting generation StrataMQ speaks
 
 
@@ -59,7 +64,13 @@ class AdminHandlers:
     def __init__(self, lookup: Lookup, reader: MessageReader, state: PopState,
                  consumers: ConsumerTable, broker_name: str, started_ms: int,
                  call_of: Callable[[RemotingCommand, Connection], Call],
-                 run: Callable[..., Any]) -> None:
+                 run: Callable[..., Any],
+                 delete_topic: Callable[[dict[str, Any]], Any] | None = None,
+                 refusal: Callable[[str], str | None] = lambda method: None) -> None:
+        # delete_topic: the gRPC admin's DeleteTopic; refusal: why an admin write may not
+        # run here (a slave), as the gRPC admin asks.
+        self.delete_topic = delete_topic
+        self.refusal = refusal
         self.lookup = lookup
         self.reader = reader
         self.state = state
@@ -87,7 +98,8 @@ class AdminHandlers:
                 GET_ALL_SUBSCRIPTIONGROUP_CONFIG: guarded(self._all_groups),
                 GET_TOPIC_STATS_INFO: guarded(self._topic_stats),
                 GET_CONSUME_STATS: guarded(self._consume_stats),
-                GET_CONSUMER_CONNECTION_LIST: guarded(self._connections)}
+                GET_CONSUMER_CONNECTION_LIST: guarded(self._connections),
+                DELETE_TOPIC_IN_BROKER: guarded(self._delete_topic)}
 
     # -- topics and groups ----------------------------------------------------------------------
 
@@ -107,6 +119,25 @@ class AdminHandlers:
                 kind = attrs.split("message.type=", 1)[1].split(",", 1)[0]
             meta.create_topic(name, max(read, write), kind)
         meta.update_topic(name, None, None, perm, read_queues=read, write_queues=write)
+        return request.response(ResponseCode.SUCCESS)
+
+    def _delete_topic(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        name = request.ext_fields.get("topic", "")
+        self.lookup.authorize(self.call_of(request, conn), "Cluster", "Delete")
+        if not name.strip():
+            return request.response(ResponseCode.SYSTEM_ERROR, "The specified topic is blank.")
+        if is_system_topic(name):
+            return request.response(ResponseCode.SYSTEM_ERROR,
+                                    f"The topic[{name}] is conflict with system topic.")
+        refused = self.refusal("DeleteTopic")
+        if self.delete_topic is None or refused is not None:
+            return request.response(ResponseCode.SYSTEM_ERROR,
+                                    refused or "topic deletion is not served by this broker")
+        try:
+            self.delete_topic({"topic": name})
+        except MetadataError as exc:
+            if exc.kind != "not_found":
+                raise
         return request.response(ResponseCode.SUCCESS)
 
     def _all_topics(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:

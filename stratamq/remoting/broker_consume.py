@@ -68,12 +68,13 @@ class ConsumeHandlers:
     def __init__(self, lookup: Lookup, reader: MessageReader, state: PopState,
                  polls: LongPolls, consumers: ConsumerTable,
                  call_of: Callable[[RemotingCommand, Connection], Call],
-                 run: Callable[..., Any]) -> None:
+                 run: Callable[..., Any], producers: ConsumerTable | None = None) -> None:
         self.lookup = lookup
         self.reader = reader
         self.state = state
         self.polls = polls
         self.consumers = consumers
+        self.producers = producers if producers is not None else ConsumerTable()
         self.call_of = call_of
         self.run = run
 
@@ -241,6 +242,7 @@ class ConsumeHandlers:
             data = json.loads(request.body or b"{}")
             client_id = str(data.get("clientID", ""))
             consumers = list(data.get("consumerDataSet") or [])
+            producers = [str(p.get("groupName", "")) for p in data.get("producerDataSet") or []]
         except (ValueError, AttributeError, TypeError) as exc:
             raise RemotingError(ResponseCode.SYSTEM_ERROR,
                                 f"the heartbeat is not HeartbeatData JSON: {exc}") from None
@@ -261,6 +263,12 @@ class ConsumeHandlers:
                     "subscriptionDataSet": list(consumer.get("subscriptionDataSet") or [])}
             if self.consumers.register(group, client_id, conn, subs, info):
                 self.notify_changed(group)
+        for group in producers:  # (transaction checks go to them: broker_transactions.py)
+            if group:
+                self.producers.register(group, client_id, conn, {},
+                                        {"clientAddr": conn.address,
+                                         "language": request.language,
+                                         "version": request.version})
         return request.response(ResponseCode.SUCCESS)
 
     async def heartbeat(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
@@ -278,6 +286,8 @@ class ConsumeHandlers:
         group = h.get("consumerGroup", "")
         if group and self.consumers.unregister(group, h.get("clientID", "")):
             self.notify_changed(group)
+        if h.get("producerGroup"):
+            self.producers.unregister(h["producerGroup"], h.get("clientID", ""))
         return request.response(ResponseCode.SUCCESS)
 
     async def consumer_list(self, request: RemotingCommand, conn: Connection
@@ -290,5 +300,6 @@ class ConsumeHandlers:
         return request.response(ResponseCode.SUCCESS, body=to_json({"consumerIdList": ids}))
 
     def connection_closed(self, conn: Connection) -> None:
+        self.producers.drop_connection(conn)
         for group in self.consumers.drop_connection(conn):
             self.notify_changed(group)

@@ -31,6 +31,7 @@ from stratamq.remoting.codes import ResponseCode
 from stratamq.remoting.errors import RemotingError, error_response
 from stratamq.remoting.transport import Connection
 from stratamq.store.results import PutMessageStatus
+from stratamq.transactions.messages import HALF_TOPIC, half_message
 
 __all__ = ["SendHandlers", "decode_batch", "v2_to_v1"]
 
@@ -189,6 +190,16 @@ class SendHandlers:
                                   f"the message body size over max value, MAX: "
                                   f"{self.max_message_size}")
             msg = Message(name, body, qid, props, flag, sys_flag, born, host, reconsume)
+            # SendMessageProcessor: TRAN_MSG=true (Boolean.parseBoolean) makes a half message,
+            # unless it is a retry's delayed resend; a batch cannot hold one (the CommitLog
+            # refuses a batch with transaction bits).
+            if props.get(Prop.TRANSACTION_PREPARED, "").lower() == "true" and not (
+                    reconsume > 0 and props.get(Prop.DELAY_LEVEL, "0") not in ("", "0")):
+                if batch:
+                    raise RemotingError(ResponseCode.MESSAGE_ILLEGAL,
+                                        "a batch cannot hold a transactional message")
+                out.append(half_message(msg, fields.get("producerGroup", "")))
+                continue
             out.append(self.delayed(msg))
         return out
 
@@ -211,6 +222,8 @@ class SendHandlers:
     @staticmethod
     def _answer(request: RemotingCommand, messages: list[Message],
                 results: list[EntryResult]) -> RemotingCommand:
+        """(A half is stored in the half topic's queue 0, but RocketMQ answers the queue the
+        producer's message is for.)"""
         failed = next((r for r in results if r.status not in _STORED), None)
         if failed is not None:
             code = _PUT_CODES.get(failed.status, ResponseCode.SYSTEM_ERROR)
@@ -220,7 +233,9 @@ class SendHandlers:
         first = results[0].appended
         assert first is not None
         ids = ",".join(r.appended.msg_id for r in results if r.appended is not None)
-        header = {"msgId": ids, "queueId": str(messages[0].queue_id),
+        qid = (int(messages[0].properties[Prop.REAL_QUEUE_ID])
+               if messages[0].topic == HALF_TOPIC else messages[0].queue_id)
+        header = {"msgId": ids, "queueId": str(qid),
                   "queueOffset": str(first.queue_offset), "MSG_REGION": "DefaultRegion",
                   "TRACE_ON": "true"}
         return request.response(_PUT_CODES[status], None, header)

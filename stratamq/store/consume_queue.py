@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 CQ_ALLOCATE_AHEAD = 64 * 1024  # bytes reserved past a ConsumeQueue's write position
 # A long dispatch round (a replay, a dispatcher catching up) writes its staged units this often.
 STAGED_UNITS_MAX = 4096
-_WILL_NEED_MIN = 64 * 1024  # recovery asks the kernel to read a file's data in past this
 
 
 class ConsumeQueue:
@@ -57,6 +56,8 @@ class ConsumeQueue:
         # it is a no-op, which makes recovery's replay idempotent.
         self.max_physic_offset = -1
         self.min_logic_offset = 0  # byte position of the first live unit
+        # (first file, its first unit) as recovery read it, for the open's correct_min_offset.
+        self._head_unit: tuple[MappedFile, tuple[int, int, int]] | None = None
         self._write_lock = threading.Lock()
         # The staging cursor (dispatcher thread only): units of the current dispatch round
         # wait packed in ``_staged`` to be written in one copy at the round's commit
@@ -131,36 +132,44 @@ class ConsumeQueue:
 
     # -- recovery -------------------------------------------------------------------------------
 
-    def load(self) -> None:
-        self.files.load()
+    def load(self, listing: list[tuple[int, os.DirEntry[str]]] | None = None) -> None:
+        """Load the queue's files (``listing``: its segments as the store listed them)."""
+        self.files.load(listing)
 
     def recover(self) -> None:
-        """Find the end of the written units (the first unwritten unit) in the last files."""
+        """Find the end of the written units (the first unwritten unit) in the last files.
+
+        The files are read with ``pread`` (``MappedFile.read_data``), not mapped: a reopen of
+        many queues maps none of them (each is mapped on first use), and only the written
+        extents are read (the rest of a sparse file is never touched: a hole read through a
+        map on a full tmpfs is a SIGBUS, and 6 MB of zero pages per queue made a reopen of
+        many queues slow)."""
         self._drop_cursor()
+        self._head_unit = None
         files = self.files.files
         if not files:
             return
         start = max(0, len(files) - 3)
         end = files[start].file_from_offset
-        for mf in files[start:]:
-            if not mf.hold():
-                break
-            try:
-                # Only the written extents: the rest of a sparse file is never read (a hole
-                # read through the map on a full tmpfs is a SIGBUS, and 6 MB of zero pages
-                # per queue made a reopen of many queues slow).
-                data_end = mf.data_end()
-                if data_end > _WILL_NEED_MIN:  # a page or two fault in as cheaply
-                    mf.will_need(0, data_end)
-                pos = written_units(mf.buffer, data_end) * UNIT_SIZE
-            finally:
-                mf.release()
+        last: tuple[int, int, int] | None = None
+        clean = True  # no byte written past ``end`` in the file holding it
+        for i in range(start, len(files)):
+            mf = files[i]
+            data = mf.read_data()
+            pos = written_units(data, len(data)) * UNIT_SIZE
             end = mf.file_from_offset + pos
+            if pos:
+                last = UNIT.unpack_from(data, pos - UNIT_SIZE)
+                if i == 0:
+                    self._head_unit = (mf, UNIT.unpack_from(data, 0))
             if pos + UNIT_SIZE <= mf.file_size:
+                clean = data.count(0, pos) == len(data) - pos
                 break
-        self.files.truncate_dirty_files(end)
+        # A torn or stale tail is zeroed; a clean one is left as it is (nothing to read).
+        self.files.truncate_dirty_files(end, zero_tail=not clean)
+        if last is None and end >= UNIT_SIZE:  # the newest unit is in a file not read here
+            last = self._unit_at(end - UNIT_SIZE)
         # The newest real unit's end: replays at or below it are no-ops.
-        last = self._unit_at(end - UNIT_SIZE) if end >= UNIT_SIZE else None
         if last is not None and not is_blank_unit(*last):
             self.max_physic_offset = last[0] + last[1]
 
@@ -171,6 +180,13 @@ class ConsumeQueue:
             return
         low = first.file_from_offset // UNIT_SIZE
         high = self.max_offset()
+        head, self._head_unit = self._head_unit, None
+        if (head is not None and head[0] is first and low < high
+                and not is_blank_unit(*head[1]) and head[1][0] >= commitlog_min_offset):
+            # Recovery read the first unit (the usual case at open: nothing expired): units
+            # ascend, so it is the first live one, and the file need not be mapped to say so.
+            self.min_logic_offset = low * UNIT_SIZE
+            return
         first_live = self._first_unit_where(lambda u: u[0] >= commitlog_min_offset, low, high)
         while first_live < high:  # fillers at the head are not messages: start after them
             unit = self._unit_at(first_live * UNIT_SIZE)
@@ -208,6 +224,9 @@ class ConsumeQueue:
         first = self.files.first()
         if first is None:
             return 0
+        if 0 <= self.max_physic_offset <= commitlog_end:
+            return 0  # the newest unit's record ends in the CommitLog, so every one does
+        self._head_unit = None  # the cut may reach the head, and new units replace it
         low = first.file_from_offset // UNIT_SIZE
         high = self.max_offset()
         cut = self._first_unit_where(lambda u: u[0] + u[1] > commitlog_end, low, high)
@@ -242,24 +261,29 @@ class ConsumeQueue:
                 log.warning("%s/%d: unit for queue offset %d already written; skipped",
                             self.topic, self.queue_id, queue_offset)
                 return
-            if current == 0 and self.files.last() is None and target > 0:
-                # A queue whose earlier units are gone (or never existed here) starts mid-file:
-                # fill the head of its first file with blank units, as RocketMQ does.
-                mf = self._file_for(target)
-                head = target - mf.file_from_offset
-                if head:
-                    mf.write_at(0, BLANK_UNIT * (head // UNIT_SIZE))
+            unit = UNIT.pack(commitlog_offset, size, tags_code)
+            if current == 0 and self.files.last() is None and not self.files.read_only:
+                # A new queue's first file is created with its first unit in it (no map, see
+                # MappedFile._create_with). A queue whose earlier units are gone (or never
+                # existed here) starts mid-file: the head of its first file is filled with
+                # blank units, as RocketMQ does.
+                head = target % self.file_size
+                self.files.create_with(BLANK_UNIT * (head // UNIT_SIZE) + unit, target)
                 self.min_logic_offset = target
-                current = target
+                self.max_physic_offset = commitlog_offset + size
+                return
             while current < target:
                 log.error("%s/%d: gap in queue before offset %d; filling with blank units",
                           self.topic, self.queue_id, queue_offset)
                 mf = self._file_for(current)
                 mf.write_at(current - mf.file_from_offset, BLANK_UNIT)
                 current += UNIT_SIZE
-            mf = self._file_for(target)
-            mf.write_at(target - mf.file_from_offset,
-                        UNIT.pack(commitlog_offset, size, tags_code))
+            last = self.files.last()
+            if last is not None and last.is_full() and not self.files.read_only:
+                self.files.create_with(unit)  # the next file, created with its first unit
+            else:
+                mf = self._file_for(target)
+                mf.write_at(target - mf.file_from_offset, unit)
             self.max_physic_offset = commitlog_offset + size
 
     def stage_unit(self, queue_offset: int, commitlog_offset: int, size: int,
@@ -363,6 +387,7 @@ class ConsumeQueue:
         self._staged = bytearray()
         self._drop_cursor()
         self.files.destroy()
+        self._head_unit = None
         self.max_physic_offset = -1
         self.min_logic_offset = 0
 
@@ -400,18 +425,18 @@ class FileConsumeQueueStore:
             for queue_entry in sorted(os.scandir(topic_dir), key=lambda e: e.name):
                 if not queue_entry.name.isdigit() or not queue_entry.is_dir():
                     continue
-                queue_dir = Path(queue_entry.path)
-                segments = sorted((e for e in os.scandir(queue_dir)
-                                   if parse_segment_name(e.name) is not None and e.is_file()),
-                                  key=lambda e: e.name)
+                queue_dir = topic_dir / queue_entry.name
+                segments = sorted((start, e) for e in os.scandir(queue_entry.path)
+                                  if (start := parse_segment_name(e.name)) is not None
+                                  and e.is_file())
                 if not segments:
                     continue
-                size = segments[0].stat().st_size or self.default_file_size
+                size = segments[0][1].stat().st_size or self.default_file_size
                 if size % UNIT_SIZE:
                     raise ValueError(f"{queue_dir}: file size {size} is not a multiple of 20")
-                cq = ConsumeQueue(topic_dir.name, int(queue_dir.name), queue_dir, size,
+                cq = ConsumeQueue(topic_dir.name, int(queue_entry.name), queue_dir, size,
                                   read_only=self.read_only)
-                cq.load()
+                cq.load(segments)
                 self._queues[(cq.topic, cq.queue_id)] = cq
 
     def recover(self) -> None:

@@ -33,14 +33,17 @@ def written_units(buf: bytes | memoryview, limit: int) -> int:
     One pass in numpy, not a Python step per unit: a 6 MB file holds 300,000 units, and
     recovery (and every Spark plan of a store directory) reads the newest files of every queue.
     """
+    count = limit // UNIT_SIZE
+    # The first units in Python: numpy's fixed cost (and its import) is more than a few units'
+    # loop, and a queue of few messages ends within them (its data is a block of 204 units).
+    head = min(count, _PYTHON_UNITS_MAX)
+    for n, (offset, size, _code) in enumerate(UNIT.iter_unpack(buf[:head * UNIT_SIZE])):
+        if offset < 0 or size <= 0:
+            return n
+    if count == head:
+        return count
     import numpy as np
 
-    count = limit // UNIT_SIZE
-    if count <= _PYTHON_UNITS_MAX:  # numpy's fixed cost is more than a few units' loop
-        for n, (offset, size, _code) in enumerate(UNIT.iter_unpack(buf[:count * UNIT_SIZE])):
-            if offset < 0 or size <= 0:
-                return n
-        return count
     units = np.frombuffer(buf, dtype=_UNIT_DTYPE, count=count)
     bad = (units["commitlog_offset"] < 0) | (units["size"] <= 0)
     first_bad = int(bad.argmax())

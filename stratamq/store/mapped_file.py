@@ -217,7 +217,9 @@ class MappedFile(RefCountedMap):
 
     def __init__(self, path: Path, file_size: int, *, read_only: bool = False,
                  allocate_ahead: int = ALLOCATE_AHEAD, evictable: bool = False,
-                 readahead: bool = True) -> None:
+                 readahead: bool = True, mapped: bool = True,
+                 initial: bytes | bytearray | None = None,
+                 known_size: int | None = None) -> None:
         start = parse_segment_name(path.name)
         if start is None:
             raise MappedFileError(f"{path}: not a 20-digit segment file name")
@@ -234,6 +236,13 @@ class MappedFile(RefCountedMap):
         self._allocated_until = 0  # blocks reserved below this position (see _ensure_allocated)
         self._address: int | None = None  # where the map starts in memory (for prefault)
         self.readahead = readahead
+        self.evictable = evictable
+        if initial is not None:
+            self._create_with(initial)
+            return
+        if not mapped:
+            self._open_unmapped(known_size)
+            return
         flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_CREAT
         try:
             self._fd = os.open(path, flags, 0o644)
@@ -264,12 +273,78 @@ class MappedFile(RefCountedMap):
             os.close(self._fd)
             raise
         self.buffer = memoryview(self._map)
-        self.evictable = evictable
         if evictable:
             # The map keeps a descriptor of its own; ours would double the cost of each file.
             os.close(self._fd)
             self._fd = -1
             budget.mapped(self)
+
+    def _open_unmapped(self, known_size: int | None) -> None:
+        """An existing evictable file, left unmapped until its first reader or writer
+        (``hold``, ``write_at``): a store of many queues reopens without a map per file, and
+        recovery reads a queue's newest units with ``pread`` (``read_data``). Its size is
+        checked now, as a mapped open would (``known_size``: as the caller's listing saw it)."""
+        if not self.evictable:
+            raise ValueError(f"{self.path}: only an evictable file may open unmapped")
+        try:
+            actual = os.stat(self.path).st_size if known_size is None else known_size
+        except OSError as exc:
+            raise MappedFileError(exc.errno,
+                                  f"cannot open segment {self.path}: {exc.strerror}") from exc
+        if actual == 0 and not self.read_only:
+            # Created, then the process died before its size was set: as a mapped open, give
+            # it its size (sparse: nothing to reserve until a write through the map).
+            try:
+                os.truncate(self.path, self.file_size)
+            except OSError as exc:
+                raise MappedFileError(exc.errno, f"cannot size segment {self.path}: "
+                                                 f"{exc.strerror}") from exc
+        elif actual != self.file_size:
+            raise MappedFileError(
+                f"{self.path}: size {actual} bytes, expected {self.file_size}; "
+                "segments of one queue must all have the same size"
+            )
+        self._fd = -1
+        self._map = None
+        self.buffer = memoryview(b"")  # no map yet: hold() maps the file
+
+    def _create_with(self, data: bytes | bytearray) -> None:
+        """Create an evictable file holding ``data`` at its start, written with ``pwrite`` and
+        left unmapped (``hold`` or the next ``write_at`` maps it). A new ConsumeQueue file costs
+        no ``fallocate``, ``mmap``, page fault or ``munmap``: a store of many queues of few
+        messages creates one per queue. ``pwrite`` reserves the blocks it writes, so a full
+        disk is an ENOSPC here (the file removed), never a SIGBUS; the rest stays sparse, and
+        a later write through the map reserves its range first (``_ensure_allocated``)."""
+        if not self.evictable or self.read_only:
+            raise ValueError(f"{self.path}: only a writable evictable file is created unmapped")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise MappedFileError(exc.errno,
+                                  f"cannot open segment {self.path}: {exc.strerror}") from exc
+        try:
+            actual = os.fstat(fd).st_size
+            if actual not in (0, self.file_size):
+                raise MappedFileError(
+                    f"{self.path}: size {actual} bytes, expected {self.file_size}; "
+                    "segments of one queue must all have the same size"
+                )
+            try:
+                if not actual:
+                    os.ftruncate(fd, self.file_size)  # sparse, like RocketMQ's segments
+                _pwrite_all(fd, data, 0)
+            except OSError as exc:
+                if not actual:
+                    with contextlib.suppress(OSError):
+                        os.unlink(self.path)  # no empty segment left behind to be loaded later
+                raise MappedFileError(exc.errno, f"cannot write segment {self.path}: "
+                                                 f"{exc.strerror}") from exc
+        finally:
+            os.close(fd)
+        self._fd = -1
+        self._map = None
+        self.buffer = memoryview(b"")  # no map yet: hold() maps the file
+        self.wrote_position = self.committed_position = len(data)
 
     # -- eviction (see map_budget) ----------------------------------------------------------------
 
@@ -473,6 +548,17 @@ class MappedFile(RefCountedMap):
         extents = self._data_extents(0)
         return extents[-1][1] if extents else 0
 
+    def read_data(self) -> bytes:
+        """The file's bytes up to its last data extent (``data_end``), read with ``pread``:
+        what recovery scans, without mapping the file (a hole is never read)."""
+        with self._descriptor(os.O_RDONLY) as fd:
+            extents = self._data_extents(0, fd)
+            end = extents[-1][1] if extents else 0
+            data = os.pread(fd, end, 0) if end else b""
+        if len(data) != end:
+            raise MappedFileError(errno.EIO, f"{self.path}: short read ({len(data)} of {end})")
+        return data
+
     def will_need(self, start: int, end: int) -> None:
         """Ask the kernel to read ``[start, end)`` in now, in large requests (a file mapped
         without read-ahead would otherwise be read a page per fault)."""
@@ -482,12 +568,14 @@ class MappedFile(RefCountedMap):
                 self._descriptor(os.O_RDONLY) as fd:
             os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
 
-    def _data_extents(self, position: int) -> list[tuple[int, int]]:
-        """``(start, end)`` ranges at or after ``position`` that may hold non-zero bytes."""
+    def _data_extents(self, position: int, fd: int = -1) -> list[tuple[int, int]]:
+        """``(start, end)`` ranges at or after ``position`` that may hold non-zero bytes
+        (``fd``: a descriptor of the file the caller has open)."""
         extents = []
         pos = position
         try:
-            with self._descriptor(os.O_RDONLY) as fd:
+            with (contextlib.nullcontext(fd) if fd >= 0
+                  else self._descriptor(os.O_RDONLY)) as fd:
                 while pos < self.file_size:
                     try:
                         start = os.lseek(fd, pos, os.SEEK_DATA)

@@ -12,6 +12,7 @@ ConsumeQueue (files named by byte offset of their first unit). Contracts:
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from concurrent.futures import Future
@@ -130,8 +131,13 @@ class MappedFileQueue:
 
     # -- loading --------------------------------------------------------------------------------
 
-    def load(self) -> None:
-        """Map every segment in the directory; refuse gaps and size mismatches clearly."""
+    def load(self, listing: list[tuple[int, os.DirEntry[str]]] | None = None) -> None:
+        """Map every segment in the directory; refuse gaps and size mismatches clearly.
+        ``listing``: the segments as the caller listed them, (start offset, entry) sorted
+        (evictable files: their sizes are checked from the entries, nothing is opened)."""
+        if listing is not None and self.evictable:
+            self._load_unmapped(listing)
+            return
         if not self.directory.is_dir():
             if not self.read_only:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -151,15 +157,34 @@ class MappedFileQueue:
                     )
                 if start % self.mapped_file_size:
                     raise MappedFileError(f"{path}: start offset not a multiple of the file size")
+                # An evictable file stays unmapped until first used (see MappedFile.hold).
                 mf = MappedFile(path, self.mapped_file_size, read_only=self.read_only,
                                 allocate_ahead=self.allocate_ahead, evictable=self.evictable,
-                                readahead=self.readahead)
+                                readahead=self.readahead, mapped=not self.evictable)
                 mf.set_positions(self.mapped_file_size)  # recovery sets the real end
                 files.append(mf)
         except BaseException:
             for mf in files:
                 mf.close()
             raise
+        self._files = files
+
+    def _load_unmapped(self, listing: list[tuple[int, os.DirEntry[str]]]) -> None:
+        files: list[MappedFile] = []
+        size = self.mapped_file_size
+        for start, entry in listing:
+            if files and start != files[-1].file_end_offset:
+                raise MappedFileError(
+                    f"{self.directory}: segment {entry.name} does not follow "
+                    f"{files[-1].path.name} (size {size}); a file is missing")
+            if start % size:
+                raise MappedFileError(f"{entry.path}: start offset not a multiple of the file size")
+            mf = MappedFile(self.directory / entry.name, size, read_only=self.read_only,
+                            allocate_ahead=self.allocate_ahead, evictable=True,
+                            readahead=self.readahead, mapped=False,
+                            known_size=entry.stat().st_size)
+            mf.set_positions(size)  # recovery sets the real end
+            files.append(mf)
         self._files = files
 
     # -- lookups --------------------------------------------------------------------------------
@@ -221,6 +246,27 @@ class MappedFileQueue:
             self._files = [*self._files, mf]
         return mf
 
+    def create_with(self, data: bytes | bytearray, start_offset: int = 0) -> MappedFile:
+        """Create the next file (for an empty queue: the one holding ``start_offset``) with
+        ``data`` at its start, written without mapping it (evictable files only; see
+        ``MappedFile._create_with``). The last file must be full."""
+        if not self.evictable:
+            raise ValueError(f"{self.directory}: only evictable files are created unmapped")
+        last = self.last()
+        if last is not None and not last.is_full():
+            raise MappedFileError(f"{self.directory}: the last file has room; nothing to create")
+        if last is None:
+            create_offset = start_offset - start_offset % self.mapped_file_size
+        else:
+            create_offset = last.file_end_offset
+        self.directory.mkdir(parents=True, exist_ok=True)
+        mf = MappedFile(self.directory / segment_name(create_offset), self.mapped_file_size,
+                        allocate_ahead=self.allocate_ahead, evictable=True,
+                        readahead=self.readahead, initial=data)
+        with self._files_lock:
+            self._files = [*self._files, mf]
+        return mf
+
     # -- flushing -------------------------------------------------------------------------------
 
     def flush(self, least_pages: int = 0) -> bool:
@@ -247,17 +293,18 @@ class MappedFileQueue:
 
     # -- truncation and deletion ----------------------------------------------------------------
 
-    def truncate_dirty_files(self, offset: int) -> None:
+    def truncate_dirty_files(self, offset: int, *, zero_tail: bool = True) -> None:
         """Make ``offset`` the end of the data: later files are deleted, the containing one is
         cut and its tail zeroed, so stale records or units behind the cut can never be taken
-        for live ones by a later recovery (a read-only queue only stops short of them)."""
+        for live ones by a later recovery (a read-only queue only stops short of them).
+        ``zero_tail=False``: the caller read the tail and found only zeros."""
         keep: list[MappedFile] = []
         for mf in self._files:
             if mf.file_end_offset <= offset:
                 keep.append(mf)
             elif mf.file_from_offset <= offset:
                 mf.set_positions(offset - mf.file_from_offset)
-                if not self.read_only:
+                if zero_tail and not self.read_only:
                     mf.zero_from(mf.wrote_position)
                 keep.append(mf)
             else:

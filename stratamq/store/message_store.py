@@ -126,6 +126,8 @@ class MessageStore:
         self.flush_observers: list[Callable[[float], None]] = []
         self._plugged: list[Dispatcher] = []  # add_dispatcher's, dispatched after the queues
         self.put_waiters: list[PutWaiter] = []  # what a put waits for (add_put_waiter)
+        # Asked before each put: a reason to refuse it (a cluster master's fence), or None.
+        self.put_guards: list[Callable[[], str | None]] = []
         self._plugged_sources: list[tuple[ReadSource, bool]] = []  # add_read_source's
         # What forced clean-up asks before it deletes unexpired files (see cleanup.py):
         self._consumed_offsets: ConsumedOffsets | None = None  # set_consumed_offsets
@@ -265,6 +267,25 @@ class MessageStore:
         files.flushed_where = files.committed_where = start
         log.info("empty CommitLog starts at offset %d, past the history its read sources hold "
                  "(up to %d)", start, end)
+
+    def recover_topic_queue_table(self, timeout: float = 30.0) -> None:
+        """Before a slave's store takes puts as a master (a cluster's election): wait until
+        every replicated record is dispatched, then take each queue's next offset from the
+        ConsumeQueues (RocketMQ's ``recoverTopicQueueTable`` in ``changeToMaster``). A slave's
+        appends are copies that assign no queue offsets, so the table it opened with is stale.
+        TimeoutError if dispatch does not catch up (the caller must not take puts then)."""
+        deadline = time.monotonic() + timeout
+        while self.reput.behind_bytes() > 0:
+            if self.reput.error is not None:
+                raise RuntimeError(f"dispatch failed: {self.reput.error}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"dispatch is {self.reput.behind_bytes()} bytes behind "
+                                   f"after {timeout:g} s")
+            self.reput.wakeup()
+            time.sleep(0.01)
+        with self.reput.paused(timeout):  # no dispatch round half done while the table moves
+            self.commitlog.queue_offsets = self.consume_queues.queue_offset_table()
+            self._continue_queues_of_sources()
 
     def _continue_queues_of_sources(self) -> None:
         """A queue that a plugged read source holds further than the local ConsumeQueues (a
@@ -483,6 +504,10 @@ class MessageStore:
         if self.reput.error is not None:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     error=f"dispatch failed: {self.reput.error}")
+        for guard in self.put_guards:
+            refusal = guard()
+            if refusal is not None:
+                return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, error=refusal)
         refusal = self.cleanup.put_refusal() if self.cleanup is not None else None
         if refusal is not None:  # past diskSpaceWarningLevelRatio: RocketMQ's DISK_FULL flag
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, error=refusal)

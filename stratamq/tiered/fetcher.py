@@ -24,6 +24,7 @@ Thread-safety: every method from any reading thread.
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,7 +33,7 @@ from typing import Protocol
 from stratamq import record as codec
 from stratamq.config import StoreConfig, TieredStorageLevel
 from stratamq.message import Prop, StoredMessage
-from stratamq.record.copy_check import check_copies
+from stratamq.record.copy_check import CopyChecks
 from stratamq.store.read_chain import QueueOffsets, ReadRequest
 from stratamq.store.results import GetMessageResult, GetMessageStatus, SelectedRecord
 from stratamq.tiered.flat_message_file import FlatFileStore, FlatMessageFile
@@ -44,6 +45,10 @@ from stratamq.tiered.read_damage import CHECK_WINDOW, BlockChecks, ReadDamage, f
 __all__ = ["LocalView", "TierFetcher"]
 
 log = logging.getLogger(__name__)
+
+# Set to 1, tier reads skip the checks of what they serve: for bench/tier_reads.py's baseline
+# broker only, never a setting (nothing a user should turn off).
+UNCHECKED_READS_ENV = "STRATAMQ_BENCH_UNCHECKED_TIER_READS"
 
 
 
@@ -85,8 +90,11 @@ class TierFetcher:
         self._closed = False
         self.served = 0  # messages handed to readers
         # Records are checked before they are served (``record.copy_check``); False only for
-        # the benchmark's baseline (bench/tier_reads.py).
-        self.check_records = True
+        # the benchmark's baseline (bench/tier_reads.py; a broker's through the environment).
+        self.check_records = os.environ.get(UNCHECKED_READS_ENV) != "1"
+        if not self.check_records:
+            log.warning("%s=1: tier records are served unchecked (a benchmark's baseline only)",
+                        UNCHECKED_READS_ENV)
         self.damage = ReadDamage()
         self._phys_ranges: dict[tuple[str, int], tuple[int, int, int, int]] = {}
 
@@ -202,12 +210,14 @@ class TierFetcher:
         k = i // CHECK_WINDOW
         first, end = k * CHECK_WINDOW, min(block.length, (k + 1) * CHECK_WINDOW)
         if not checks.done[k]:
-            bad = check_copies(block.buffer, block.starts[first:end], block.sizes[first:end],
-                               flat.topic, flat.queue_id, block.start + first)
-            for j, why in bad.items():
-                self.damage.corrupt(flat.topic, flat.queue_id, block.start + first + j, why,
+            copies = checks.copies
+            if copies is None:  # the layout of the whole block is checked at once, CRCs later
+                copies = checks.copies = CopyChecks(block.buffer, block.starts, block.sizes,
+                                                    flat.topic, flat.queue_id, block.start)
+            for j, why in copies.window(first, end).items():
+                self.damage.corrupt(flat.topic, flat.queue_id, block.start + j, why,
                                     flat.file_path)
-                checks.bad.add(first + j)
+                checks.bad.add(j)
             checks.done[k] = 1
         return end
 

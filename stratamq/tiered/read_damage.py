@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from stratamq.store.consume_queue_format import UNIT_SIZE
 
 if TYPE_CHECKING:
+    from stratamq.record.copy_check import CopyChecks
     from stratamq.tiered.flat_file import FlatCommitLogFile, FlatConsumeQueueFile
     from stratamq.tiered.flat_message_file import FlatMessageFile
 
@@ -46,11 +47,12 @@ class BlockChecks:
     were checked, and the records (by index in the block) that failed. Readers sharing a
     cached block may check a window twice at the same moment: the same answer, said once."""
 
-    __slots__ = ("bad", "done")
+    __slots__ = ("bad", "copies", "done")
 
     def __init__(self, length: int) -> None:
         self.done = bytearray(-(-length // CHECK_WINDOW))
         self.bad: set[int] = set()
+        self.copies: CopyChecks | None = None  # made at the first window checked
 
 
 class ReadDamage:

@@ -78,12 +78,17 @@ class Stored(NamedTuple):
 
 
 class CheckRequest(NamedTuple):
-    """What a producer is asked: the half (topic and queue as it was sent) and its ids."""
+    """What a producer is asked: the half (topic and queue as it was sent) and its ids;
+    where the check's copy was stored and its check count (a 4.x producer answers with the
+    copy's CommitLog and queue offsets, as RocketMQ's check hands it the renewed half)."""
 
     producer_group: str
     real_topic: str
     transaction_id: str
     half: StoredMessage
+    copy_offset: int = -1
+    copy_queue_offset: int = -1
+    check_times: int = 0
 
 
 @dataclass(frozen=True)
@@ -271,7 +276,8 @@ class TransactionEngine:
             report.checked += 1
             assert self.notify is not None
             self.notify(CheckRequest(txn.producer_group, txn.real_topic, txn.transaction_id,
-                                     half))
+                                     half, stored.physical_offset, stored.queue_offset,
+                                     checks))
 
     def _discard(self, txn: OpenTransaction, half: StoredMessage, report: CheckReport) -> None:
         log.error("transaction %s (topic %s) was checked %d times without an answer: its half "

@@ -1,0 +1,431 @@
+"""One broker's part in a cluster: registration under a lease, its group's election, fencing.
+
+Keys under ``etcdPrefix`` (default ``/stratamq/<brokerClusterName>``), values JSON:
+
+* ``brokers/<brokerName>/<brokerId>`` (under the broker's lease): ``{"brokerId",
+  "endpoint", "haAddress", "role", "epoch", "maxOffset", "priority"}``. A lapsed lease removes
+  it: a dead broker.
+* ``groups/<brokerName>/master`` (under the master's lease): ``{"brokerId", "epoch",
+  "endpoint", "haAddress"}``. Taken by one transaction that also raises the group's epoch
+  (Patroni's model): it succeeds only if the key is absent and the epoch unchanged since read,
+  so at most one broker holds it and each holder's epoch is greater than every earlier one's.
+* ``groups/<brokerName>/epoch``: the group's epoch counter (no lease: it outlives everyone).
+* ``groups/<brokerName>/syncStateSet``: ``{"brokerIds": [...]}`` (written by the master; an
+  absent key counts every live broker, as the first election does).
+* ``groups/<brokerName>/elect``: ``{"brokerId"}``, a planned switch (``cluster elect``).
+
+The loop (a thread, every third of ``etcdLeaseTtlMs``, and at once when the group's keys
+change): renew the lease, refresh the registration, read the group, then
+
+* a master key held by another broker: follow it (``on_slave``);
+* no master key: run ``DefaultElectPolicy`` (``election.py``) over the live registrations;
+  the broker it names takes the key (the others wait: it takes it within one loop);
+* the key is this broker's: stay master; a planned switch naming another live broker makes it
+  step down (fence first, then delete the key).
+
+Fencing: ``Fence.writable()`` is true only while this broker holds the master key and less than
+two thirds of the TTL have passed since the send of its last successful renewal; etcd expires
+the lease no sooner than a full TTL after that send, so a master that cannot renew (etcd gone,
+partitioned, the process stopped) refuses writes before anyone else can be elected. The check
+is a clock read at each put, so a process woken from SIGSTOP refuses before its loop runs.
+Thread-safety: ``Fence`` and ``status`` from any thread; the loop alone changes roles.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from stratamq.cluster.coordination import (
+    Coordination,
+    CoordinationError,
+    CoordinationUnavailable,
+    KeyValue,
+    LeaseLost,
+    WatchEvent,
+)
+from stratamq.cluster.election import Candidate, elect
+from stratamq.cluster.sync_state import SlaveProgress, SyncStateSet
+
+__all__ = ["BrokerIdentity", "ClusterMember", "Fence", "MasterInfo", "group_keys"]
+
+log = logging.getLogger(__name__)
+
+_FENCE_SHARE = 2 / 3  # of the TTL a master may acknowledge writes after a renewal's send
+
+
+@dataclass(frozen=True)
+class BrokerIdentity:
+    cluster: str
+    group: str  # brokerName
+    broker_id: int
+    priority: int  # brokerElectionPriority
+    endpoint: str  # the client (gRPC) endpoint, host:port
+    ha_address: str  # host:haListenPort, where slaves connect
+
+
+@dataclass(frozen=True)
+class MasterInfo:
+    broker_id: int
+    epoch: int
+    endpoint: str
+    ha_address: str
+
+    @classmethod
+    def parse(cls, data: bytes) -> MasterInfo:
+        d = json.loads(data)
+        return cls(int(d["brokerId"]), int(d["epoch"]), str(d["endpoint"]),
+                   str(d["haAddress"]))
+
+    def render(self) -> bytes:
+        return json.dumps({"brokerId": self.broker_id, "epoch": self.epoch,
+                           "endpoint": self.endpoint, "haAddress": self.ha_address}).encode()
+
+
+def group_keys(prefix: str, group: str) -> dict[str, str]:
+    base = f"{prefix}/groups/{group}"
+    return {"master": f"{base}/master", "epoch": f"{base}/epoch",
+            "syncStateSet": f"{base}/syncStateSet", "elect": f"{base}/elect",
+            "brokers": f"{prefix}/brokers/{group}/"}
+
+
+def _without_offset(registration: bytes) -> dict:
+    d = json.loads(registration)
+    d.pop("maxOffset", None)
+    return d
+
+
+class Fence:
+    """Whether this broker may acknowledge writes as its group's master; see the module
+    docstring."""
+
+    def __init__(self) -> None:
+        self._until = 0.0  # time.monotonic()
+        self._master = False
+
+    def hold(self, until: float) -> None:
+        self._master = True
+        self._until = until
+
+    def extend(self, until: float) -> None:
+        if self._master:
+            self._until = max(self._until, until)
+
+    def drop(self) -> None:
+        self._master = False
+        self._until = 0.0
+
+    def writable(self) -> bool:
+        return self._master and time.monotonic() < self._until
+
+    def refusal(self) -> str | None:
+        """Why a put must be refused now (None: it may go on)."""
+        if not self._master:
+            return "this broker is not its group's elected master"
+        if time.monotonic() >= self._until:
+            return ("this master could not renew its etcd lease in time: writes are fenced "
+                    "until it can (another broker may be elected)")
+        return None
+
+
+class ClusterMember:
+    """The loop of one broker; see the module docstring."""
+
+    def __init__(self, coordination: Coordination, me: BrokerIdentity, prefix: str,
+                 ttl_ms: int, *, max_offset: Callable[[], int], last_epoch: Callable[[], int],
+                 on_master: Callable[[int], None],
+                 on_slave: Callable[[MasterInfo | None], None],
+                 allow_unclean: bool = False, progress: SlaveProgress | None = None,
+                 max_gap: int = 256 << 20, not_catchup_ms: int = 15_000) -> None:
+        self.coord = coordination
+        self.me = me
+        self.prefix = prefix
+        self.ttl_ms = ttl_ms
+        self.keys = group_keys(prefix, me.group)
+        self.my_key = f"{self.keys['brokers']}{me.broker_id}"
+        self.max_offset = max_offset
+        self.last_epoch = last_epoch
+        self.on_master = on_master
+        self.on_slave = on_slave
+        self.allow_unclean = allow_unclean
+        self.progress = progress or (lambda: (self.max_offset(), None, 0))
+        self.max_gap = max_gap
+        self.not_catchup_ms = not_catchup_ms
+        self.sync: SyncStateSet | None = None  # while master
+        self.fence = Fence()
+        self.lease = 0
+        self.master: MasterInfo | None = None  # the group's, as last read
+        self.is_master = False
+        self.epoch = 0  # of this broker's mastership, while it is master
+        self.last_error = ""
+        self._registered = b""
+        self._snapshot: dict[str, KeyValue] = {}  # the group's keys as read this pass
+        self._broker_kvs: list[KeyValue] | None = None  # the registrations, read on demand
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._unwatch: Callable[[], None] | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"cluster {me.group}/{me.broker_id}")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._unwatch = self.coord.watch_prefix(f"{self.prefix}/groups/{self.me.group}/",
+                                                self._changed)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Leave the cluster: fence, give up the master key and the lease (others elect at
+        once instead of after a TTL)."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(self.ttl_ms / 1000 + 5)
+        self.fence.drop()
+        if self._unwatch is not None:
+            self._unwatch()
+        if self.lease:
+            try:
+                self.coord.revoke(self.lease)
+            except CoordinationError as exc:
+                log.warning("could not revoke the etcd lease on leaving: %s", exc)
+
+    def _changed(self, _event: WatchEvent) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        interval = self.ttl_ms / 3000
+        while not self._stop.is_set():
+            try:
+                self.step()
+                self.last_error = ""
+            except CoordinationError as exc:
+                if str(exc) != self.last_error:
+                    log.warning("cluster: %s", exc)
+                self.last_error = str(exc)
+            except Exception as exc:  # a bug: keep the loop (the fence lapses on its own)
+                log.exception("cluster loop failed")
+                self.last_error = f"{type(exc).__name__}: {exc}"
+            self._wake.wait(interval)
+            self._wake.clear()
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Renew, register, and act on the group's state (one pass of the loop)."""
+        self._renew()
+        self._register()
+        self._act()
+
+    def _renew(self) -> None:
+        sent = time.monotonic()
+        if not self.lease:
+            self.lease = self.coord.grant(self.ttl_ms)
+            self._registered = b""
+            return
+        try:
+            self.coord.keep_alive(self.lease)
+        except LeaseLost:
+            log.error("cluster: this broker's etcd lease lapsed (it was unreachable for "
+                      "etcdLeaseTtlMs): %s", "stepping down" if self.is_master else "rejoining")
+            self._step_down(None)
+            self.lease = self.coord.grant(self.ttl_ms)
+            self._registered = b""
+            return
+        except CoordinationUnavailable:
+            raise  # the fence lapses by itself; nothing else changes while etcd is away
+        self.fence.extend(sent + self.ttl_ms * _FENCE_SHARE / 1000)
+
+    def _registration(self) -> bytes:
+        return json.dumps({
+            "brokerId": self.me.broker_id, "endpoint": self.me.endpoint,
+            "haAddress": self.me.ha_address, "role": "MASTER" if self.is_master else "SLAVE",
+            "masterBrokerId": (self.me.broker_id if self.is_master else
+                               self._following.broker_id if self._following else None),
+            "epoch": self._epoch_known(), "maxOffset": self.max_offset(),
+            "priority": self.me.priority}).encode()
+
+    def _epoch_known(self) -> int:
+        """The epoch this broker's log is of, for the election's ranking: its own while master,
+        its master's while following one, else the last its store recorded."""
+        if self.is_master:
+            return self.epoch
+        following = self._following
+        return max(self.last_epoch(), following.epoch if following is not None else 0)
+
+    def _register(self) -> None:
+        """Put the registration when it changed; a change of max offset alone at most once
+        every third pass (a TTL): it only ranks candidates of the SyncStateSet, which all
+        hold what was acknowledged, so a little staleness costs nothing but etcd writes do."""
+        value = self._registration()
+        if value == self._registered:
+            return
+        self._passes_since_put += 1
+        if (self._registered and self._passes_since_put < 3
+                and _without_offset(value) == _without_offset(self._registered)):
+            return
+        self.coord.put(self.my_key, value, self.lease)
+        self._registered = value
+        self._passes_since_put = 0
+
+    def _act(self) -> None:
+        # One read of the group's keys per pass (the registrations only when needed).
+        self._snapshot = {kv.key: kv for kv in self.coord.get_prefix(
+            f"{self.prefix}/groups/{self.me.group}/")}
+        self._broker_kvs = None
+        current = self._snapshot.get(self.keys["master"])
+        master = MasterInfo.parse(current.value) if current is not None else None
+        self.master = master
+        if current is not None and master is not None:
+            if current.lease == self.lease and master.broker_id == self.me.broker_id:
+                if not self.is_master:  # taken by this broker's previous loop, then lost
+                    self._become_master(master.epoch, time.monotonic())
+                self._keep_sync_state_set(current.mod_revision)
+                self._planned_switch(current.mod_revision)
+                return
+            if self.is_master:
+                log.error("cluster: broker %d holds the master key of %s: stepping down",
+                          master.broker_id, self.me.group)
+            self._step_down(master)
+            return
+        if self.is_master:
+            self._step_down(None)  # the key went (revoked): never write without it
+        self._try_elect()
+
+    def _brokers(self) -> list[KeyValue]:
+        if self._broker_kvs is None:
+            self._broker_kvs = self.coord.get_prefix(self.keys["brokers"])
+        return self._broker_kvs
+
+    def _registrations(self) -> list[dict]:
+        out = []
+        for kv in self._brokers():
+            try:
+                value = json.loads(kv.value)
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                out.append(value)
+            else:
+                log.warning("cluster: ignoring a malformed registration at %s", kv.key)
+        return out
+
+    def _keep_sync_state_set(self, master_revision: int) -> None:
+        sync = self.sync
+        if sync is None:
+            return
+        followers = {int(d["brokerId"]) for d in self._registrations()
+                     if d.get("masterBrokerId") == self.me.broker_id
+                     and d.get("epoch") == self.epoch and d.get("brokerId") != self.me.broker_id}
+        sync.step(followers, master_revision)
+
+    def acks_alone(self) -> bool:
+        """Whether this master acknowledges puts without a slave (its SyncStateSet is itself)."""
+        sync = self.sync
+        return self.is_master and sync is not None and sync.acks_alone()
+
+    def _live(self) -> dict[int, Candidate]:
+        live = {}
+        for kv in self._brokers():
+            try:
+                d = json.loads(kv.value)
+                live[int(d["brokerId"])] = Candidate(int(d["brokerId"]), int(d["epoch"]),
+                                                     int(d["maxOffset"]), int(d["priority"]))
+            except (ValueError, KeyError, TypeError):
+                log.warning("cluster: ignoring a malformed registration at %s", kv.key)
+        return live
+
+    def _json(self, key: str) -> dict | None:
+        kv = self._snapshot.get(key)
+        if kv is None:
+            return None
+        try:
+            value = json.loads(kv.value)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def _try_elect(self) -> None:
+        live = self._live()
+        sss = self._json(self.keys["syncStateSet"]) or {}
+        in_sync = [int(i) for i in sss.get("brokerIds", [])]
+        request = self._json(self.keys["elect"]) or {}
+        preferred = request.get("brokerId")
+        preferred = int(preferred) if isinstance(preferred, int) and preferred in live else None
+        old = sss.get("masterBrokerId")
+        choice = elect(live, in_sync, old if isinstance(old, int) else None, preferred,
+                       self.allow_unclean)
+        if choice.broker_id != self.me.broker_id:
+            why = (f"SyncStateSet {in_sync}, live {sorted(live)}"
+                   if choice.broker_id is None and live else "")
+            if why and why != self._no_candidate:  # once per situation, not every pass
+                log.warning("cluster: no broker of %s can be elected (SyncStateSet %s, live "
+                            "%s; enableElectUncleanMaster is off)", self.me.group, in_sync,
+                            sorted(live))
+            self._no_candidate = why
+            self._step_down(None)
+            return
+        epoch_kv = self._snapshot.get(self.keys["epoch"])
+        epoch = (int(epoch_kv.value) if epoch_kv is not None else 0) + 1
+        epoch = max(epoch, self.last_epoch() + 1)  # never below what this store has recorded
+        mine = MasterInfo(self.me.broker_id, epoch, self.me.endpoint, self.me.ha_address)
+        revision = epoch_kv.mod_revision if epoch_kv is not None else 0
+        sent = time.monotonic()
+        alone = SyncStateSet.render({self.me.broker_id}, self.me.broker_id, epoch)
+        if not self.coord.create(self.keys["master"], mine.render(), self.lease,
+                                 also=((self.keys["epoch"], str(epoch).encode()),
+                                       (self.keys["syncStateSet"], alone)),
+                                 unchanged=((self.keys["epoch"], revision),)):
+            return  # another broker was faster: the next pass follows it
+        if choice.unclean:
+            log.error("cluster: UNCLEAN election in %s: broker %d is master at epoch %d "
+                      "though not in the SyncStateSet %s (enableElectUncleanMaster): messages "
+                      "the old master acknowledged may be missing", self.me.group,
+                      self.me.broker_id, epoch, in_sync)
+        if preferred == self.me.broker_id:
+            self.coord.put(self.keys["elect"], b"{}")  # the planned switch is done
+        self.master = mine
+        self._become_master(epoch, sent)
+
+    def _become_master(self, epoch: int, sent: float) -> None:
+        log.info("cluster: broker %d is master of %s at epoch %d", self.me.broker_id,
+                 self.me.group, epoch)
+        self.sync = SyncStateSet(self.coord, self.keys["syncStateSet"], self.keys["master"],
+                                 self.me.broker_id, epoch, self.progress, self.max_gap,
+                                 self.not_catchup_ms)
+        self.on_master(epoch)  # the store is a master (epoch recorded) before any write
+        self.is_master = True
+        self.epoch = epoch
+        self.fence.hold(sent + self.ttl_ms * _FENCE_SHARE / 1000)
+        self._registered = b""
+
+    def _step_down(self, master: MasterInfo | None) -> None:
+        self.fence.drop()  # first: no write is acknowledged from here on
+        was = self.is_master
+        self.is_master = False
+        self.epoch = 0
+        self.sync = None
+        if was or master != self._following:
+            self._following = master
+            self.on_slave(master)
+            self._registered = b""
+
+    _following: MasterInfo | None = None
+    _no_candidate = ""
+    _passes_since_put = 0
+
+    def _planned_switch(self, master_revision: int) -> None:
+        request = self._json(self.keys["elect"]) or {}
+        target = request.get("brokerId")
+        if not isinstance(target, int) or target == self.me.broker_id:
+            return
+        if target not in self._live() or self.sync is None or target not in self.sync.written:
+            return  # not alive, or may lack acknowledged messages (the CLI said so already)
+        log.info("cluster: planned switch of %s to broker %d: stepping down", self.me.group,
+                 target)
+        self.fence.drop()
+        if self.coord.delete_if(self.keys["master"], master_revision):
+            self._step_down(None)
