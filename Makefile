@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean etcd remoting-clients
+.PHONY: setup browser run test bench clean etcd remoting-clients
 
 setup: $(STAMP)
 
@@ -28,7 +28,14 @@ etcd:
 # Byte-compiled once up front: the suite starts hundreds of Python processes (brokers, CLI
 # calls, Spark workers), and where PYTHONDONTWRITEBYTECODE is set each would otherwise compile
 # the package from source again (a stale .pyc is only recompiled in memory, never wrong).
-test: setup etcd remoting-clients
+# The web console's tests drive Debian's chromium through chromium-driver (Selenium): installed
+# where missing (needs root, as the suite does); nothing is printed when both are there.
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			chromium chromium-driver >/dev/null; fi
+
+test: setup etcd remoting-clients browser
 	$(PY) -m compileall -q stratamq
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(VENV)/bin/ruff check .

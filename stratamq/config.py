@@ -884,6 +884,11 @@ class BrokerConfig:
         "Prometheus /metrics port (0: any free port); alias metricsPrometheusPort",
         minimum=0, maximum=65535,
     )  # fmt: skip
+    console_listen_port: int = _setting(
+        "consoleListenPort", 0, "port",
+        "serve the web console (stratamq console) on 127.0.0.1:PORT inside the broker; 0: off",
+        minimum=0, maximum=65535,
+    )  # fmt: skip
     # -- DELAY messages, ACL, TLS, metrics (issue 5, second half) --------------------------------
     timer_max_delay_sec: int = _setting(
         "timerMaxDelaySec", 3 * 24 * 3600, "s",

@@ -113,6 +113,7 @@ class Broker:
         self.server: grpc.aio.Server | None = None
         self.store: MessageStore
         self.tiered: Any = None  # stratamq.tiered.TieredStore when tieredBackendServiceProvider
+        self.console: Any = None  # stratamq.console.server.ConsoleThread when consoleListenPort
         self.compaction: CompactionStore | None = None  # compaction topics (enableCompaction)
         self.compaction_gate: Any = None  # a slave's: ha.message_replication.CompactionGate
         self.transactions: Any = None  # transactions.TransactionEngine, made in _build
@@ -229,8 +230,26 @@ class Broker:
                                   cfg.tls_server_trust_cert_path,
                                   cfg.tls_server_need_client_auth)
 
+    def _start_console(self) -> None:
+        """The web console on loopback when ``consoleListenPort`` is set: a client of this
+        broker's admin RPCs like any other (signed with aclAccessKey when ACL is on)."""
+        cfg = self.config
+        if not cfg.console_listen_port:
+            return
+        from stratamq.client.connection import BrokerEndpoint
+        from stratamq.console.server import ConsoleServer, ConsoleThread
+
+        endpoint = BrokerEndpoint(self.endpoint,
+                                  access_key=cfg.acl_access_key or None,
+                                  secret_key=cfg.acl_secret_key or None)
+        server = ConsoleServer(endpoint, f"127.0.0.1:{cfg.console_listen_port}")
+        self.console = ConsoleThread(server).start()
+        log.info("web console on %s", server.url)
+
     def _close_extensions(self) -> None:
         """Stop the timer (it puts to the store) and the metrics exporter before the store."""
+        if self.console is not None:
+            self.console.stop()
         if self.timer is not None and hasattr(self.timer, "close"):
             self.timer.close()
         if hasattr(self.metrics, "close"):
@@ -331,6 +350,7 @@ class Broker:
             if self.compaction is not None:
                 self.compaction.start()
             self._build(loop)
+            self._start_console()
         except BaseException:
             self._abandon_start()
             raise

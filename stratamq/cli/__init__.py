@@ -13,6 +13,7 @@ from stratamq.cli import (  # noqa: F401
     cluster,  # cluster status, cluster elect
     compaction,  # compaction run, compaction status
     config,  # config show
+    console,  # console (the web console)
     cq,  # store migrate-cq, bench cq
     demo,
     ha,  # ha status
