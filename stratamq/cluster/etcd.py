@@ -19,6 +19,7 @@ import base64
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -94,8 +95,12 @@ def _kv(item: dict[str, Any]) -> KeyValue:
 class EtcdCoordination:
     """``Coordination`` on the etcd members at ``endpoints``; see the module docstring."""
 
-    def __init__(self, endpoints: str, timeout_s: float = 2.0) -> None:
+    def __init__(self, endpoints: str, timeout_s: float = 2.0,
+                 retry_s: float | None = None) -> None:
         self.timeout = timeout_s
+        # How long a call keeps asking while no member answers (an election takes ~1-2 s);
+        # 0: one pass over the members (a caller with its own loop and deadlines).
+        self.retry_s = max(3.0, 2 * timeout_s) if retry_s is None else retry_s
         self._clients = [Etcd3Client(host=host, port=port, protocol=scheme, timeout=timeout_s)
                          for scheme, host, port in parse_endpoints(endpoints)]
         self._current = 0
@@ -105,7 +110,22 @@ class EtcdCoordination:
     # -- transport -----------------------------------------------------------------------------
 
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST ``body`` to ``/v3/<path>`` on the current member, else the next ones."""
+        """POST ``body`` to ``/v3/<path>`` on the current member, else the next ones. While
+        no member answers, the members are asked again for up to ``retry_s``: when a member
+        dies, the others need an election (etcd's election timeout, longer on a loaded
+        machine) before they answer, and one dead member of three must change nothing."""
+        deadline = time.monotonic() + self.retry_s
+        pause = 0.05
+        while True:
+            try:
+                return self._call_once(path, body)
+            except CoordinationUnavailable:
+                if time.monotonic() + pause >= deadline:
+                    raise
+            time.sleep(pause)  # the members are electing a leader or unreachable: ask again
+            pause = min(pause * 2, 0.5)
+
+    def _call_once(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             start = self._current
         errors = []

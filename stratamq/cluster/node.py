@@ -50,9 +50,11 @@ class ClusterNode:
             from stratamq.cluster.etcd import EtcdCoordination
 
             # A request may take at most a third of the TTL: a renewal that cannot get
-            # through in time is known to have failed while the fence still holds.
+            # through in time is known to have failed while the fence still holds. One pass
+            # over the members per call: the member's own loop asks again at its next step.
             coordination = EtcdCoordination(config.etcd_endpoints,
-                                            timeout_s=min(2.0, config.etcd_lease_ttl_ms / 3000))
+                                            timeout_s=min(2.0, config.etcd_lease_ttl_ms / 3000),
+                                            retry_s=0)
         self.coordination = coordination
         self.switch_role = switch_role
         me = BrokerIdentity(config.broker_cluster_name, config.broker_name, config.broker_id,
