@@ -386,6 +386,8 @@ def test_the_official_client_consumes_from_the_slave_while_the_master_is_down(pa
     finally:
         producer.shutdown()
     wait_until(pair.caught_up)
+    # The topic table is copied by the state sync (haStateSyncInterval), not with the bytes.
+    wait_until(lambda: slave_topic_known(pair), what="the slave to copy the topic")
     assert slave_route(pair) == ({pair.master.endpoint}, {"READ_WRITE"})
     pair.master.kill()
     wait_until(lambda: not pair.slave.ha()["masterReachable"], what="the master to be missed")
@@ -410,6 +412,14 @@ def test_the_official_client_consumes_from_the_slave_while_the_master_is_down(pa
     pair.master.start()
     wait_until(lambda: pair.slave.ha()["masterReachable"], what="the slave to see its master")
     assert slave_route(pair) == ({pair.master.endpoint}, {"READ_WRITE"})
+
+
+def slave_topic_known(pair: Pair) -> bool:
+    with grpc.insecure_channel(pair.slave.endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        reply = stub.QueryRoute(svc.QueryRouteRequest(topic=pb.Resource(name=TOPIC)),
+                                timeout=10)
+    return reply.status.code != pb.TOPIC_NOT_FOUND
 
 
 def slave_route(pair: Pair) -> tuple[set[str], set[str]]:

@@ -141,6 +141,9 @@ class ReplicationParts:
         return self.advertised_of()
 
 
+_EAGER_FIRST_SYNC_S = 10.0  # how long a slave retries its first state copy every 0.2 s
+
+
 class StateSync:
     """A slave's copy of its master's topics, groups and pop state, every interval."""
 
@@ -168,8 +171,11 @@ class StateSync:
         with AdminClient(self.endpoint, timeout=max(2.0, self.interval),
                          access_key=cfg.acl_access_key or None,
                          secret_key=cfg.acl_secret_key or None) as client:
-            while not self._stop.wait(0 if not self.syncs and not self.last_error
-                                      else self.interval):
+            # A fresh slave's first copy waits for its HA link to adopt the master's lineage
+            # (a moment after start): until a copy succeeds, ask again soon for a while, so
+            # its topics do not lag its messages by a whole interval.
+            eager_until = time.monotonic() + _EAGER_FIRST_SYNC_S
+            while not self._stop.wait(self._pause(eager_until)):
                 try:
                     self.sync_once(client)
                 except _OtherLineage as exc:  # the HA client says why, at ERROR if it must
@@ -185,6 +191,13 @@ class StateSync:
                     if str(exc) != self.last_error:
                         log.exception("copying state from master %s failed", self.endpoint)
                     self.last_error = f"{type(exc).__name__}: {exc}"
+
+    def _pause(self, eager_until: float) -> float:
+        if not self.syncs and not self.last_error:
+            return 0
+        if not self.syncs and time.monotonic() < eager_until:
+            return min(self.interval, 0.2)
+        return self.interval
 
     def sync_once(self, client: AdminClient) -> None:
         snap = client.call_service(SERVICE, "SyncState")
