@@ -135,10 +135,17 @@ class ReplicationParts:
     compaction_gate: CompactionGate | None
     metrics: Any
     advertised_of: Callable[[], tuple[str, int]]
+    # In controller mode, the broker's cluster node (stratamq/cluster/node.py), made after
+    # replication starts: read per call.
+    cluster_of: Callable[[], Any] | None = None
 
     @property
     def advertised(self) -> tuple[str, int]:
         return self.advertised_of()
+
+    @property
+    def cluster(self) -> Any:
+        return self.cluster_of() if self.cluster_of is not None else None
 
 
 _EAGER_FIRST_SYNC_S = 10.0  # how long a slave retries its first state copy every 0.2 s
@@ -419,7 +426,7 @@ class BrokerReplication:
             info["stateSync"] = self.sync.info()
         if self.replicator is not None:
             info["compactionReplication"] = self.replicator.info()
-        cluster = getattr(self.b, "cluster", None)
+        cluster = self.b.cluster
         if cluster is not None:  # controller mode (stratamq/cluster/node.py)
             info["cluster"] = cluster.status()
         return info
@@ -438,7 +445,7 @@ class BrokerReplication:
             raise MetadataError("precondition", str(exc)) from None
 
     def _cluster(self) -> Any:
-        cluster = getattr(self.b, "cluster", None)
+        cluster = self.b.cluster
         if cluster is None:
             raise MetadataError("precondition", "this broker is not in controller mode "
                                 "(enableControllerMode=true with etcdEndpoints)")

@@ -386,7 +386,8 @@ class Broker:
 
         self.replication = BrokerReplication(ReplicationParts(
             cfg, self.store_config, self.store, self.meta, self.state, self.listen_host,
-            self.compaction, self.compaction_gate, self.metrics, lambda: self.advertised))
+            self.compaction, self.compaction_gate, self.metrics, lambda: self.advertised,
+            lambda: self.cluster))
         self.replication.start()
         if cfg.enable_controller_mode:
             self.cluster = self._join_cluster()
