@@ -60,8 +60,15 @@ class Node(BrokerProcess):
                 else info["haClientRuntimeInfo"]["maxOffset"])
 
     def messages(self) -> int:
+        """The topic's message count; 0 on a slave whose state sync has not copied the topic
+        yet (a fresh slave copies it once its HA link has taken the master's lineage)."""
         with AdminClient(self.endpoint) as client:
-            return client.call("TopicStatus", topic=TOPIC)["messages"]
+            try:
+                return client.call("TopicStatus", topic=TOPIC)["messages"]
+            except AdminError as exc:
+                if "NOT_FOUND" not in str(exc):
+                    raise
+                return 0
 
 
 class Pair:
