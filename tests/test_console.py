@@ -57,6 +57,14 @@ def _submit(driver, form_id: str, **fields: str) -> None:
             box.clear()
             box.send_keys(value)
     form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    # A click only starts the post: wait until the old page is gone and the answer loaded,
+    # else the next lookup can still read the page the form was on.
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(form))
+    WebDriverWait(driver, 30).until(
+        lambda d: d.execute_script("return document.readyState") == "complete")
 
 
 def _text(driver, css: str) -> str:
