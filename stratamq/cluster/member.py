@@ -272,8 +272,12 @@ class ClusterMember:
     def _read(self) -> None:
         """The group's keys and its registrations, in one request."""
         self._stale = False  # first: a change from here on is read at the next pass
-        groups, brokers = self.coord.get_prefixes(f"{self.prefix}/groups/{self.me.group}/",
-                                                  self.keys["brokers"])
+        try:
+            groups, brokers = self.coord.get_prefixes(
+                f"{self.prefix}/groups/{self.me.group}/", self.keys["brokers"])
+        except CoordinationError:
+            self._stale = True
+            raise
         self._snapshot = {kv.key: kv for kv in groups}
         self._broker_kvs = brokers
         self._passes_since_read = 0
