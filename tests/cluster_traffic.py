@@ -30,22 +30,38 @@ class Acked:
 
 
 class _Rotating(threading.Thread):
+    """Runs ``_session`` with a client on one endpoint until it fails, then on the next."""
+
     def __init__(self, endpoints: list[str]) -> None:
         super().__init__(daemon=True)
         self.endpoints = endpoints
         self.stop = threading.Event()
         self.errors = 0
-        self._next = 0
 
     def finish(self) -> None:
         self.stop.set()
         self.join(60)
         assert not self.is_alive(), f"{type(self).__name__} did not stop"
 
-    def _endpoint(self) -> str:
-        endpoint = self.endpoints[self._next % len(self.endpoints)]
-        self._next += 1
-        return endpoint
+    def run(self) -> None:
+        turn = 0
+        while not self.stop.is_set():
+            endpoint = self.endpoints[turn % len(self.endpoints)]
+            turn += 1
+            clients: list = []  # what _session started, to shut down
+            try:
+                self._session(endpoint, clients)
+            except Exception as exc:  # the broker died or refused: a fresh client elsewhere
+                self.errors += 1
+                log.info("%s on %s: %s", type(self).__name__, endpoint, exc)
+                self.stop.wait(0.2)
+            finally:
+                for client in clients:
+                    with contextlib.suppress(Exception):
+                        client.shutdown()
+
+    def _session(self, endpoint: str, clients: list) -> None:
+        raise NotImplementedError
 
 
 class OfficialProducer(_Rotating):
@@ -55,30 +71,18 @@ class OfficialProducer(_Rotating):
         super().__init__(endpoints)
         self.topic = topic
         self.acked: dict[str, Acked] = {}  # message id -> where it was acknowledged
+        self._sent = 0
 
-    def run(self) -> None:
-        i = 0
+    def _session(self, endpoint: str, clients: list) -> None:
+        producer = Producer(config(endpoint), (self.topic,))
+        clients.append(producer)
+        producer.startup()
         while not self.stop.is_set():
-            endpoint = self._endpoint()
-            producer = None
-            try:
-                producer = Producer(config(endpoint), (self.topic,))
-                producer.startup()
-                while not self.stop.is_set():
-                    body = b"official-%06d" % i
-                    i += 1
-                    receipt = producer.send(message(self.topic, body))
-                    queue = receipt.message_queue.message_queue0().id
-                    self.acked[receipt.message_id] = Acked(body, queue, int(receipt.offset),
-                                                           endpoint)
-            except Exception as exc:  # the broker died or refused: a fresh client elsewhere
-                self.errors += 1
-                log.info("producer on %s: %s", endpoint, exc)
-                self.stop.wait(0.2)
-            finally:
-                if producer is not None:
-                    with contextlib.suppress(Exception):
-                        producer.shutdown()
+            body = b"official-%06d" % self._sent
+            self._sent += 1
+            receipt = producer.send(message(self.topic, body))
+            queue = receipt.message_queue.message_queue0().id
+            self.acked[receipt.message_id] = Acked(body, queue, int(receipt.offset), endpoint)
 
 
 class OfficialConsumer(_Rotating):
@@ -92,23 +96,12 @@ class OfficialConsumer(_Rotating):
         self.invisible_s = invisible_s
         self.received: set[str] = set()  # message ids
 
-    def run(self) -> None:
+    def _session(self, endpoint: str, clients: list) -> None:
+        consumer = SimpleConsumer(config(endpoint), self.group,
+                                  {self.topic: FilterExpression()}, await_duration=1)
+        clients.append(consumer)
+        consumer.startup()
         while not self.stop.is_set():
-            endpoint = self._endpoint()
-            consumer = None
-            try:
-                consumer = SimpleConsumer(config(endpoint), self.group,
-                                          {self.topic: FilterExpression()}, await_duration=1)
-                consumer.startup()
-                while not self.stop.is_set():
-                    for m in consumer.receive(32, self.invisible_s):
-                        self.received.add(m.message_id)
-                        consumer.ack(m)
-            except Exception as exc:
-                self.errors += 1
-                log.info("consumer on %s: %s", endpoint, exc)
-                self.stop.wait(0.2)
-            finally:
-                if consumer is not None:
-                    with contextlib.suppress(Exception):
-                        consumer.shutdown()
+            for m in consumer.receive(32, self.invisible_s):
+                self.received.add(m.message_id)
+                consumer.ack(m)
