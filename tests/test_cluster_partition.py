@@ -97,15 +97,20 @@ def _refusal(endpoint: str) -> str:
     return "" if code == pb.OK else why or str(code)
 
 
-def test_a_master_cut_off_from_etcd_but_not_clients_is_fenced_and_rejoins(tmp_path):
+# With failsafe mode too: its slave still reaches etcd, so it does not confirm, and the master
+# is fenced all the same.
+@pytest.mark.parametrize("failsafe", ["false", "true"])
+def test_a_master_cut_off_from_etcd_but_not_clients_is_fenced_and_rejoins(tmp_path, failsafe):
     why = _netns_unavailable()
     if why:
         pytest.skip(why)
     ns = Namespace()
     etcd = EtcdCluster(tmp_path, size=3, also_listen=(ns.etcd_host,))
     ns_etcd = ",".join(f"http://{ns.etcd_host}:{m.client_port}" for m in etcd.members)
-    master = Member(tmp_path, ns_etcd, 1, host=ns.client_ns, command_prefix=ns.prefix)
-    slave = Member(tmp_path, etcd.endpoints, 2, host=ns.client_host)
+    extra = {"etcdFailsafeMode": failsafe}
+    master = Member(tmp_path, ns_etcd, 1, host=ns.client_ns, command_prefix=ns.prefix,
+                    extra=extra)
+    slave = Member(tmp_path, etcd.endpoints, 2, host=ns.client_host, extra=extra)
     producer: OfficialProducer | None = None
     try:
         master.start()
@@ -126,6 +131,7 @@ def test_a_master_cut_off_from_etcd_but_not_clients_is_fenced_and_rejoins(tmp_pa
         wait_until(slave.is_writable_master, timeout=30, what="the slave to be elected")
         assert slave.cluster()["epoch"] > epoch
         assert not master.is_writable_master()  # reachable, alive, and not a master
+        assert not master.cluster()["failsafe"]
         count = len(producer.acked)
         wait_until(lambda: len(producer.acked) >= count + 50, timeout=60,
                    what="sends acknowledged by the new master")
