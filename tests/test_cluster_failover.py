@@ -1,7 +1,9 @@
 """A broker group in controller mode between real processes: 3 etcd members (Debian's
 etcd-server on loopback), a master and a slave broker (``enableControllerMode``); one etcd
-member killed, the master SIGKILLed or SIGSTOPped past its lease, a planned switch: every
-acknowledged message stays readable and no two brokers acknowledge writes as master."""
+member killed, the master SIGKILLed or SIGSTOPped past its lease (the official client
+producing, and consuming through the kill), a planned switch: every acknowledged message stays
+readable and no two brokers acknowledge writes as master. Partitions and failsafe mode:
+test_cluster_partition.py."""
 
 from __future__ import annotations
 

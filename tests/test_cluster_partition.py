@@ -13,6 +13,7 @@ client producing) under two faults that a process kill does not show:
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -84,6 +85,8 @@ class Namespace:
 def _netns_unavailable() -> str | None:
     if os.geteuid() != 0:
         return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "`ip` (iproute2) is not installed: `make test` installs it"
     probe = f"smq-probe-{os.getpid()}"
     r = _ip("netns", "add", probe, check=False)
     if r.returncode != 0:
