@@ -38,6 +38,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from stratamq.benchmarks.etcd_members import EtcdCluster
 from stratamq.broker.metadata import MetadataStore
 from stratamq.client.admin import AdminClient, AdminError
+from stratamq.config import BrokerConfig
 
 TOPIC = "BenchFailover"
 
@@ -49,7 +50,7 @@ def _free_port() -> int:
 
 
 class Broker:
-    def __init__(self, root: Path, etcd: str, broker_id: int, ttl_ms: int) -> None:
+    def __init__(self, root: Path, etcd: str, broker_id: int, ttl_ms: int | None) -> None:
         self.broker_id = broker_id
         self.store = root / f"b{broker_id}"
         self.port, self.ha_port = _free_port(), _free_port()
@@ -60,8 +61,10 @@ class Broker:
         self.conf = root / f"b{broker_id}.conf"
         settings = {"enableControllerMode": "true", "etcdEndpoints": etcd,
                     "brokerName": "bench", "brokerId": str(broker_id),
-                    "etcdLeaseTtlMs": str(ttl_ms), "haListenPort": str(self.ha_port),
+                    "haListenPort": str(self.ha_port),
                     "mappedFileSizeCommitLog": str(16 << 20)}
+        if ttl_ms is not None:  # else the default etcdLeaseTtlMs
+            settings["etcdLeaseTtlMs"] = str(ttl_ms)
         self.conf.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         self.log = root / f"b{broker_id}.log"
         self.proc: subprocess.Popen | None = None
@@ -142,7 +145,8 @@ def _request_rates(brokers: list[Broker], seconds: float) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=10)
-    parser.add_argument("--lease-ttl-ms", type=int, default=6000)
+    parser.add_argument("--lease-ttl-ms", type=int, default=None,
+                        help="etcdLeaseTtlMs (default: the broker's default)")
     parser.add_argument("--steady-seconds", type=float, default=10.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="stratamq-bench-cluster-") as tmp:
@@ -177,7 +181,7 @@ def main() -> None:
                 b.stop()
             etcd.stop()
         print(json.dumps({"summary": "failover", "kills": len(times),
-                          "leaseTtlMs": args.lease_ttl_ms,
+                          "leaseTtlMs": args.lease_ttl_ms or BrokerConfig().etcd_lease_ttl_ms,
                           "medianMs": round(statistics.median(times)),
                           "maxMs": round(max(times)), "targetMedianMs": 5000,
                           "targetMaxMs": 10000}), flush=True)
