@@ -20,7 +20,7 @@ Every broker is a real ``stratamq broker start`` process on loopback, stopped by
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import os
 import re
 import signal
 import socket
@@ -88,13 +88,16 @@ class BenchBroker:
         self.log = root / f"{name}.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> None:
+    def launch(self) -> None:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "stratamq.cli", "broker", "start", "--store",
                  str(self.store), "--listen", self.endpoint, "--config", str(self.conf)],
                 stdout=subprocess.PIPE, stderr=log, text=True)
-        assert self.proc.stdout is not None
+
+    def ready(self) -> None:
+        """Wait for the process's "listening on" line (it prints it once it serves)."""
+        assert self.proc is not None and self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if "listening on" not in line:
             raise RuntimeError(f"broker {self.name} did not start: {line!r} "
@@ -110,6 +113,12 @@ class BenchBroker:
     def cluster(self) -> dict[str, Any] | None:
         status = self.ha_status()
         return status.get("cluster") if status else None
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the process has used (Linux ``/proc/<pid>/stat``)."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
@@ -148,6 +157,14 @@ def _master_of(brokers: list[BenchBroker]) -> BenchBroker:
     raise RuntimeError("the group has no writable master")
 
 
+def _start_all(brokers: list[BenchBroker]) -> None:
+    """Start the processes side by side (their imports overlap), then wait for each."""
+    for b in brokers:
+        b.launch()
+    for b in brokers:
+        b.ready()
+
+
 def _stop_all(brokers: Iterable[BenchBroker]) -> None:
     for b in brokers:
         b.stop()
@@ -171,14 +188,17 @@ def run_throughput(root: Path, etcd: EtcdCluster, emit: Emit, *, seconds: float,
         "haMasterEndpoint": master.endpoint})
     everyone = [*group, master, slave]
     runs: dict[str, list[float]] = {"controller": [], "standalone": []}
+    cpu_runs: dict[str, list[float]] = {"controller": [], "standalone": []}
     try:
-        for b in everyone:
-            b.start()
+        _start_all(everyone)
         _wait(lambda: _group_in_sync(group), 120,
               "the controller group's master with both brokers in its SyncStateSet")
         _wait(lambda: bool((master.ha_status() or {}).get("haConnectionInfo")), 60,
               "the standalone slave to connect")
-        endpoints = {"controller": _master_of(group).endpoint, "standalone": master.endpoint}
+        leader = _master_of(group)
+        pairs = {"controller": (leader, next(b for b in group if b is not leader)),
+                 "standalone": (master, slave)}
+        endpoints = {mode: pair[0].endpoint for mode, pair in pairs.items()}
         # Warm-up, not reported: first segments, page cache, the brokers' first puts.
         for endpoint in endpoints.values():
             asyncio.run(send_load(endpoint, TOPIC, per_rpc, 1.0, inflight, body_size))
@@ -188,12 +208,19 @@ def run_throughput(root: Path, etcd: EtcdCluster, emit: Emit, *, seconds: float,
                 if mode == "controller" and not _group_in_sync(group):
                     raise RuntimeError("the controller group lost its slave from the "
                                        "SyncStateSet under load: its master acked alone")
+                cpu = [b.cpu_seconds() for b in pairs[mode]]
                 stats = asyncio.run(send_load(endpoints[mode], TOPIC, per_rpc, seconds,
                                               inflight, body_size))
+                cpu = [b.cpu_seconds() - c for b, c in zip(pairs[mode], cpu, strict=True)]
                 if stats["failed_rpcs"]:
                     raise RuntimeError(f"{mode}: {stats['failed_rpcs']} sends failed")
                 runs[mode].append(stats["msgs_per_s"])
-                emit({"part": "throughput", "round": r + 1, "mode": mode, **stats})
+                # CPU per message (the warm-up's 0.5 s included in both): steadier than
+                # msgs/s on a shared machine, and where a cost on the put path would show.
+                per_msg = [round(c * 1e6 / max(1, stats["messages"])) for c in cpu]
+                cpu_runs[mode].append(per_msg[0])
+                emit({"part": "throughput", "round": r + 1, "mode": mode, **stats,
+                      "masterCpuUsPerMsg": per_msg[0], "slaveCpuUsPerMsg": per_msg[1]})
         # Both slaves really were in the ack path throughout (else one master acked alone).
         if not _group_in_sync(group):
             raise RuntimeError("the controller group's SyncStateSet shrank during the run")
@@ -205,7 +232,14 @@ def run_throughput(root: Path, etcd: EtcdCluster, emit: Emit, *, seconds: float,
                "bodySize": body_size, "rounds": rounds, "secondsPerRound": seconds,
                "controllerMsgsPerS": controller, "standaloneMsgsPerS": standalone,
                "ratio": round(controller / standalone, 3) if standalone else None,
-               "target": 0.9}
+               # Each round's two runs are back to back: their ratio cancels most of the
+               # machine's drift (other work on a shared host) that the medians keep.
+               "pairedRatioMedian": round(statistics.median(
+                   c / s for c, s in zip(runs["controller"], runs["standalone"], strict=True)
+               ), 3),
+               "target": 0.9,
+               "controllerMasterCpuUsPerMsg": statistics.median(cpu_runs["controller"]),
+               "standaloneMasterCpuUsPerMsg": statistics.median(cpu_runs["standalone"])}
     emit(summary)
     return summary
 
@@ -248,14 +282,15 @@ def run_scale(root: Path, etcd: EtcdCluster, emit: Emit, *, group_counts: list[i
     results = []
     try:
         for count in sorted(group_counts):
+            added: list[BenchBroker] = []
             while len(groups) < count:
                 name = f"g{len(groups) + 1:02d}"
                 pair = [BenchBroker(root, f"{name}-{i}", {
                     **SMALL, **_controller_settings(etcd.endpoints, name, i, ttl_ms)})
                     for i in (1, 2)]
                 groups.append(pair)
-                for b in pair:
-                    b.start()
+                added += pair
+            _start_all(added)
             _wait(lambda: all(_group_in_sync(g) for g in groups), 60 + 20 * count,
                   f"{count} groups each with a master and its slave in the SyncStateSet")
             time.sleep(settle_s)  # the last joins' writes are not steady state
@@ -272,7 +307,7 @@ def run_scale(root: Path, etcd: EtcdCluster, emit: Emit, *, group_counts: list[i
                                    / len(brokers), 3) for k in after}
             per_method = {k: v for k, v in per_method.items() if v}
             total = sum(after.values()) - sum(before.values())
-            line = {"part": "scale", "groups": count, "brokers": len(brokers),
+            line: dict[str, Any] = {"part": "scale", "groups": count, "brokers": len(brokers),
                     "etcdMembers": len(members), "seconds": round(elapsed, 2),
                     "leaseTtlMs": ttl_ms,
                     "etcdRequestsPerBrokerPerS": round(total / elapsed / len(brokers), 3),
@@ -292,9 +327,3 @@ def run_scale(root: Path, etcd: EtcdCluster, emit: Emit, *, group_counts: list[i
               "mostOverFewest": round(rates[-1] / rates[0], 3) if rates[0] else None,
               "target": 1.0})
     return results
-
-
-def close_quietly(etcd: EtcdCluster | None) -> None:
-    if etcd is not None:
-        with contextlib.suppress(Exception):
-            etcd.stop()
