@@ -222,16 +222,18 @@ def _load_parts(root: Path, etcd: EtcdCluster, args: argparse.Namespace) -> None
     def emit(line: dict) -> None:
         print(json.dumps(line), flush=True)
 
+    warm_up, settle = 1.0, 3.0
     if args.quick:
         args.seconds, args.rounds, args.scale_seconds = 1.5, 1, 4.0
         args.groups = [n for n in args.groups if n <= 2] or [min(args.groups)]
+        warm_up, settle = 0.0, 1.0
     if "throughput" in args.only:
         run_throughput(root, etcd, emit, seconds=args.seconds, rounds=args.rounds,
                        per_rpc=args.per_rpc, inflight=args.inflight,
-                       body_size=args.body_size, ttl_ms=args.lease_ttl_ms)
+                       body_size=args.body_size, ttl_ms=args.lease_ttl_ms, warm_up_s=warm_up)
     if "scale" in args.only:
         run_scale(root, etcd, emit, group_counts=args.groups, seconds=args.scale_seconds,
-                  ttl_ms=args.lease_ttl_ms)
+                  ttl_ms=args.lease_ttl_ms, settle_s=settle)
 
 
 if __name__ == "__main__":

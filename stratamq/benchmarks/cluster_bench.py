@@ -123,6 +123,11 @@ class BenchBroker:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def terminate(self) -> None:
+        """Ask the process to stop (SIGTERM: a graceful stop revokes its etcd lease)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self) -> None:
         proc, self.proc = self.proc, None
         if proc is None:
@@ -175,6 +180,9 @@ def _controller_pair(group: list[BenchBroker]) -> tuple[BenchBroker, BenchBroker
 
 
 def _stop_all(brokers: Iterable[BenchBroker]) -> None:
+    brokers = list(brokers)
+    for b in brokers:  # all asked first: they stop side by side
+        b.terminate()
     for b in brokers:
         b.stop()
 
@@ -183,7 +191,8 @@ def _stop_all(brokers: Iterable[BenchBroker]) -> None:
 
 
 def run_throughput(root: Path, etcd: EtcdCluster, emit: Emit, *, seconds: float, rounds: int,
-                   per_rpc: int, inflight: int, body_size: int, ttl_ms: int) -> dict[str, Any]:
+                   per_rpc: int, inflight: int, body_size: int, ttl_ms: int,
+                   warm_up_s: float = 1.0) -> dict[str, Any]:
     """A controller-mode group against a standalone SYNC_MASTER pair; see the module
     docstring. Emits a line per mode and round, returns the summary (also emitted)."""
     root = root / "throughput"
@@ -210,7 +219,9 @@ def run_throughput(root: Path, etcd: EtcdCluster, emit: Emit, *, seconds: float,
         pairs = {"controller": _controller_pair(group), "standalone": (master, slave)}
         # Warm-up, not reported: first segments, page cache, the brokers' first puts.
         for pair in pairs.values():
-            asyncio.run(send_load(pair[0].endpoint, TOPIC, per_rpc, 1.0, inflight, body_size))
+            if warm_up_s > 0:
+                asyncio.run(send_load(pair[0].endpoint, TOPIC, per_rpc, warm_up_s, inflight,
+                                      body_size))
         modes = list(pairs)
         for r in range(rounds):
             for mode in modes[r % 2:] + modes[:r % 2]:  # each mode goes first every other round
