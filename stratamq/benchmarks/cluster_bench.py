@@ -87,6 +87,7 @@ class BenchBroker:
         self.conf.write_text("".join(f"{k}={v}\n" for k, v in conf.items()))
         self.log = root / f"{name}.log"
         self.proc: subprocess.Popen | None = None
+        self._terminated = False
 
     def launch(self) -> None:
         with self.log.open("ab") as log:
@@ -124,16 +125,19 @@ class BenchBroker:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def terminate(self) -> None:
-        """Ask the process to stop (SIGTERM: a graceful stop revokes its etcd lease)."""
-        if self.proc is not None and self.proc.poll() is None:
+        """Ask the process to stop (SIGTERM: a graceful stop revokes its etcd lease). Once:
+        a second SIGTERM can arrive inside the broker's handler of the first and hang it."""
+        if self.proc is not None and self.proc.poll() is None and not self._terminated:
             self.proc.send_signal(signal.SIGTERM)
+            self._terminated = True
 
     def stop(self) -> None:
+        self.terminate()
         proc, self.proc = self.proc, None
+        self._terminated = False
         if proc is None:
             return
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
@@ -353,8 +357,7 @@ def run_scale(root: Path, etcd: EtcdCluster, emit: Emit, *, group_counts: list[i
             results.append(line)
             emit(line)
     finally:
-        for g in groups:
-            _stop_all(g)
+        _stop_all(b for g in groups for b in g)
     if results:
         rates = [r["etcdRequestsPerBrokerPerS"] for r in results]
         emit({"summary": "scale", "groups": [r["groups"] for r in results],
