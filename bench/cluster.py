@@ -206,8 +206,10 @@ def _add_load_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", type=lambda s: set(s.split(",")),
                         default={"failover", "throughput", "scale"},
                         help="comma-separated parts: failover, throughput, scale")
-    parser.add_argument("--seconds", type=float, default=8.0, help="length of a load round")
-    parser.add_argument("--rounds", type=int, default=3, help="load rounds (medians reported)")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of a load round")
+    parser.add_argument("--rounds", type=int, default=15,
+                        help="load rounds, the modes alternating (many short rounds: the "
+                             "machine's drift cancels in each round's ratio)")
     parser.add_argument("--per-rpc", type=int, default=1, help="messages per SendMessage")
     parser.add_argument("--inflight", type=int, default=64, help="SendMessage RPCs in flight")
     parser.add_argument("--body-size", type=int, default=1024)
