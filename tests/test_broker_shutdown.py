@@ -66,3 +66,28 @@ def test_sigterm_after_undecodable_telemetry_frames_stops_within_the_grace(tmp_p
         channel.close()
     assert code == 0
     assert not (tmp_path / "store" / "abort").exists()
+
+
+def test_a_burst_of_stop_signals_still_stops_the_broker_cleanly(tmp_path):
+    """Impatient supervisors send SIGTERM (and SIGINT) again and again: every one of them may
+    land while the main thread is inside its wait, and the broker must still stop, once, with
+    its store closed (a handler taking a lock there deadlocked the broker for good)."""
+    b = BrokerProcess(tmp_path / "store").start()
+    create_topic(b, "Burst", 1)
+    sent = 0
+    while b.proc.poll() is None and sent < 20000:  # until it is gone (or plainly stuck)
+        try:
+            b.proc.send_signal(signal.SIGTERM if sent % 2 else signal.SIGINT)
+        except ProcessLookupError:
+            break
+        sent += 1
+    try:
+        code = b.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        b.kill()
+        pytest.fail("the broker did not stop within 60 s of a burst of stop signals")
+    out = b.proc.stdout.read()
+    b.proc.stdout.close()
+    assert code == 0, out
+    assert "stopped cleanly" in out
+    assert not (tmp_path / "store" / "abort").exists()

@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -136,9 +135,7 @@ def broker_start(config_file: str | None, store_dir: str | None, listen: str | N
     if not _is_loopback(b.listen_host) and not broker_cfg.acl_enable:
         warn(f"listening on {b.listen_host}, reachable from other machines, with ACL off: "
              "anyone who can reach it may read, write and delete topics (aclEnable=true)")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop_signals = _StopSignals()
     try:
         click.echo(f"StrataMQ broker {broker_cfg.broker_name} listening on {endpoint} "
                    f"(store: {store_cfg.store_path_root_dir})")
@@ -147,8 +144,7 @@ def broker_start(config_file: str | None, store_dir: str | None, listen: str | N
         if b.remoting is not None:
             click.echo(f"remoting (RocketMQ 4.x clients) on port {b.remoting.port}")
         sys.stdout.flush()
-        while not stop.wait(1.0):
-            pass
+        stop_signals.wait()
         click.echo("stopping: finishing in-flight requests, flushing, writing the checkpoint")
     finally:
         # Even when stdout is gone (a closed pipe): the store must still close cleanly.
@@ -163,3 +159,38 @@ def broker_start(config_file: str | None, store_dir: str | None, listen: str | N
         sys.stdout.flush()
         os._exit(0)
     click.echo("stopped cleanly")
+
+
+class _StopSignals:
+    """Wait for SIGINT/SIGTERM without a lock in the signal handler.
+
+    A handler that calls ``threading.Event.set`` deadlocks when the signal lands while the
+    main thread holds that Event's lock (inside ``wait``, between bytecodes): the handler runs
+    on the same thread and waits for a lock its own thread holds, and the broker then never
+    stops (seen under a burst of SIGTERMs). Here the interpreter's C-level handler writes the
+    signal to a socket (``signal.set_wakeup_fd``) and the main thread blocks reading it; the
+    Python-level handler does nothing."""
+
+    def __init__(self) -> None:
+        self._read, self._write = socket.socketpair()
+        self._write.setblocking(False)
+        signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _ignore_here)
+
+    def wait(self) -> int:
+        """Block until SIGINT or SIGTERM arrives; returns its number. From then on both are
+        ignored: the stop is under way, and a repeated signal must neither interrupt the
+        flush nor, once the interpreter resets Python-handled signals to their defaults at
+        exit, kill the process after it stopped cleanly (SIGKILL still ends it at once)."""
+        wanted = {int(signal.SIGINT), int(signal.SIGTERM)}
+        while True:
+            for number in self._read.recv(64):  # other signals wake it too: not a stop
+                if number in wanted:
+                    for sig in (signal.SIGINT, signal.SIGTERM):
+                        signal.signal(sig, signal.SIG_IGN)
+                    return number
+
+
+def _ignore_here(_sig: int, _frame: object) -> None:
+    """The stop is seen by ``_StopSignals.wait`` through the wakeup socket."""
