@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from stratamq.cluster.coordination import Coordination
 from stratamq.cluster.member import BrokerIdentity, ClusterMember, MasterInfo
+from stratamq.cluster.routes import RouteTable, TopicPublisher
 from stratamq.cluster.sync_state import SlaveProgress
 from stratamq.config import BrokerConfig, BrokerRole
 
@@ -45,7 +46,9 @@ class ClusterNode:
                  switch_role: SwitchRole,
                  put_guards: list[Callable[[], str | None]],
                  progress: SlaveProgress | None = None, max_gap: int = 256 << 20,
-                 coordination: Coordination | None = None) -> None:
+                 coordination: Coordination | None = None,
+                 topics: Callable[[], dict[str, bytes]] | None = None,
+                 remoting_address: str = "") -> None:
         if coordination is None:
             from stratamq.cluster.etcd import EtcdCoordination
 
@@ -58,7 +61,8 @@ class ClusterNode:
         self.coordination = coordination
         self.switch_role = switch_role
         me = BrokerIdentity(config.broker_cluster_name, config.broker_name, config.broker_id,
-                            config.broker_election_priority, endpoint, ha_address)
+                            config.broker_election_priority, endpoint, ha_address,
+                            remoting_address)
         self.member = ClusterMember(coordination, me, config.cluster_prefix(),
                                     config.etcd_lease_ttl_ms, max_offset=max_offset,
                                     last_epoch=last_epoch, on_master=self._on_master,
@@ -68,11 +72,27 @@ class ClusterNode:
                                     not_catchup_ms=config.ha_max_time_slave_not_catchup)
         self._put_guards = put_guards
         put_guards.append(self.member.fence.refusal)
+        # The cluster's route table, and this group's topics in it while this broker is master
+        # (routes.py).
+        self.routes = RouteTable(coordination, config.cluster_prefix())
+        self.publisher = (TopicPublisher(coordination, config.cluster_prefix(),
+                                         config.broker_name, topics, self._mastership)
+                          if topics is not None else None)
+
+    def _mastership(self) -> int | None:
+        m = self.member
+        return m.epoch if m.is_master else None
 
     def start(self) -> None:
         self.member.start()
+        self.routes.start()
+        if self.publisher is not None:
+            self.publisher.start()
 
     def stop(self) -> None:
+        if self.publisher is not None:
+            self.publisher.stop()
+        self.routes.stop()
         self.member.stop()
         if self.member.fence.refusal in self._put_guards:
             self._put_guards.remove(self.member.fence.refusal)
