@@ -240,8 +240,6 @@ def _plan_cluster(options: dict[str, str], groups: list[tuple[str, BrokerConnect
                   ) -> list[InputPartition]:
     """A batch read of every broker group of a cluster: each group's queues from its master
     (queue ids repeat across groups, so options naming queues are refused)."""
-    from stratamq.spark.broker_io import BrokerCatalog
-
     for name in _PER_QUEUE_OPTIONS:
         if (options.get(name.lower()) or "").strip().startswith(("{", "[")) or (
                 name == "assign" and options.get("assign")):
@@ -252,9 +250,11 @@ def _plan_cluster(options: dict[str, str], groups: list[tuple[str, BrokerConnect
     splits: list[InputPartition] = []
     unknown: list[planning.UnknownTopics] = []
     for _group, connection in groups:
-        with BrokerCatalog(connection, options) as catalog:
+        # The same options, at the group's broker (its splits pull from there).
+        at = {**options, "endpoints": connection.endpoint}
+        with _broker(at) as catalog:
             try:
-                splits += _plan_queues(options, catalog, None)
+                splits += _plan_queues(at, catalog, None)
             except planning.UnknownTopics as exc:  # a topic of some groups only
                 unknown.append(exc)
     if len(unknown) == len(groups):
