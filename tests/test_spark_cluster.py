@@ -3,6 +3,8 @@ real etcd, two groups of one broker each, a local Spark."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest_spark import spark_session  # noqa: F401  (the shared `spark` fixture)
 from rocketmq import Producer
@@ -31,4 +33,4 @@ def test_one_endpoint_reads_every_group(spark, two_groups):  # noqa: F811
     # Queue ids repeat across groups: options naming queues are refused, not misapplied.
     with pytest.raises(Exception, match="names queues"):
         spark.read.format("stratamq").option("endpoints", b.endpoint).option(
-            "startingOffsets", '{"%s": {"0": 0}}' % TOPIC).load().collect()
+            "startingOffsets", json.dumps({TOPIC: {"0": 0}})).load().collect()

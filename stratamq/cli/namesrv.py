@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from stratamq.cli.app import main
 from stratamq.cli.broker import _check_listen
+
+if TYPE_CHECKING:
+    from stratamq.remoting.etcd_routes import EtcdRoutes
 
 
 @main.group()
@@ -58,7 +62,7 @@ def namesrv_start(listen: str, etcd: str | None, cluster_name: str, etcd_prefix:
     asyncio.run(serve())
 
 
-def _etcd_routes(etcd: str, cluster_name: str, etcd_prefix: str) -> object:
+def _etcd_routes(etcd: str, cluster_name: str, etcd_prefix: str) -> EtcdRoutes:
     from stratamq.cli.cluster import _etcd
     from stratamq.cluster.routes import RouteTable
     from stratamq.remoting.etcd_routes import EtcdRoutes
