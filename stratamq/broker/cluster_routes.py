@@ -85,7 +85,7 @@ class ClusterRoutes:
 
     def query_route(self, topic: str, local: TopicConfig | None, requested: pb.Endpoints
                     ) -> list[pb.MessageQueue] | None:
-        """The cluster's queues of ``topic``; None when no group has it (answer locally)."""
+        """The cluster's queues of ``topic``; None when no group routes it (answer locally)."""
         groups = self._groups(topic, local)
         if not groups:
             return None
@@ -99,7 +99,8 @@ class ClusterRoutes:
                 slaves.extend(_queues(topic, route, group.name, slave.broker_id,
                                       endpoints_of(slave.endpoint), False))
         interleaved = [q for row in zip_longest(*masters) for q in row if q is not None]
-        return interleaved + slaves
+        # Nothing known yet (etcd not read, no master anywhere): the broker's own answer.
+        return interleaved + slaves or None
 
     def query_assignment(self, topic: str, local: TopicConfig | None, requested: pb.Endpoints
                          ) -> list[pb.Assignment] | None:
