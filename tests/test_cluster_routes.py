@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -17,16 +14,16 @@ import grpc
 import pytest
 from broker_proc import create_topics, free_port
 from pulling import pull_queue
-from remoting_env import NameServerProcess, invoke
+from remoting_env import invoke, start_namesrv
 from rocketmq import FilterExpression, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
-from test_broker_harness import PROJECT, BrokerProcess, config, message, receive_until
+from test_broker_harness import BrokerProcess, config, message, receive_until
+from test_cluster_failover import Member as FailoverMember
 from waiting import wait_until
 
 from stratamq.benchmarks.etcd_members import EtcdCluster
-from stratamq.client.admin import AdminClient, AdminError
 from stratamq.remoting.codes import RequestCode, ResponseCode
 
 TOPIC = "Routed"
@@ -34,7 +31,9 @@ QUEUES = 2
 TTL_MS = 3000
 
 
-class Member(BrokerProcess):
+class Member(FailoverMember):
+    """A broker of group ``group`` in controller mode, with a remoting port (NameServers)."""
+
     def __init__(self, root: Path, etcd: str, group: str, broker_id: int) -> None:
         self.group, self.broker_id = group, broker_id
         self.port, self.ha_port, self.remoting_port = free_port(), free_port(), free_port()
@@ -49,18 +48,8 @@ class Member(BrokerProcess):
             "remotingListenPort": str(self.remoting_port),
             "haSendHeartbeatInterval": "300", "haHousekeepingInterval": "3000",
             "haStateSyncInterval": "300", "grpcThreadPoolNums": "16"}
-        super().__init__(store, "".join(f"{k}={v}\n" for k, v in settings.items()),
-                         listen=f"127.0.0.1:{self.port}")
-
-    def cluster(self) -> dict:
-        with AdminClient(self.endpoint, timeout=5) as client:
-            return client.call_service("stratamq.admin.v1.Replication", "HaStatus")["cluster"]
-
-    def is_writable_master(self) -> bool:
-        try:
-            return bool(self.cluster()["writable"])
-        except (AdminError, OSError, grpc.RpcError):
-            return False
+        BrokerProcess.__init__(self, store, "".join(f"{k}={v}\n" for k, v in settings.items()),
+                               listen=f"127.0.0.1:{self.port}")
 
 
 def route(endpoint: str) -> list[pb.MessageQueue]:
@@ -144,19 +133,6 @@ def test_one_endpoint_reaches_every_group(two_groups):
     assert sorted(m.message_id for m in got) == sorted(r.message_id for r in receipts)
 
 
-def etcd_namesrv(etcd: EtcdCluster) -> NameServerProcess:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stratamq.cli", "namesrv", "start", "--listen", "127.0.0.1:0",
-         "--etcd", etcd.endpoints, "--cluster", "c1"],
-        cwd=PROJECT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
-    m = re.search(r"listening on (\S+)", proc.stdout.readline())
-    if not m:
-        proc.kill()
-        raise AssertionError(f"NameServer did not start: {proc.stdout.read()}")
-    return NameServerProcess(proc, m.group(1))
-
-
 def routed(namesrv: str) -> dict | None:
     got = invoke(namesrv, RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": TOPIC})
     return json.loads(got.body) if got.code == ResponseCode.SUCCESS else None
@@ -166,7 +142,8 @@ def test_every_namesrv_on_etcd_routes_every_group(two_groups, etcd):
     a, b = two_groups
     want = {"a": {"0": f"127.0.0.1:{a.remoting_port}"},
             "b": {"0": f"127.0.0.1:{b.remoting_port}"}}
-    servers = [etcd_namesrv(etcd) for _ in range(2)]  # no broker registers with either
+    # Two NameServers, neither registered with by any broker.
+    servers = [start_namesrv("--etcd", etcd.endpoints, "--cluster", "c1") for _ in range(2)]
     try:
         for ns in servers:
             wait_until(lambda ns=ns: (r := routed(ns.address)) is not None and {

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stratamq.cluster.coordination import Coordination, CoordinationError, WatchEvent
+from stratamq.cluster.status import _json
 
 __all__ = ["BrokerRoute", "GroupRoute", "RouteTable", "TopicPublisher", "TopicRoute",
            "topic_entry"]
@@ -75,14 +76,6 @@ class GroupRoute:
     master: BrokerRoute | None  # None while the group has no elected master
     slaves: tuple[BrokerRoute, ...]  # live brokers of the group other than its master
     topics: dict[str, TopicRoute] = field(default_factory=dict)
-
-
-def _json(raw: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def build_groups(kvs: dict[str, bytes], prefix: str) -> list[GroupRoute]:
