@@ -12,6 +12,9 @@ from test_broker_harness import config, message
 from test_cluster_routes import TOPIC, etcd, masters, route, two_groups  # noqa: F401
 from waiting import wait_until
 
+from stratamq.spark.datasource import StreamReader
+from stratamq.spark.planning import OptionError
+
 
 def test_one_endpoint_reads_every_group(spark, two_groups):  # noqa: F811
     a, b = two_groups
@@ -34,3 +37,6 @@ def test_one_endpoint_reads_every_group(spark, two_groups):  # noqa: F811
     with pytest.raises(Exception, match="names queues"):
         spark.read.format("stratamq").option("endpoints", b.endpoint).option(
             "startingOffsets", json.dumps({TOPIC: {"0": 0}})).load().collect()
+    # A streaming read of the cluster is refused at load(), never one group's quietly.
+    with pytest.raises(OptionError, match="a streaming read reads one group only"):
+        StreamReader({"endpoints": b.endpoint})

@@ -51,7 +51,7 @@ from stratamq.transactions.messages import HALF_TOPIC
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
-    from stratamq.spark.broker_io import BrokerCatalog, BrokerConnection
+    from stratamq.spark.broker_io import BrokerCatalog
 
 # broker_io (grpc) and tier_io/tier_stream (the tier drivers) are imported where a broker or a
 # tier is read: every fresh Python worker imports this module, and a store-directory read (or
@@ -222,7 +222,9 @@ def plan_batch(options: Mapping[str, str]) -> list[InputPartition]:
             groups = broker.cluster_groups()
             if groups is None or len(groups) < 2:
                 return _plan_queues(options, broker, None)
-        return _plan_cluster(options, groups)
+        from stratamq.spark.cluster_read import plan_cluster
+
+        return plan_cluster(options, groups, _broker, _plan_queues)
     if tier_io.is_tier_read(options):  # a tier, read without a broker or a store
         known = sorted(tier_io.tier_topics(options))
         with _topic_hints(options, None, None):
@@ -230,36 +232,6 @@ def plan_batch(options: Mapping[str, str]) -> list[InputPartition]:
         return list(tier_io.plan_tier(options, topics))
     root = planning.store_root(options)
     return _plan_queues(options, None, root)
-
-
-_PER_QUEUE_OPTIONS = ("startingOffsets", "endingOffsets", "startingOffsetsByTimestamp",
-                      "endingOffsetsByTimestamp", "assign")
-
-
-def _plan_cluster(options: dict[str, str], groups: list[tuple[str, BrokerConnection]]
-                  ) -> list[InputPartition]:
-    """A batch read of every broker group of a cluster: each group's queues from its master
-    (queue ids repeat across groups, so options naming queues are refused)."""
-    for name in _PER_QUEUE_OPTIONS:
-        if (options.get(name.lower()) or "").strip().startswith(("{", "[")) or (
-                name == "assign" and options.get("assign")):
-            raise OptionError(f"option '{name}': names queues, but the endpoint is a broker of "
-                              f"a cluster of {len(groups)} broker groups whose queue ids "
-                              "repeat; read whole topics (or one group's endpoint, "
-                              "outside controller mode)")
-    splits: list[InputPartition] = []
-    unknown: list[planning.UnknownTopics] = []
-    for _group, connection in groups:
-        # The same options, at the group's broker (its splits pull from there).
-        at = {**options, "endpoints": connection.endpoint}
-        with _broker(at) as catalog:
-            try:
-                splits += _plan_queues(at, catalog, None)
-            except planning.UnknownTopics as exc:  # a topic of some groups only
-                unknown.append(exc)
-    if len(unknown) == len(groups):
-        raise unknown[0]
-    return splits
 
 
 def _plan_queues(options: dict[str, str], broker: BrokerCatalog | None,
@@ -465,13 +437,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.tier = "endpoints" not in opts and tier_io.is_tier_read(opts)
         self.root = None if "endpoints" in opts or self.tier else planning.store_root(opts)
         if "endpoints" in opts:
+            from stratamq.spark.cluster_read import refuse_cluster_stream
+
             with _broker(opts) as broker:
-                groups = broker.cluster_groups()
-            if groups is not None and len(groups) > 1:  # never one group of several, quietly
-                raise OptionError(f"option 'endpoints': {opts['endpoints']} is a broker of a "
-                                  f"cluster of {len(groups)} broker groups; a streaming read "
-                                  "reads one group only (not yet the whole cluster: a batch "
-                                  "read does)")
+                refuse_cluster_stream(opts, broker)
         self.starting = planning.parse_offsets(opts, "startingOffsets", "latest")
         self.max_per_trigger = planning.int_option(opts, "maxOffsetsPerTrigger", None)
         # spark-sql-kafka's admission control: wait for this many new messages, but no longer
