@@ -109,6 +109,14 @@ def test_one_endpoint_reaches_every_group(two_groups):
     queues = route(b.endpoint)
     # Interleaved across groups: a send retried on the route's next queue changes group.
     assert [q.broker.name for q in queues] == ["a", "b", "a", "b"]
+    # A push consumer's assignments: one per group, at its master.
+    with grpc.insecure_channel(b.endpoint) as channel:
+        reply = service_pb2_grpc.MessagingServiceStub(channel).QueryAssignment(
+            svc.QueryAssignmentRequest(topic=pb.Resource(name=TOPIC),
+                                       group=pb.Resource(name="RoutedReaders")), timeout=10)
+    assert reply.status.code == pb.OK, reply.status
+    assert masters([a.message_queue for a in reply.assignments]) == expected
+    assert [a.message_queue.id for a in reply.assignments] == [-1, -1]
     producer = Producer(config(a.endpoint), (TOPIC,))  # group a's endpoint only
     producer.startup()
     try:
