@@ -181,9 +181,10 @@ def test_a_killed_master_loses_no_acknowledged_send_and_routes_follow(tmp_path, 
         a_slave = a2 if a_master is a1 else a1
         wait_until(lambda: a_master.cluster()["syncStateSet"] == [1, 2], timeout=60,
                    what="group a's slave to join its SyncStateSet")
-        wait_until(lambda: masters(route(b.endpoint)) == {"a": a_master.endpoint,
-                                                         "b": b.endpoint},
-                   timeout=30, what="b's route to name both masters")
+        for m in (b, a_slave):  # a slave answers for the whole cluster too
+            wait_until(lambda m=m: masters(route(m.endpoint)) == {"a": a_master.endpoint,
+                                                                  "b": b.endpoint},
+                       timeout=30, what=f"{m.endpoint}'s route to name both masters")
         slaves = {(q.broker.name, q.broker.id, q.permission) for q in route(b.endpoint)
                   if q.broker.id != 0}
         assert slaves == {("a", a_slave.broker_id, pb.READ)}  # a slave: readable only
