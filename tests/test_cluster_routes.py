@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 from pathlib import Path
@@ -34,9 +35,11 @@ TTL_MS = 3000
 class Member(FailoverMember):
     """A broker of group ``group`` in controller mode, with a remoting port (NameServers)."""
 
-    def __init__(self, root: Path, etcd: str, group: str, broker_id: int) -> None:
+    def __init__(self, root: Path, etcd: str, group: str, broker_id: int,
+                 remoting_port: int | None = None) -> None:
         self.group, self.broker_id = group, broker_id
-        self.port, self.ha_port, self.remoting_port = free_port(), free_port(), free_port()
+        self.port, self.ha_port = free_port(), free_port()
+        self.remoting_port = free_port() if remoting_port is None else remoting_port
         store = root / f"{group}-b{broker_id}"
         create_topics(store, [(TOPIC, QUEUES, "NORMAL")])
         settings = {
@@ -93,7 +96,9 @@ def _stop(members: list[Member]) -> None:
 
 @pytest.fixture
 def two_groups(tmp_path, etcd):
-    members = [Member(tmp_path, etcd.endpoints, "a", 1), Member(tmp_path, etcd.endpoints, "b", 1)]
+    # Group b's remoting port is bound at start (0): announced once known.
+    members = [Member(tmp_path, etcd.endpoints, "a", 1),
+               Member(tmp_path, etcd.endpoints, "b", 1, remoting_port=0)]
     start(members)
     yield members
     _stop(members)
@@ -148,8 +153,12 @@ def routed(namesrv: str) -> dict | None:
 
 def test_every_namesrv_on_etcd_routes_every_group(two_groups, etcd):
     a, b = two_groups
+    assert b.proc is not None and b.proc.stdout is not None
+    lines = [b.proc.stdout.readline() for _ in range(2)]  # replication's, then remoting's
+    b_remoting = re.search(r"remoting \(RocketMQ 4.x clients\) on port (\d+)", "".join(lines))
+    assert b_remoting, lines
     want = {"a": {"0": f"127.0.0.1:{a.remoting_port}"},
-            "b": {"0": f"127.0.0.1:{b.remoting_port}"}}
+            "b": {"0": f"127.0.0.1:{b_remoting.group(1)}"}}
     # Two NameServers, neither registered with by any broker.
     servers = [start_namesrv("--etcd", etcd.endpoints, "--cluster", "c1") for _ in range(2)]
     try:

@@ -483,6 +483,10 @@ class Broker:
             raise OSError(f"cannot listen on {self.listen_host}:{cfg.remoting_listen_port} "
                           f"(remotingListenPort): {exc.strerror or exc}") from None
         log.info("broker %s serving remoting on port %d", cfg.broker_name, self.remoting.port)
+        if self.cluster is not None and cfg.remoting_listen_port == 0:  # bound to a free port
+            host = registered_host(self.store_config.broker_ip, self.listen_host)
+            self.cluster.announce_remoting(f"[{host}]:{self.remoting.port}" if ":" in host
+                                           else f"{host}:{self.remoting.port}")
 
     def _join_cluster(self) -> Any:
         from stratamq.cluster.node import ClusterNode
@@ -516,7 +520,7 @@ class Broker:
 
     def _remoting_address(self) -> str:
         """Where 4.x clients reach this broker, for NameServers reading routes from etcd ("" if
-        not known before remoting starts: off, or remotingListenPort=0)."""
+        off, or not known before remoting starts: remotingListenPort=0, announced then)."""
         from stratamq.remoting.broker import registered_host
 
         port = self.config.remoting_listen_port

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from stratamq.cluster.coordination import Coordination
 from stratamq.cluster.member import BrokerIdentity, ClusterMember, MasterInfo
@@ -78,6 +79,11 @@ class ClusterNode:
         self.publisher = (TopicPublisher(coordination, config.cluster_prefix(),
                                          config.broker_name, topics, self._mastership)
                           if topics is not None else None)
+
+    def announce_remoting(self, address: str) -> None:
+        """The remoting address, once known (``remotingListenPort=0`` binds at start): in the
+        registration from the member's next pass on."""
+        self.member.me = replace(self.member.me, remoting_address=address)
 
     def _mastership(self) -> int | None:
         m = self.member

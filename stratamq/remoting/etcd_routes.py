@@ -4,7 +4,7 @@ route table (``stratamq/cluster/routes.py``), so every NameServer answers alike.
 ``TopicRouteData`` for a topic: a ``QueueData`` per group that serves it and a ``BrokerData``
 per such group whose ``brokerAddrs`` name the group's master under id 0 and its live slaves
 under their own ids, at their remoting addresses (what 4.x clients connect to; a broker that
-announced none, remoting being off or on a port chosen at start, is left out). A group with no
+announced none, remoting being off, is left out). A group with no
 master keeps its slaves, as RocketMQ's NameServer keeps a slave whose master is gone: clients
 read from them and send elsewhere.
 
