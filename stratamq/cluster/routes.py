@@ -155,13 +155,18 @@ class RouteTable:
         return self._loaded.wait(timeout)
 
     def _run(self) -> None:
+        last_error = ""
         while not self._stop.is_set():
             try:
                 self.reload()
             except CoordinationError as exc:
-                log.warning("cluster routes: cannot read %s from etcd: %s", self.prefix, exc)
+                if str(exc) != last_error:  # once per situation, not every second
+                    log.warning("cluster routes: cannot read %s from etcd (routes as last "
+                                "read): %s", self.prefix, exc)
+                last_error = str(exc)
                 self._stop.wait(1.0)  # not loaded yet, or etcd away: ask again soon
                 continue
+            last_error = ""
             self._stop.wait(self.resync_s)
 
     def reload(self) -> None:
