@@ -484,9 +484,7 @@ class Broker:
                           f"(remotingListenPort): {exc.strerror or exc}") from None
         log.info("broker %s serving remoting on port %d", cfg.broker_name, self.remoting.port)
         if self.cluster is not None and cfg.remoting_listen_port == 0:  # bound to a free port
-            host = registered_host(self.store_config.broker_ip, self.listen_host)
-            self.cluster.announce_remoting(f"[{host}]:{self.remoting.port}" if ":" in host
-                                           else f"{host}:{self.remoting.port}")
+            self.cluster.announce_remoting(self._remoting_address(self.remoting.port))
 
     def _join_cluster(self) -> Any:
         from stratamq.cluster.node import ClusterNode
@@ -505,7 +503,8 @@ class Broker:
                            last_epoch=last_epoch, switch_role=replication.switch_role,
                            put_guards=store.put_guards, progress=replication.slave_progress,
                            max_gap=self.store_config.ha_max_gap_not_in_sync,
-                           topics=self._topic_entries, remoting_address=self._remoting_address())
+                           topics=self._topic_entries,
+                           remoting_address=self._remoting_address())
         if node.publisher is not None:
             self.meta.add_topics_listener(node.publisher.changed)
         node.start()
@@ -518,12 +517,12 @@ class Broker:
         return {t.name: topic_entry(t.read_queue_nums, t.write_queue_nums, t.perm,
                                     t.message_type) for t in self.meta.topics()}
 
-    def _remoting_address(self) -> str:
+    def _remoting_address(self, port: int | None = None) -> str:
         """Where 4.x clients reach this broker, for NameServers reading routes from etcd ("" if
         off, or not known before remoting starts: remotingListenPort=0, announced then)."""
         from stratamq.remoting.broker import registered_host
 
-        port = self.config.remoting_listen_port
+        port = self.config.remoting_listen_port if port is None else port
         if port <= 0:
             return ""
         host = registered_host(self.store_config.broker_ip, self.listen_host)
