@@ -1,7 +1,7 @@
 """Cluster benchmark (issue 28), first part: failover time of a controller-mode broker group.
 
     python bench/cluster.py [--kills N] [--lease-ttl-ms MS]
-    python bench/cluster.py [--quick] [--only failover,throughput,scale] [--groups 2,5,10]
+    python bench/cluster.py [--quick] [--only failover,throughput,scale,routes] [--groups 2,5,10]
 
 3 etcd members (Debian's etcd-server) and one group of two brokers on loopback with default
 settings. N times: wait until both brokers are in the SyncStateSet, SIGKILL the master, and
@@ -19,6 +19,13 @@ controller-mode group's puts against a standalone SYNC_MASTER pair's under the s
 (target >= 0.9x); ``scale``, 2, 5 and 10 groups of two brokers: the requests etcd served
 per broker per second at steady state, from etcd's own metrics (target <= 1, flat).
 ``--quick``: small counts and short windows (a smoke run of a few tens of seconds).
+
+``routes``: ``QueryRoute`` time. Two groups of one broker each on the same etcd, and a lone
+broker outside any cluster; ``--route-queries`` (2000) ``QueryRoute`` calls on one channel to
+a cluster broker (routes of both groups from its route table) and to the lone broker (its own
+queues), alternating in rounds of 100 so both see the same machine. One JSON line: medians in
+microseconds and their ratio (target <= 1.5), and the etcd requests the cluster broker sent per
+second meanwhile (its own count).
 """
 
 from __future__ import annotations
@@ -149,6 +156,95 @@ def _request_rates(brokers: list[Broker], seconds: float) -> dict[str, float]:
     return {k: round((after[k] - before[k]) / elapsed, 2) for k in after}
 
 
+# -- QueryRoute time (one route table across groups) -----------------------------------------
+
+
+def _route_broker(root: Path, name: str, settings: dict[str, str]) -> tuple[subprocess.Popen,
+                                                                             str]:
+    store = root / name
+    meta = MetadataStore(store)
+    if meta.topic(TOPIC) is None:
+        meta.create_topic(TOPIC, 4, "NORMAL")
+    conf = root / f"{name}.conf"
+    conf.write_text("".join(f"{k}={v}\n" for k, v in {
+        "mappedFileSizeCommitLog": str(4 << 20), **settings}.items()))
+    endpoint = f"127.0.0.1:{_free_port()}"
+    with (root / f"{name}.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stratamq.cli", "broker", "start", "--store", str(store),
+             "--listen", endpoint, "--config", str(conf)],
+            stdout=subprocess.PIPE, stderr=log, text=True)
+    assert proc.stdout is not None
+    if "listening on" not in proc.stdout.readline():
+        raise RuntimeError(f"broker {name} did not start (see {root / name}.log)")
+    return proc, endpoint
+
+
+def _route_times(stub: service_pb2_grpc.MessagingServiceStub, n: int) -> list[float]:
+    request = svc.QueryRouteRequest(topic=pb.Resource(name=TOPIC))
+    out = []
+    for _ in range(n):
+        start = time.perf_counter()
+        reply = stub.QueryRoute(request, timeout=10)
+        out.append(time.perf_counter() - start)
+        assert reply.status.code == pb.OK, reply.status
+    return out
+
+
+def query_route_time(root: Path, etcd: str, queries: int, steady_seconds: float) -> dict:
+    """QueryRoute at a cluster broker (two groups) against a lone broker's; see the docstring."""
+    procs: list[subprocess.Popen] = []
+    try:
+        endpoints = {}
+        for group in ("qa", "qb"):
+            proc, endpoints[group] = _route_broker(root, f"route-{group}", {
+                "enableControllerMode": "true", "etcdEndpoints": etcd,
+                "brokerClusterName": "routes", "brokerName": group, "brokerId": "1",
+                "haListenPort": str(_free_port())})
+            procs.append(proc)
+        proc, lone = _route_broker(root, "route-lone", {})
+        procs.append(proc)
+
+        def both_groups() -> bool:
+            with grpc.insecure_channel(endpoints["qa"]) as channel:
+                reply = service_pb2_grpc.MessagingServiceStub(channel).QueryRoute(
+                    svc.QueryRouteRequest(topic=pb.Resource(name=TOPIC)), timeout=10)
+            return {q.broker.name for q in reply.message_queues if q.broker.id == 0} == {
+                "qa", "qb"}
+
+        _wait(both_groups, 120, "QueryRoute at group qa to name both groups")
+        cluster_ch, lone_ch = grpc.insecure_channel(endpoints["qa"]), grpc.insecure_channel(lone)
+        cluster_stub = service_pb2_grpc.MessagingServiceStub(cluster_ch)
+        lone_stub = service_pb2_grpc.MessagingServiceStub(lone_ch)
+        _route_times(cluster_stub, 100)  # warm both
+        _route_times(lone_stub, 100)
+
+        def requests() -> int:
+            with AdminClient(endpoints["qa"], timeout=5) as client:
+                status = client.call_service("stratamq.admin.v1.Replication", "HaStatus")
+            return int(status["cluster"]["etcdRequests"])
+
+        before, started = requests(), time.monotonic()
+        cluster_t: list[float] = []
+        lone_t: list[float] = []
+        while len(cluster_t) < queries or time.monotonic() - started < steady_seconds:
+            cluster_t += _route_times(cluster_stub, 100)
+            lone_t += _route_times(lone_stub, 100)
+        rate = (requests() - before) / (time.monotonic() - started)
+        cluster_ch.close()
+        lone_ch.close()
+        c, lo = statistics.median(cluster_t) * 1e6, statistics.median(lone_t) * 1e6
+        return {"summary": "QueryRoute time", "groups": 2, "queries": len(cluster_t),
+                "clusterMedianUs": round(c), "loneMedianUs": round(lo),
+                "ratio": round(c / lo, 2), "target": 1.5,
+                "etcdRequestsPerSecond": round(rate, 2), "etcdTarget": 1.0}
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=10)
@@ -156,6 +252,8 @@ def main() -> None:
                         help="etcdLeaseTtlMs (default: the broker's default)")
     parser.add_argument("--steady-seconds", type=float, default=10.0)
     _add_load_args(parser)
+    parser.add_argument("--route-queries", type=int, default=2000,
+                        help="QueryRoute calls of the routes part, at each broker")
     args = parser.parse_args()
     if args.quick:
         args.kills, args.steady_seconds = min(args.kills, 1), min(args.steady_seconds, 3.0)
@@ -164,6 +262,11 @@ def main() -> None:
         etcd = EtcdCluster(root, size=3)
         try:
             _load_parts(root, etcd, args)
+            if "routes" in args.only:
+                queries, seconds = ((300, 2.0) if args.quick
+                                    else (args.route_queries, args.steady_seconds))
+                print(json.dumps(query_route_time(root, etcd.endpoints, queries, seconds)),
+                      flush=True)
         except BaseException:
             etcd.stop()
             raise
@@ -208,8 +311,8 @@ def main() -> None:
 def _add_load_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small counts (a smoke run)")
     parser.add_argument("--only", type=lambda s: set(s.split(",")),
-                        default={"failover", "throughput", "scale"},
-                        help="comma-separated parts: failover, throughput, scale")
+                        default={"failover", "throughput", "scale", "routes"},
+                        help="comma-separated parts: failover, throughput, scale, routes")
     parser.add_argument("--seconds", type=float, default=3.0, help="length of a load round")
     parser.add_argument("--rounds", type=int, default=15,
                         help="load rounds, the modes alternating (many short rounds: the "

@@ -32,9 +32,10 @@ class NameServerProcess:
         self.proc.stdout.close()
 
 
-def start_namesrv() -> NameServerProcess:
+def start_namesrv(*options: str) -> NameServerProcess:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stratamq.cli", "namesrv", "start", "--listen", "127.0.0.1:0"],
+        [sys.executable, "-m", "stratamq.cli", "namesrv", "start", "--listen", "127.0.0.1:0",
+         *options],
         cwd=PROJECT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     line = proc.stdout.readline()

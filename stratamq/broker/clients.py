@@ -17,7 +17,9 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
+from stratamq.broker.cluster_routes import ClusterRoutes
 from stratamq.broker.engine import now_ms
+from stratamq.broker.errors import BrokerError
 from stratamq.broker.lookup import Lookup
 from stratamq.broker.metadata import TopicConfig
 from stratamq.broker.ports import Call
@@ -76,8 +78,10 @@ class ClientService:
 
     def __init__(self, lookup: Lookup, registry: ClientRegistry, broker_name: str,
                  advertised: tuple[str, int], max_message_size: int,
-                 route: Route | None = None) -> None:
+                 route: Route | None = None, cluster: ClusterRoutes | None = None) -> None:
         self.lookup = lookup
+        # Controller mode: every group of the cluster (broker/cluster_routes.py), else None.
+        self.cluster = cluster
         # Replication's say in routes (broker/replication.py): the endpoints to name and
         # whether queues may be written (a slave names its master, or itself read-only).
         self.route: Route = route or (lambda endpoints: (endpoints, True))
@@ -108,6 +112,17 @@ class ClientService:
     def query_route(self, request: svc.QueryRouteRequest, call: Call
                     ) -> svc.QueryRouteResponse:
         self.lookup.authorize(call, f"Topic:{request.topic.name}", "Get")
+        if self.cluster is not None:
+            name = request.topic.name
+            try:
+                local: TopicConfig | None = self.lookup.topic(name)
+            except BrokerError as exc:  # not here: maybe on another group
+                if exc.code != Code.TOPIC_NOT_FOUND:
+                    raise
+                local = None
+            queues = self.cluster.query_route(name, local, self._endpoints(request.endpoints))
+            if queues is not None:
+                return svc.QueryRouteResponse(status=ok_status(), message_queues=queues)
         topic = self.lookup.topic(request.topic.name, create=True)
         endpoints, writable = self.route(self._endpoints(request.endpoints))
         return svc.QueryRouteResponse(status=ok_status(), message_queues=[
@@ -132,6 +147,11 @@ class ClientService:
     def query_assignment(self, request: svc.QueryAssignmentRequest, call: Call
                          ) -> svc.QueryAssignmentResponse:
         _, topic = self.lookup.subscription(call, request.group.name, request.topic.name)
+        if self.cluster is not None:
+            assignments = self.cluster.query_assignment(topic.name, topic,
+                                                        self._endpoints(request.endpoints))
+            if assignments:
+                return svc.QueryAssignmentResponse(status=ok_status(), assignments=assignments)
         endpoints, writable = self.route(self._endpoints(request.endpoints))
         mq = self._message_queue(topic, 0, endpoints, writable)
         mq.id = -1  # "any queue": a receive pops across all of them

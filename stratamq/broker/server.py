@@ -416,7 +416,8 @@ class Broker:
             lookup=self.lookup,
             clients=ClientService(self.lookup, self.clients, cfg.broker_name, self.advertised,
                                   self.store_config.max_message_size,
-                                  route=self.replication.route),
+                                  route=self.replication.route,
+                                  cluster=self._cluster_routes()),
             sending=SendService(self.lookup, self.store_config.max_message_size, timer,
                                 lambda: self.metrics),
             receiving=ReceiveService(self.lookup, self.engine, self.polls,
@@ -482,6 +483,8 @@ class Broker:
             raise OSError(f"cannot listen on {self.listen_host}:{cfg.remoting_listen_port} "
                           f"(remotingListenPort): {exc.strerror or exc}") from None
         log.info("broker %s serving remoting on port %d", cfg.broker_name, self.remoting.port)
+        if self.cluster is not None and cfg.remoting_listen_port == 0:  # bound to a free port
+            self.cluster.announce_remoting(self._remoting_address(self.remoting.port))
 
     def _join_cluster(self) -> Any:
         from stratamq.cluster.node import ClusterNode
@@ -499,9 +502,41 @@ class Broker:
                            max_offset=lambda: store.max_physical_offset,
                            last_epoch=last_epoch, switch_role=replication.switch_role,
                            put_guards=store.put_guards, progress=replication.slave_progress,
-                           max_gap=self.store_config.ha_max_gap_not_in_sync)
+                           max_gap=self.store_config.ha_max_gap_not_in_sync,
+                           topics=self._topic_entries,
+                           remoting_address=self._remoting_address())
+        if node.publisher is not None:
+            self.meta.add_topics_listener(node.publisher.changed)
         node.start()
         return node
+
+    def _topic_entries(self) -> dict[str, bytes]:
+        """This broker's topics as the cluster's route table holds them (cluster/routes.py)."""
+        from stratamq.cluster.routes import topic_entry
+
+        return {t.name: topic_entry(t.read_queue_nums, t.write_queue_nums, t.perm,
+                                    t.message_type) for t in self.meta.topics()}
+
+    def _remoting_address(self, port: int | None = None) -> str:
+        """Where 4.x clients reach this broker, for NameServers reading routes from etcd ("" if
+        off, or not known before remoting starts: remotingListenPort=0, announced then)."""
+        from stratamq.remoting.broker import registered_host
+
+        port = self.config.remoting_listen_port if port is None else port
+        if port <= 0:
+            return ""
+        host = registered_host(self.store_config.broker_ip, self.listen_host)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def _cluster_routes(self) -> Any:
+        """Routes across every group of the cluster (controller mode), else None."""
+        if self.cluster is None:
+            return None
+        from stratamq.broker.cluster_routes import ClusterRoutes
+
+        replication = self.replication
+        return ClusterRoutes(self.cluster.routes, self.config.broker_name,
+                             is_master=lambda: not replication.is_slave)
 
     def _on_dispatch(self, info: DispatchInfo) -> None:
         self.polls.notify(info.topic)

@@ -3,8 +3,8 @@
 Keys under ``etcdPrefix`` (default ``/stratamq/<brokerClusterName>``), values JSON:
 
 * ``brokers/<brokerName>/<brokerId>`` (under the broker's lease): ``{"brokerId",
-  "endpoint", "haAddress", "role", "epoch", "maxOffset", "priority"}``. A lapsed lease removes
-  it: a dead broker.
+  "endpoint", "haAddress", "role", "epoch", "maxOffset", "priority", "remotingAddress"}``. A
+  lapsed lease removes it: a dead broker.
 * ``groups/<brokerName>/master`` (under the master's lease): ``{"brokerId", "epoch",
   "endpoint", "haAddress"}``. Taken by one transaction that also raises the group's epoch
   (Patroni's model): it succeeds only if the key is absent and the epoch unchanged since read,
@@ -83,6 +83,7 @@ class BrokerIdentity:
     priority: int  # brokerElectionPriority
     endpoint: str  # the client (gRPC) endpoint, host:port
     ha_address: str  # host:haListenPort, where slaves connect
+    remoting_address: str = ""  # host:port of RocketMQ 4.x remoting (routes.py), "" if none
 
 
 @dataclass(frozen=True)
@@ -313,7 +314,8 @@ class ClusterMember:
             "masterBrokerId": (self.me.broker_id if self.is_master else
                                self._following.broker_id if self._following else None),
             "epoch": self._epoch_known(), "maxOffset": self.max_offset(),
-            "priority": self.me.priority}).encode()
+            "priority": self.me.priority,
+            "remotingAddress": self.me.remoting_address}).encode()
 
     def _epoch_known(self) -> int:
         """The epoch this broker's log is of, for the election's ranking: its own while master,

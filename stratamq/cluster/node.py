@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 import grpc
 
 from stratamq.cluster.coordination import Coordination
 from stratamq.cluster.member import BrokerIdentity, ClusterMember, MasterInfo
+from stratamq.cluster.routes import RouteTable, TopicPublisher
 from stratamq.cluster.sync_state import SlaveProgress
 from stratamq.config import BrokerConfig, BrokerRole
 
@@ -47,7 +49,9 @@ class ClusterNode:
                  switch_role: SwitchRole,
                  put_guards: list[Callable[[], str | None]],
                  progress: SlaveProgress | None = None, max_gap: int = 256 << 20,
-                 coordination: Coordination | None = None) -> None:
+                 coordination: Coordination | None = None,
+                 topics: Callable[[], dict[str, bytes]] | None = None,
+                 remoting_address: str = "") -> None:
         if coordination is None:
             from stratamq.cluster.etcd import EtcdCoordination
 
@@ -60,7 +64,8 @@ class ClusterNode:
         self.coordination = coordination
         self.switch_role = switch_role
         me = BrokerIdentity(config.broker_cluster_name, config.broker_name, config.broker_id,
-                            config.broker_election_priority, endpoint, ha_address)
+                            config.broker_election_priority, endpoint, ha_address,
+                            remoting_address)
         self.member = ClusterMember(coordination, me, config.cluster_prefix(),
                                     config.etcd_lease_ttl_ms, max_offset=max_offset,
                                     last_epoch=last_epoch, on_master=self._on_master,
@@ -72,9 +77,27 @@ class ClusterNode:
                                                   if config.etcd_failsafe_mode else None))
         self._put_guards = put_guards
         put_guards.append(self.member.fence.refusal)
+        # The cluster's route table, and this group's topics in it while this broker is master
+        # (routes.py).
+        self.routes = RouteTable(coordination, config.cluster_prefix())
+        self.publisher = (TopicPublisher(coordination, config.cluster_prefix(),
+                                         config.broker_name, topics, self._mastership)
+                          if topics is not None else None)
+
+    def announce_remoting(self, address: str) -> None:
+        """The remoting address, once known (``remotingListenPort=0`` binds at start): in the
+        registration from the member's next pass on."""
+        self.member.me = replace(self.member.me, remoting_address=address)
+
+    def _mastership(self) -> int | None:
+        m = self.member
+        return m.epoch if m.is_master else None
 
     def start(self) -> None:
         self.member.start()
+        self.routes.start()
+        if self.publisher is not None:
+            self.publisher.start()
 
     @staticmethod
     def _ask_failsafe(config: BrokerConfig) -> Callable[[str, int, int], bool]:
@@ -102,6 +125,9 @@ class ClusterNode:
         return {"lostEtcd": self.member.confirm_failsafe(master_id, epoch)}
 
     def stop(self) -> None:
+        if self.publisher is not None:
+            self.publisher.stop()
+        self.routes.stop()
         self.member.stop()
         if self.member.fence.refusal in self._put_guards:
             self._put_guards.remove(self.member.fence.refusal)

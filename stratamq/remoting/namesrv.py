@@ -9,6 +9,11 @@ Handlers after RocketMQ's ``DefaultRequestProcessor`` / ``ClientRequestProcessor
 silent for their timeout (120 s) are dropped by a scan every 5 s, and so are brokers whose
 registering connection closes, as RocketMQ's ``BrokerHousekeepingService`` does.
 
+With the cluster on etcd (``--etcd``), ``GET_ROUTEINFO_BY_TOPIC``, ``GET_BROKER_CLUSTER_INFO``
+and the topic lists answer from the cluster's route table in etcd (``etcd_routes.py``), so
+every NameServer answers alike; brokers registering by ``REGISTER_BROKER`` are still served
+(a topic etcd does not know is answered from them).
+
 Registrations must be uncompressed JSON (``compressed=false``, RocketMQ's
 ``compressedRegister`` default); a compressed one is refused with SYSTEM_ERROR saying so.
 
@@ -27,6 +32,7 @@ from typing import Any
 
 from stratamq.remoting.codec import RemotingCommand
 from stratamq.remoting.codes import RequestCode, ResponseCode
+from stratamq.remoting.etcd_routes import EtcdRoutes
 from stratamq.remoting.routes import BROKER_CHANNEL_EXPIRED_MS, Registration, RouteTable
 from stratamq.remoting.transport import Connection, Handler, RemotingServer
 
@@ -52,8 +58,10 @@ def _bad(request: RemotingCommand, text: str) -> RemotingCommand:
 class NameServer:
     """Route table, KV config and the remoting handlers over them. ``clock()``: ms now."""
 
-    def __init__(self, clock: Callable[[], int] | None = None) -> None:
+    def __init__(self, clock: Callable[[], int] | None = None,
+                 cluster: EtcdRoutes | None = None) -> None:
         self.routes = RouteTable()
+        self.cluster = cluster  # the cluster's routes in etcd, if given
         self.kv: dict[str, dict[str, str]] = {}
         self.clock = clock or (lambda: int(time.time() * 1000))
         self.server: RemotingServer | None = None
@@ -82,6 +90,8 @@ class NameServer:
         return bound
 
     async def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.close()
         if self._scan is not None:
             self._scan.cancel()
         if self.server is not None:
@@ -153,7 +163,9 @@ class NameServer:
     async def route_by_topic(self, request: RemotingCommand,
                              conn: Connection) -> RemotingCommand:
         topic = request.ext_fields.get("topic", "")
-        route = self.routes.topic_route(topic)
+        route = self.cluster.topic_route(topic) if self.cluster is not None else None
+        if route is None:
+            route = self.routes.topic_route(topic)
         if route is None:
             return request.response(ResponseCode.TOPIC_NOT_EXIST,
                                     "No topic route info in name server for the topic: "
@@ -161,10 +173,16 @@ class NameServer:
         return request.response(ResponseCode.SUCCESS, body=to_json(route))
 
     async def cluster_info(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
-        return request.response(ResponseCode.SUCCESS, body=to_json(self.routes.cluster_info()))
+        info = self.routes.cluster_info()
+        if self.cluster is not None:
+            info = self.cluster.merge_cluster_info(info)
+        return request.response(ResponseCode.SUCCESS, body=to_json(info))
 
     async def topic_list(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
-        return request.response(ResponseCode.SUCCESS, body=to_json(self.routes.topic_list()))
+        topics = self.routes.topic_list()
+        if self.cluster is not None:
+            topics = {"topicList": sorted(set(topics["topicList"]) | self.cluster.topics())}
+        return request.response(ResponseCode.SUCCESS, body=to_json(topics))
 
     async def get_kv(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         namespace = request.ext_fields.get("namespace", "")
@@ -203,5 +221,7 @@ class NameServer:
     async def topics_of_cluster(self, request: RemotingCommand, conn: Connection
                                 ) -> RemotingCommand:
         cluster = request.ext_fields.get("cluster", "")
-        return request.response(ResponseCode.SUCCESS,
-                                body=to_json(self.routes.topics_of_cluster(cluster)))
+        topics = self.routes.topics_of_cluster(cluster)
+        if self.cluster is not None and cluster == self.cluster.cluster:
+            topics = {"topicList": sorted(set(topics["topicList"]) | self.cluster.topics())}
+        return request.response(ResponseCode.SUCCESS, body=to_json(topics))

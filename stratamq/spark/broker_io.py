@@ -260,6 +260,42 @@ class BrokerCatalog:
                     raise self._unreachable(exc, "ListTopics") from None
         return self._queue_counts
 
+    def cluster_groups(self) -> list[tuple[str, BrokerConnection]] | None:
+        """Each broker group of the cluster this broker belongs to (controller mode), with a
+        connection to the group's master (a live slave while it has none), from the broker's
+        ``ClusterStatus``; None for a broker outside a cluster."""
+        call = self._channel.unary_unary(
+            "/stratamq.admin.v1.Replication/ClusterStatus",
+            request_serializer=lambda obj: json.dumps(obj).encode(),
+            response_deserializer=lambda data: json.loads(data.decode() or "{}"))
+        try:
+            reply = call({}, timeout=RPC_TIMEOUT, metadata=self.connection.metadata())
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED):
+                return None  # not in controller mode: the broker alone
+            if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                log.warning("broker %s does not let access key %r ask for its cluster "
+                            "(ClusterStatus needs GET on Cluster): reading this broker only; "
+                            "other broker groups of its cluster, if any, are not read",
+                            self.endpoint, self.connection.access_key)
+                return None
+            raise self._unreachable(exc, "ClusterStatus") from None
+        out = []
+        for group in reply.get("groups") or []:
+            brokers = group.get("brokers") or []
+            chosen = next((b for b in brokers if b.get("brokerId") == group.get("masterBrokerId")),
+                          brokers[0] if brokers else None)
+            if chosen is None or not chosen.get("endpoint"):
+                raise OptionError(f"option 'endpoints': broker group {group.get('brokerName')!r} "
+                                  f"of {self.endpoint}'s cluster has no live broker: its queues "
+                                  "cannot be read now")
+            c = self.connection
+            out.append((str(group.get("brokerName")), BrokerConnection(
+                str(chosen["endpoint"]), access_key=c.access_key, secret_key=c.secret_key,
+                tls=c.tls, ca_pem=c.ca_pem, ca_file=c.ca_file)))
+        return out
+
     def _routes(self, why: str) -> dict[str, int]:
         """Without the topic list, ``topics`` must name the topics: ask their routes."""
         pb, svc, _ = _pb()

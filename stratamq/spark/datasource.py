@@ -219,7 +219,12 @@ def plan_batch(options: Mapping[str, str]) -> list[InputPartition]:
     options = planning.read_options(options)
     if "endpoints" in options:
         with _broker(options) as broker:
-            return _plan_queues(options, broker, None)
+            groups = broker.cluster_groups()
+            if groups is None or len(groups) < 2:
+                return _plan_queues(options, broker, None)
+        from stratamq.spark.cluster_read import plan_cluster
+
+        return plan_cluster(options, groups, _broker, _plan_queues)
     if tier_io.is_tier_read(options):  # a tier, read without a broker or a store
         known = sorted(tier_io.tier_topics(options))
         with _topic_hints(options, None, None):
@@ -431,6 +436,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # A tier: offsets from its ConsumeQueue files (stratamq.spark.tier_stream).
         self.tier = "endpoints" not in opts and tier_io.is_tier_read(opts)
         self.root = None if "endpoints" in opts or self.tier else planning.store_root(opts)
+        if "endpoints" in opts:
+            from stratamq.spark.cluster_read import refuse_cluster_stream
+
+            with _broker(opts) as broker:
+                refuse_cluster_stream(opts, broker)
         self.starting = planning.parse_offsets(opts, "startingOffsets", "latest")
         self.max_per_trigger = planning.int_option(opts, "maxOffsetsPerTrigger", None)
         # spark-sql-kafka's admission control: wait for this many new messages, but no longer
