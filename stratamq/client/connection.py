@@ -16,7 +16,7 @@ import grpc
 
 from stratamq.signature import auth_metadata
 
-__all__ = ["ANSWERED", "BrokerEndpoint", "broker_answered", "check_endpoint"]
+__all__ = ["ANSWERED", "BrokerEndpoint", "broker_answered", "check_endpoint", "read_ca_pem"]
 
 # Trailing metadata a StrataMQ broker puts on every error it answers with itself: a client
 # tells the broker's own UNAVAILABLE (a tier or a disk it cannot reach) from gRPC's (no broker
@@ -49,6 +49,20 @@ def check_endpoint(endpoint: str) -> str:
             or not 1 <= int(port) <= 65535):
         raise ValueError(f"endpoint must be HOST:PORT with a port 1..65535, not {endpoint!r}")
     return endpoint
+
+
+def read_ca_pem(path: str) -> bytes:
+    """The CA certificates in the PEM file at ``path``; ValueError says why not (gRPC itself
+    would only say "handshake failed" on the first call, far from the cause)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise ValueError(f"{path} is not a PEM file of certificates (no -----BEGIN "
+                         "CERTIFICATE----- block)")
+    return data
 
 
 class BrokerEndpoint:
