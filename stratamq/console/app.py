@@ -153,7 +153,13 @@ class Console:
         status = await self.rpc(self.broker.call, "BrokerStatus")
         tier = await self.rpc(self.broker.optional, "TierStatus")
         ha = await self.rpc(self.broker.optional, "HaStatus", HA_SERVICE)
-        return self.render(request, "overview.html", status=status, tier=tier, ha=ha)
+        # Controller mode: every broker group of the cluster from etcd (FAILED_PRECONDITION
+        # otherwise, and the page shows this broker's HA view alone).
+        cluster = (await self.rpc(self.broker.optional, "ClusterStatus", HA_SERVICE)
+                   if isinstance(ha, dict) and "cluster" in ha else None)
+        return self.render(request, "overview.html", status=status, tier=tier, ha=ha,
+                           groups=cluster_rows(cluster) if isinstance(cluster, dict) else None,
+                           cluster_error=cluster if isinstance(cluster, str) else None)
 
     async def topics(self, request: Request) -> Response:
         topics = (await self.rpc(self.broker.call, "ListTopics"))["topics"]
@@ -206,9 +212,11 @@ class Console:
         name = request.path_params["name"]
         progress = await self.rpc(self.broker.call, "GroupProgress", group=name)
         topics = sorted({q["topic"] for q in progress["queues"]})
-        dead = await self.rpc(self.broker.dead_letter_count, name)
+        dead = progress.get("dlq_messages")
+        if dead is None:  # a broker whose GroupProgress does not count them yet
+            dead = await self.rpc(self.broker.dead_letter_count, name)
         return self.render(request, "group.html", name=name, progress=progress, topics=topics,
-                           dead=dead)
+                           dead=dead, retry=progress.get("retry_messages", ""))
 
     async def reset_group(self, request: Request, form: dict[str, Any]) -> str:
         name = request.path_params["name"]
@@ -316,6 +324,21 @@ class Console:
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
         return Starlette(routes=routes, lifespan=lifespan)
+
+
+def cluster_rows(cluster: dict[str, Any]) -> list[dict[str, Any]]:
+    """ClusterStatus's groups, each broker with ``lag``: the CommitLog bytes it is behind its
+    group's master (from the max offsets the brokers last registered; None without a
+    master)."""
+    groups = []
+    for g in cluster.get("groups", []):
+        master = next((b for b in g["brokers"] if b["brokerId"] == g["masterBrokerId"]), None)
+        top = master.get("maxOffset") if master else None
+        brokers = [{**b, "lag": (max(0, top - b["maxOffset"]) if top is not None
+                                 and b.get("maxOffset") is not None else None),
+                    "in_sync": b["brokerId"] in g["syncStateSet"]} for b in g["brokers"]]
+        groups.append({**g, "brokers": brokers})
+    return groups
 
 
 PAGE_ROWS = 100  # rows a list page shows: a broker's thousands of topics in pages
