@@ -407,3 +407,29 @@ def test_overview_shows_the_cluster_in_controller_mode(tmp_path, driver):
             if m.proc is not None and m.proc.poll() is None:
                 m.terminate()
         etcd.stop()
+
+
+def test_kept_alive_connections_send_without_nagle_delay(broker):
+    """A browser fetches pages over one kept-alive connection; each response is two writes
+    (headers, body), so without TCP_NODELAY the second waited for the browser's delayed ACK
+    of the first (~40 ms a page)."""
+    import http.client
+    import socket
+
+    from stratamq.client.connection import BrokerEndpoint
+    from stratamq.console.server import ConsoleServer, ConsoleThread
+
+    console = ConsoleThread(ConsoleServer(BrokerEndpoint(broker.endpoint), "127.0.0.1:0",
+                                          sample_interval_s=3600)).start()
+    conn = http.client.HTTPConnection(console.server.host, console.server.port, timeout=30)
+    try:
+        for _ in range(2):
+            conn.request("GET", "/favicon.ico")
+            reply = conn.getresponse()
+            assert reply.status == 200 and reply.read()
+        [served] = console.server.server.server_state.connections
+        sock = served.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        conn.close()
+        console.stop()

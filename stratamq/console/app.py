@@ -20,10 +20,9 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import FileResponse, RedirectResponse, Response
+from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.templating import Jinja2Templates
 
 from stratamq.console import security
 from stratamq.console.broker_api import DLQ_PREFIX, AdminError, ConsoleBroker
@@ -93,9 +92,10 @@ class Console:
                  sample_interval_s: float = 15.0) -> None:
         self.broker = broker
         self.read_only = read_only
+        # Templates are package data: read once (auto_reload would stat them per page).
         env = Environment(loader=FileSystemLoader(HERE / "templates"),
-                          autoescape=select_autoescape(["html"]))
-        self.templates = Jinja2Templates(env=env)
+                          autoescape=select_autoescape(["html"]), auto_reload=False)
+        self.env = env
         env.filters["when"] = _when
         env.filters["size"] = _size
         self.sampler = Sampler(broker, interval_s=sample_interval_s)
@@ -110,8 +110,11 @@ class Console:
         context.update(read_only=self.read_only, csrf=security.token_of(request),
                        note=request.query_params.get("note"),
                        endpoint=self.broker.endpoint.endpoint, page=template.split(".")[0])
-        response = self.templates.TemplateResponse(request, template, context,
-                                                     status_code=http_status)
+        # Rendered here rather than by Starlette's TemplateResponse, which adds per page
+        # what no template uses (url_for, context processors, a debug hook).
+        response = HTMLResponse(self.env.get_template(template).render(request=request,
+                                                                         **context),
+                                status_code=http_status)
         if getattr(request.state, "new_csrf", None):
             response.set_cookie(security.COOKIE, request.state.new_csrf, httponly=True,
                                 samesite="strict")
