@@ -93,6 +93,13 @@ class BrokerEndpoint:
         creds = grpc.ssl_channel_credentials(root_certificates=self.ca_pem)
         return grpc.secure_channel(self.endpoint, creds, options=self.channel_options)
 
+    def aio_channel(self) -> grpc.aio.Channel:
+        """The same channel for asyncio callers (made inside the event loop that uses it)."""
+        if not self.tls:
+            return grpc.aio.insecure_channel(self.endpoint, options=self.channel_options)
+        creds = grpc.ssl_channel_credentials(root_certificates=self.ca_pem)
+        return grpc.aio.secure_channel(self.endpoint, creds, options=self.channel_options)
+
     def metadata(self, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
         """``extra`` plus, with credentials, a signature stamped now (one per call)."""
         if self.access_key and self.secret_key:

@@ -153,27 +153,27 @@ class Console:
     async def overview(self, request: Request) -> Response:
         from stratamq.broker.replication import SERVICE as HA_SERVICE
 
-        status = await self.rpc(self.broker.call, "BrokerStatus")
-        tier = await self.rpc(self.broker.optional, "TierStatus")
-        ha = await self.rpc(self.broker.optional, "HaStatus", HA_SERVICE)
+        status = await self.broker.acall("BrokerStatus")
+        tier = await self.broker.aoptional("TierStatus")
+        ha = await self.broker.aoptional("HaStatus", HA_SERVICE)
         # Controller mode: every broker group of the cluster from etcd (FAILED_PRECONDITION
         # otherwise, and the page shows this broker's HA view alone).
-        cluster = (await self.rpc(self.broker.optional, "ClusterStatus", HA_SERVICE)
+        cluster = (await self.broker.aoptional("ClusterStatus", HA_SERVICE)
                    if isinstance(ha, dict) and "cluster" in ha else None)
         return self.render(request, "overview.html", status=status, tier=tier, ha=ha,
                            groups=cluster_rows(cluster) if isinstance(cluster, dict) else None,
                            cluster_error=cluster if isinstance(cluster, str) else None)
 
     async def topics(self, request: Request) -> Response:
-        topics = (await self.rpc(self.broker.call, "ListTopics"))["topics"]
+        topics = (await self.broker.acall("ListTopics"))["topics"]
         return self.render(request, "topics.html", rates=self.sampler.topic_rates(),
                            **_paged(request, topics, "topic"))
 
     async def topic(self, request: Request) -> Response:
         name = request.path_params["name"]
-        route = await self.rpc(self.broker.call, "TopicRoute", topic=name)
-        status = await self.rpc(self.broker.call, "TopicStatus", topic=name)
-        topic = next((t for t in (await self.rpc(self.broker.call, "ListTopics"))["topics"]
+        route = await self.broker.acall("TopicRoute", topic=name)
+        status = await self.broker.acall("TopicStatus", topic=name)
+        topic = next((t for t in (await self.broker.acall("ListTopics"))["topics"]
                       if t["topic"] == name), None)
         return self.render(request, "topic.html", name=name, route=route, status=status,
                            topic=topic)
@@ -183,9 +183,8 @@ class Console:
         attributes = {}
         if form.get("compaction"):
             attributes["cleanup.policy"] = "COMPACTION"
-        await self.rpc(self.broker.call, "CreateTopic", topic=name,
-                       queues=_int(form, "queues", 8), type=form.get("type", "NORMAL"),
-                       attributes=attributes)
+        await self.broker.acall("CreateTopic", topic=name, queues=_int(form, "queues", 8),
+                                type=form.get("type", "NORMAL"), attributes=attributes)
         return _to(f"/topics/{name}", f"topic {name} created")
 
     async def update_topic(self, request: Request, form: dict[str, Any]) -> str:
@@ -193,10 +192,10 @@ class Console:
         attributes = {}
         if str(form.get("retention", "")).strip():
             attributes["delete.retention.ms"] = str(form["retention"]).strip()
-        await self.rpc(self.broker.call, "UpdateTopic", topic=name,
-                       read_queues=_int(form, "read_queues"),
-                       write_queues=_int(form, "write_queues"),
-                       force=bool(form.get("force")), attributes=attributes or None)
+        await self.broker.acall("UpdateTopic", topic=name,
+                                read_queues=_int(form, "read_queues"),
+                                write_queues=_int(form, "write_queues"),
+                                force=bool(form.get("force")), attributes=attributes or None)
         return _to(f"/topics/{name}", f"topic {name} updated")
 
     async def delete_topic(self, request: Request, form: dict[str, Any]) -> str:
@@ -204,20 +203,20 @@ class Console:
         if form.get("confirm") != name:
             raise AdminError("INVALID_ARGUMENT",
                              f"type the topic's name ({name}) to confirm its deletion")
-        await self.rpc(self.broker.call, "DeleteTopic", topic=name)
+        await self.broker.acall("DeleteTopic", topic=name)
         return _to("/topics", f"topic {name} deleted with its messages")
 
     async def groups(self, request: Request) -> Response:
-        groups = (await self.rpc(self.broker.call, "ListGroups"))["groups"]
+        groups = (await self.broker.acall("ListGroups"))["groups"]
         return self.render(request, "groups.html", **_paged(request, groups, "group"))
 
     async def group(self, request: Request) -> Response:
         name = request.path_params["name"]
-        progress = await self.rpc(self.broker.call, "GroupProgress", group=name)
+        progress = await self.broker.acall("GroupProgress", group=name)
         topics = sorted({q["topic"] for q in progress["queues"]})
         dead = progress.get("dlq_messages")
         if dead is None:  # a broker whose GroupProgress does not count them yet
-            dead = await self.rpc(self.broker.dead_letter_count, name)
+            dead = await self.broker.dead_letter_count(name)
         return self.render(request, "group.html", name=name, progress=progress, topics=topics,
                            dead=dead, retry=progress.get("retry_messages", ""))
 
@@ -230,7 +229,7 @@ class Console:
             raise AdminError("INVALID_ARGUMENT", "reset to earliest, latest or a time")
         when = parse_time(str(form["time"])) if to == "time" else None
         topic = str(form.get("topic", ""))
-        reply = await self.rpc(self.broker.reset, name, topic, to, when)
+        reply = await self.broker.reset(name, topic, to, when)
         offsets = ", ".join(f"{q['queue_id']}:{q['offset']}" for q in reply["queues"])
         return _to(f"/groups/{name}", f"{name} on {topic} reset to {to}: {offsets}")
 
@@ -245,12 +244,12 @@ class Console:
                 got = await self.rpc(self.broker.get, topic, int(q["queue"]), int(q["offset"]))
                 rows = [got] if got is not None else []
             elif q.get("key", "").strip():
-                rows = await self.rpc(self.broker.query, topic, key=q["key"].strip())
+                rows = await self.broker.query(topic, key=q["key"].strip())
             elif q.get("msg_id", "").strip():
-                rows = await self.rpc(self.broker.query, topic, msg_id=q["msg_id"].strip())
+                rows = await self.broker.query(topic, msg_id=q["msg_id"].strip())
             elif q.get("begin", "").strip() and q.get("end", "").strip():
-                rows = await self.rpc(self.broker.query, topic, begin=parse_time(q["begin"]),
-                                      end=parse_time(q["end"]))
+                rows = await self.broker.query(topic, begin=parse_time(q["begin"]),
+                                               end=parse_time(q["end"]))
             else:
                 raise AdminError("INVALID_ARGUMENT",
                                  "search by key, by message id, by a time range (begin and "
@@ -269,7 +268,7 @@ class Console:
 
     async def dlq(self, request: Request) -> Response:
         group = request.query_params.get("group", "").strip()
-        rows = await self.rpc(self.broker.dead_letters, group) if group else []
+        rows = await self.broker.dead_letters(group) if group else []
         for row in rows:
             row["views"] = body_views(row["body"])
         return self.render(request, "dlq.html", group=group, rows=rows,
@@ -307,6 +306,7 @@ class Console:
                 yield
             finally:
                 self.sampler.stop()
+                await self.broker.aclose()
 
         routes = [
             Route("/", self.page(self.overview)),
