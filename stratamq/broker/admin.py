@@ -186,21 +186,22 @@ class AdminService:
         queue holding messages has no local unit to size them by (all in a tier)."""
         store = self.b.store
         messages, size = 0, 0
+        sized = True
         for q in range(queue_count):
             low, high = store.get_min_offset_in_queue(topic, q), \
                 store.get_max_offset_in_queue(topic, q)
             messages += high - low
-            if high <= low or size is None:
+            if high <= low or not sized:
                 continue
             cq = store.consume_queues.find(topic, q)
             local = range(max(low, cq.min_offset()), min(high, cq.max_offset())) if cq else ()
             units = [u for offset in {local[0], local[-1]} for u in cq.get_units(offset, 1)
                      if u[1] > 0] if cq and local else []
             if not units:
-                size = None
+                sized = False
                 continue
             size += (high - low) * sum(u[1] for u in units) // len(units)
-        return messages, size
+        return messages, size if sized else None
 
     @staticmethod
     def group_json(g: GroupConfig) -> dict[str, Any]:
