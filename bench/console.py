@@ -12,9 +12,9 @@ directly with ``AdminClient``, so a noisy neighbour hits both. Prints JSON lines
   p95 (the issue's target: at most 2), ``ratio_p50`` the same of the medians (steadier on a
   loaded machine), the page's size in bytes.
 
-Pages are fetched over one kept-alive HTTP connection, as a browser fetches them (a fresh
-connection per page would time TCP set-up and hide what a browser waits for on a reused one:
-Nagle's stall, before the console set TCP_NODELAY).
+Pages are fetched over one kept-alive HTTP connection with the console's cookie sent back, as
+a browser fetches them (a fresh connection per page would time TCP set-up and hide what a
+browser waits for on a reused one: Nagle's stall, before the console set TCP_NODELAY).
 """
 
 from __future__ import annotations
@@ -110,14 +110,18 @@ def main() -> None:
             ]
             browser = http.client.HTTPConnection(console.server.host, console.server.port,
                                                  timeout=120)
+            cookie: dict[str, str] = {}  # the console's CSRF cookie, once it set one
             for name, path, rpcs in pages:
                 page_t, rpc_t, size = [], [], 0
                 for _ in range(args.samples):
                     def get(path: str = path) -> None:
                         nonlocal size
-                        browser.request("GET", path)
+                        browser.request("GET", path, headers=cookie)
                         reply = browser.getresponse()
                         size = len(reply.read())
+                        given = reply.getheader("set-cookie")
+                        if given:  # kept, as a browser keeps it
+                            cookie["Cookie"] = given.split(";", 1)[0]
                         if reply.status != 200:
                             raise SystemExit(f"{path}: HTTP {reply.status}")
 
