@@ -109,7 +109,8 @@ class Console:
                **context: Any) -> Response:
         context.update(read_only=self.read_only, csrf=security.token_of(request),
                        note=request.query_params.get("note"),
-                       endpoint=self.broker.endpoint.endpoint, page=template.split(".")[0])
+                       endpoint=self.broker.endpoint.endpoint, page=template.split(".")[0],
+                       section=request.url.path.split("/")[1])
         # Rendered here rather than by Starlette's TemplateResponse, which adds per page
         # what no template uses (url_for, context processors, a debug hook).
         response = HTMLResponse(self.env.get_template(template).render(request=request,
