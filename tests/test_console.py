@@ -123,6 +123,8 @@ def test_every_page_loads_with_no_error_and_a_screenshot(broker, console, driver
                        ("messages", "/messages?topic=Pages&queue=0&offset=0"),
                        ("dlq", "/dlq?group=PagesGroup"), ("charts", "/charts")]:
         _open(driver, console.url + path, tmp_path, name)
+    _open(driver, console.url + "/")
+    assert driver.find_elements(By.ID, "cluster") == []  # not in controller mode
     _open(driver, console.url + "/topics?q=pag")  # the list's filter
     assert [a.text for a in driver.find_elements(By.CSS_SELECTOR, "#topics a")] == ["Pages"]
     driver.get(console.url + "/favicon.ico")
@@ -206,6 +208,9 @@ def test_a_dead_letter_resent_from_the_console_reaches_the_consumer(broker, cons
     wait_until(dead, 60, "the message in the DLQ")
     _open(driver, console.url + "/groups/DoomedGroup")
     assert _text(driver, "#dead-letters") == "1"
+    assert _text(driver, "#retry-messages") == "0"
+    _open(driver, console.url + "/groups?q=DoomedGroup")  # the list counts them too
+    assert (_text(driver, "#groups td.retry"), _text(driver, "#groups td.dlq")) == ("0", "1")
     _open(driver, console.url + "/dlq?group=DoomedGroup")
     assert _text(driver, "#dlq-count").startswith("1 dead letter")
     _submit(driver, "resend", pick="0:0")
@@ -317,3 +322,114 @@ def test_charts_sample_the_brokers_traffic_and_lag(broker):
     rate_in, rate_out = sampler.topic_rates()["Charted"]  # the Topics page's columns
     assert rate_in > 0 and rate_out == 0
     assert "<polyline" in svg_chart(charts["Consumer lag (all groups)"], "messages")
+
+
+def test_topics_list_the_bytes_they_hold(broker, console, driver):
+    from selenium.webdriver.common.by import By
+
+    create_topic(broker, "Sized", 2)
+    with MessagingClient(broker.endpoint) as client:
+        for i in range(20):
+            client.send("Sized", bytes([65 + i % 26]) * 1000)
+    [sized] = [t for t in _cli_lines(broker, "topic", "list") if t["topic"] == "Sized"]
+    # Each record is its body plus RocketMQ's header and properties (a few hundred bytes).
+    assert sized["messages"] == 20 and 20 * 1000 < sized["bytes"] < 20 * 1500
+    _open(driver, console.url + "/topics?q=Sized")
+    [cell] = driver.find_elements(By.CSS_SELECTOR, "#topics td.bytes")
+    assert cell.text == f"{sized['bytes'] / 1024:.1f} KiB"
+
+
+def test_a_tls_broker_is_reached_with_the_tls_options(tmp_path, driver):
+    import subprocess
+    import sys
+
+    from broker_proc import self_signed_cert, start_broker
+    from selenium.webdriver.common.by import By
+
+    cert, key = self_signed_cert(tmp_path)
+    tls = start_broker(tmp_path, {"tlsEnable": "true", "tls.server.certPath": str(cert),
+                                  "tls.server.keyPath": str(key)}, topics=[("Tls", 1, "NORMAL")])
+    plain = secure = None
+    try:
+        plain = start_console(tls.endpoint)
+        driver.get(plain.url + "/topics")
+        assert "no broker reachable" in _text(driver, "#error")
+        problems(driver)  # the refusal's 502 is the point here
+        secure = start_console(tls.endpoint, "--tls-ca-file", str(cert))
+        _open(driver, secure.url + "/topics?q=Tls")
+        assert [a.text for a in driver.find_elements(By.CSS_SELECTOR, "#topics a")] == ["Tls"]
+        _open(driver, secure.url + "/messages")
+        _submit(driver, "send", topic="Tls", body="sent over TLS")
+        assert "sent to Tls" in _text(driver, "#note")
+        _open(driver, secure.url + "/messages?topic=Tls&queue=0&offset=0")
+        assert _text(driver, "pre.body-text") == "sent over TLS"
+        # The admin commands take the same options.
+        listed = subprocess.run([sys.executable, "-m", "stratamq.cli", "topic", "list",
+                                 "--endpoint", tls.endpoint, "--tls-ca-file", str(cert)],
+                                capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        assert "Tls" in {json.loads(line)["topic"] for line in listed.stdout.splitlines()}
+    finally:
+        for c in (plain, secure):
+            if c is not None:
+                c.stop()
+        tls.stop()
+
+
+def test_overview_shows_the_cluster_in_controller_mode(tmp_path, driver):
+    from selenium.webdriver.common.by import By
+    from test_cluster_failover import Member, _start
+
+    from stratamq.benchmarks.etcd_members import EtcdCluster
+
+    etcd = EtcdCluster(tmp_path, size=1)
+    members = [Member(tmp_path, etcd.endpoints, i) for i in (1, 2)]
+    c = None
+    try:
+        master, slave = _start(members)
+        epoch = master.cluster()["epoch"]
+        c = start_console(slave.endpoint)  # any broker of the cluster shows all of it
+        _open(driver, c.url + "/", tmp_path, "cluster")
+        rows = {r.get_attribute("data-broker"): r for r in
+                driver.find_elements(By.CSS_SELECTOR, "#cluster tbody tr")}
+        assert sorted(rows) == sorted(str(m.broker_id) for m in members)
+
+        def cell(m: Member, css: str) -> str:
+            return rows[str(m.broker_id)].find_element(By.CSS_SELECTOR, css).text
+
+        assert (cell(master, "td.role"), cell(slave, "td.role")) == ("MASTER", "SLAVE")
+        assert cell(master, "td.epoch") == cell(slave, "td.epoch") == str(epoch)
+        assert cell(master, "td.lag") == "0" and cell(slave, "td.lag").isdigit()
+    finally:
+        if c is not None:
+            c.stop()
+        for m in members:
+            if m.proc is not None and m.proc.poll() is None:
+                m.terminate()
+        etcd.stop()
+
+
+def test_kept_alive_connections_send_without_nagle_delay(broker):
+    """A browser fetches pages over one kept-alive connection; each response is two writes
+    (headers, body), so without TCP_NODELAY the second waited for the browser's delayed ACK
+    of the first (~40 ms a page)."""
+    import http.client
+    import socket
+
+    from stratamq.client.connection import BrokerEndpoint
+    from stratamq.console.server import ConsoleServer, ConsoleThread
+
+    console = ConsoleThread(ConsoleServer(BrokerEndpoint(broker.endpoint), "127.0.0.1:0",
+                                          sample_interval_s=3600)).start()
+    conn = http.client.HTTPConnection(console.server.host, console.server.port, timeout=30)
+    try:
+        for _ in range(2):
+            conn.request("GET", "/favicon.ico")
+            reply = conn.getresponse()
+            assert reply.status == 200 and reply.read()
+        [served] = console.server.server.server_state.connections
+        sock = served.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        conn.close()
+        console.stop()

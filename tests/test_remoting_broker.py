@@ -226,6 +226,7 @@ def test_send_back_goes_to_the_retry_topic_then_the_dlq(broker):
         return bool(found)
 
     wait_until(in_retry_topic, 30, "the message in %RETRY%GR after its delay level")
+    assert _retry_and_dlq(broker[0], "GR") == (1, 0)  # what the console's group pages show
     again = retried[0]
     assert (again.body, again.reconsume_times) == (b"one", 1)
     assert again.properties["RETRY_TOPIC"] == "Retried"
@@ -241,9 +242,23 @@ def test_send_back_goes_to_the_retry_topic_then_the_dlq(broker):
     assert [(m.body, m.reconsume_times, m.properties["RETRY_TOPIC"]) for m in letters] == [
         (b"one", 2, "Retried")]
     assert _metric(broker[0], "rocketmq_send_to_dlq_messages_total", consumer_group="GR") == 1
+    assert _retry_and_dlq(broker[0], "GR") == (1, 1)
     missing = invoke(address, RequestCode.CONSUMER_SEND_MSG_BACK, {
         "offset": "0", "group": "NoSuchGroup", "delayLevel": "0"})
     assert missing.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+
+
+def _retry_and_dlq(b, group: str) -> tuple[int, int]:
+    """The messages held in the group's %RETRY% and %DLQ% topics, as ListGroups and
+    GroupProgress count them (they must agree)."""
+    from stratamq.client.admin import AdminClient
+
+    with AdminClient(b.endpoint) as admin:
+        [listed] = [g for g in admin.call("ListGroups")["groups"] if g["group"] == group]
+        progress = admin.call("GroupProgress", group=group)
+    counts = (listed["retry_messages"], listed["dlq_messages"])
+    assert (progress["retry_messages"], progress["dlq_messages"]) == counts
+    return counts
 
 
 def test_queue_locks_and_consumer_lists(broker):

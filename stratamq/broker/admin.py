@@ -21,9 +21,12 @@ Methods (request -> response):
 * ``ListTopics {}`` -> ``{"topics": [TOPIC]}``
 * ``CreateGroup {"group", "retry_max_times"?, "orderly"?, "retry_backoff_ms"?}`` /
   ``UpdateGroup`` (same fields) -> ``{"group": GROUP}``; ``DeleteGroup {"group"}``
-* ``ListGroups {}`` -> ``{"groups": [GROUP + "clients"]}``
+* ``ListGroups {}`` -> ``{"groups": [GROUP + "clients", "retry_messages",
+  "dlq_messages"]}``: the last two count the messages held in ``%RETRY%<group>`` and
+  ``%DLQ%<group>`` (0 without the topic)
 * ``GroupProgress {"group"}`` -> ``{"group", "lag", "inflight", "queues": [{"topic",
-  "queue_id", "max_offset", "consumer_offset", "inflight", "lag"}]}``
+  "queue_id", "max_offset", "consumer_offset", "inflight", "lag"}], "clients",
+  "retry_messages", "dlq_messages"}``
 * ``BrokerInfo {}`` -> ``{"broker_name", "cluster", "endpoint", "store"}``
 * ``TopicRoute {"topic"}`` -> ``{"topic", "type", "broker_name", "broker_id", "endpoint",
   "queues": [{"queue_id", "perm"}]}`` (perm READ_WRITE | READ | WRITE | NONE)
@@ -45,7 +48,8 @@ Methods (request -> response):
   recovery cut out of a damaged CommitLog, and where it kept them
 
 TOPIC is ``{"topic", "queues", "read_queues", "write_queues", "perm", "type", "attributes",
-"messages"}``;
+"messages", "bytes"}`` (``bytes``: the CommitLog bytes of the messages held, estimated from
+each queue's oldest and newest units; null when a queue's messages are all in a tier);
 GROUP is ``{"group", "retry_max_times", "max_delivery_attempts", "orderly",
 "retry_backoff_ms"}``.
 """
@@ -63,7 +67,13 @@ import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from stratamq.broker.errors import BrokerError
-from stratamq.broker.metadata import GroupConfig, MetadataError, TopicConfig
+from stratamq.broker.metadata import (
+    GroupConfig,
+    MetadataError,
+    TopicConfig,
+    dlq_topic,
+    retry_topic,
+)
 from stratamq.broker.ports import Call
 from stratamq.broker.receiving import Run
 from stratamq.broker.rpc import call_of
@@ -166,12 +176,34 @@ class AdminService:
         self.b = parts
 
     def topic_json(self, t: TopicConfig) -> dict[str, Any]:
-        store = self.b.store
-        messages = sum(store.get_max_offset_in_queue(t.name, q)
-                       - store.get_min_offset_in_queue(t.name, q) for q in range(t.queue_count))
+        messages, size = self._held(t.name, t.queue_count)
         return {"topic": t.name, "queues": t.queue_count, "read_queues": t.read_queue_nums,
                 "write_queues": t.write_queue_nums, "perm": t.perm, "type": t.message_type,
-                "attributes": t.attributes, "messages": messages}  # fmt: skip
+                "attributes": t.attributes, "messages": messages, "bytes": size}  # fmt: skip
+
+    def _held(self, topic: str, queue_count: int) -> tuple[int, int | None]:
+        """Messages held in the topic's queues and their CommitLog bytes, estimated per queue
+        as its messages times the mean size of its oldest and newest local ConsumeQueue units
+        (two unit reads a queue, where summing every unit would read them all); None when a
+        queue holding messages has no local unit to size them by (all in a tier)."""
+        store = self.b.store
+        messages, size = 0, 0
+        sized = True
+        for q in range(queue_count):
+            low, high = store.get_min_offset_in_queue(topic, q), \
+                store.get_max_offset_in_queue(topic, q)
+            messages += high - low
+            if high <= low or not sized:
+                continue
+            cq = store.consume_queues.find(topic, q)
+            local = range(max(low, cq.min_offset()), min(high, cq.max_offset())) if cq else ()
+            units = [u for offset in {local[0], local[-1]} for u in cq.get_units(offset, 1)
+                     if u[1] > 0] if cq and local else []
+            if not units:
+                sized = False
+                continue
+            size += (high - low) * sum(u[1] for u in units) // len(units)
+        return messages, size if sized else None
 
     @staticmethod
     def group_json(g: GroupConfig) -> dict[str, Any]:
@@ -253,8 +285,17 @@ class AdminService:
         return {"deleted": name}
 
     def ListGroups(self, req: dict[str, Any]) -> dict[str, Any]:
-        return {"groups": [{**self.group_json(g), "clients": len(self.b.live_clients(g.name))}
-                           for g in self.b.meta.groups()]}
+        return {"groups": [{**self.group_json(g), "clients": len(self.b.live_clients(g.name)),
+                            **self._retry_and_dlq(g.name)} for g in self.b.meta.groups()]}
+
+    def _retry_and_dlq(self, group: str) -> dict[str, int]:
+        """Messages held in the group's ``%RETRY%`` and ``%DLQ%`` topics (0 without them)."""
+        out = {}
+        for field, name in (("retry_messages", retry_topic(group)),
+                            ("dlq_messages", dlq_topic(group))):
+            t = self.b.meta.topic(name)
+            out[field] = self._held(name, t.queue_count)[0] if t is not None else 0
+        return out
 
     def GroupProgress(self, req: dict[str, Any]) -> dict[str, Any]:
         name = _field(req, "group", str)
@@ -263,7 +304,7 @@ class AdminService:
         rows = self.b.engine.progress(name)
         return {"group": name, "lag": sum(r["lag"] for r in rows),
                 "inflight": sum(r["inflight"] for r in rows), "queues": rows,
-                "clients": self.b.live_clients(name)}
+                "clients": self.b.live_clients(name), **self._retry_and_dlq(name)}
 
     def TopicRoute(self, req: dict[str, Any]) -> dict[str, Any]:
         t = self.b.meta.existing_topic(_field(req, "topic", str))

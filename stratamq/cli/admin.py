@@ -2,7 +2,8 @@
 
 Every command takes ``--endpoint`` and, for a broker with ``aclEnable=true``, ``--access-key``
 / ``--secret-key`` (or ``STRATAMQ_ACCESS_KEY`` / ``STRATAMQ_SECRET_KEY``): requests are then
-signed as the official clients sign theirs.
+signed as the official clients sign theirs; for a broker with ``tlsEnable=true``, ``--tls``
+(gRPC's default roots) or ``--tls-ca-file PEM``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import click
 from stratamq.cli.app import main
 from stratamq.cli.broker import broker
 from stratamq.cli.common import TIME, emit, output_option
-from stratamq.client.connection import BrokerEndpoint
+from stratamq.client.connection import BrokerEndpoint, read_ca_pem
 
 TYPES = click.Choice(["NORMAL", "FIFO", "DELAY", "TRANSACTION"], case_sensitive=False)
 
@@ -38,22 +39,36 @@ def endpoint_option(fn: Callable) -> Callable:
                        "env STRATAMQ_ACCESS_KEY.")
     @click.option("--secret-key", envvar="STRATAMQ_SECRET_KEY", default=None,
                   help="Secret key of --access-key; env STRATAMQ_SECRET_KEY.")
+    @click.option("--tls", is_flag=True, default=False,
+                  help="Connect over TLS (a broker with tlsEnable=true), trusting gRPC's "
+                       "default roots.")
+    @click.option("--tls-ca-file", default=None,
+                  help="PEM file of the CA(s) that signed the broker's certificate "
+                       "(implies --tls).")
     @functools.wraps(fn)
-    def wrapper(endpoint: str, access_key: str | None, secret_key: str | None,
-                **kwargs: object) -> None:
+    def wrapper(endpoint: str, access_key: str | None, secret_key: str | None, tls: bool,
+                tls_ca_file: str | None, **kwargs: object) -> None:
         if bool(access_key) != bool(secret_key):
             raise click.UsageError("--access-key and --secret-key must be given together "
                                    "(or STRATAMQ_ACCESS_KEY and STRATAMQ_SECRET_KEY)")
-        return fn(endpoint=Connection(endpoint, access_key, secret_key), **kwargs)
+        try:
+            conn = Connection(endpoint, access_key, secret_key, tls=tls, ca_file=tls_ca_file)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--tls-ca-file") from None
+        return fn(endpoint=conn, **kwargs)
 
     return wrapper
 
 
 class Connection(BrokerEndpoint):
-    """Where and as whom to call the broker (``--endpoint``, ``--access-key``, ...)."""
+    """Where and as whom to call the broker (``--endpoint``, ``--access-key``, ``--tls``...).
+    ``ca_file`` (PEM) implies TLS; ValueError when it cannot be read or holds no PEM."""
 
-    def __init__(self, endpoint: str, access_key: str | None, secret_key: str | None) -> None:
-        super().__init__(endpoint, access_key=access_key, secret_key=secret_key)
+    def __init__(self, endpoint: str, access_key: str | None, secret_key: str | None, *,
+                 tls: bool = False, ca_file: str | None = None) -> None:
+        super().__init__(endpoint, access_key=access_key, secret_key=secret_key,
+                         tls=tls or bool(ca_file), ca_file=ca_file,
+                         ca_pem=read_ca_pem(ca_file) if ca_file else None)
 
 
 def _call(conn: Connection, method: str, **request: object) -> dict:

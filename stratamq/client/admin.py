@@ -28,6 +28,21 @@ class AdminError(RuntimeError):
         self.message = message
 
 
+def request_body(request: dict[str, Any]) -> bytes:
+    """A JSON method's request as sent (fields set to None left out)."""
+    return json.dumps({k: v for k, v in request.items() if v is not None}).encode()
+
+
+def refusal(exc: grpc.RpcError, endpoint: str) -> AdminError:
+    """The AdminError of a failed call: the broker's code and message, or that no broker
+    answered at ``endpoint``."""
+    code = exc.code()
+    name = code.name if code is not None else "UNKNOWN"
+    if not broker_answered(exc):
+        return AdminError(name, f"no broker reachable at {endpoint}")
+    return AdminError(name, exc.details() or "")
+
+
 class AdminClient:
     """``AdminClient("127.0.0.1:10911").call("ListTopics")``; use as a context manager."""
 
@@ -47,16 +62,12 @@ class AdminClient:
     def call_service(self, service: str, method: str, **request: Any) -> dict[str, Any]:
         """A method of another JSON service on the broker's port (``stratamq.admin.v1.*``)."""
         stub = self.channel.unary_unary(f"/{service}/{method}")
-        body = json.dumps({k: v for k, v in request.items() if v is not None}).encode()
         try:
             # Signed per call: the broker refuses stamps older than its signature window.
-            reply = stub(body, timeout=self.timeout, metadata=self.broker.metadata() or None)
+            reply = stub(request_body(request), timeout=self.timeout,
+                         metadata=self.broker.metadata() or None)
         except grpc.RpcError as exc:
-            code = exc.code()
-            name = code.name if code is not None else "UNKNOWN"
-            if not broker_answered(exc):
-                raise AdminError(name, f"no broker reachable at {self.endpoint}") from None
-            raise AdminError(name, exc.details() or "") from None
+            raise refusal(exc, self.endpoint) from None
         return json.loads(reply.decode("utf-8"))
 
     def close(self) -> None:

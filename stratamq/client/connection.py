@@ -16,7 +16,7 @@ import grpc
 
 from stratamq.signature import auth_metadata
 
-__all__ = ["ANSWERED", "BrokerEndpoint", "broker_answered", "check_endpoint"]
+__all__ = ["ANSWERED", "BrokerEndpoint", "broker_answered", "check_endpoint", "read_ca_pem"]
 
 # Trailing metadata a StrataMQ broker puts on every error it answers with itself: a client
 # tells the broker's own UNAVAILABLE (a tier or a disk it cannot reach) from gRPC's (no broker
@@ -51,6 +51,20 @@ def check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
+def read_ca_pem(path: str) -> bytes:
+    """The CA certificates in the PEM file at ``path``; ValueError says why not (gRPC itself
+    would only say "handshake failed" on the first call, far from the cause)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise ValueError(f"{path} is not a PEM file of certificates (no -----BEGIN "
+                         "CERTIFICATE----- block)")
+    return data
+
+
 class BrokerEndpoint:
     def __init__(self, endpoint: str, *, access_key: str | None = None,
                  secret_key: str | None = None, tls: bool = False, ca_pem: bytes | None = None,
@@ -78,6 +92,13 @@ class BrokerEndpoint:
         # shipped with grpcio).
         creds = grpc.ssl_channel_credentials(root_certificates=self.ca_pem)
         return grpc.secure_channel(self.endpoint, creds, options=self.channel_options)
+
+    def aio_channel(self) -> grpc.aio.Channel:
+        """The same channel for asyncio callers (made inside the event loop that uses it)."""
+        if not self.tls:
+            return grpc.aio.insecure_channel(self.endpoint, options=self.channel_options)
+        creds = grpc.ssl_channel_credentials(root_certificates=self.ca_pem)
+        return grpc.aio.secure_channel(self.endpoint, creds, options=self.channel_options)
 
     def metadata(self, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
         """``extra`` plus, with credentials, a signature stamped now (one per call)."""

@@ -20,10 +20,9 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import FileResponse, RedirectResponse, Response
+from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.templating import Jinja2Templates
 
 from stratamq.console import security
 from stratamq.console.broker_api import DLQ_PREFIX, AdminError, ConsoleBroker
@@ -93,9 +92,10 @@ class Console:
                  sample_interval_s: float = 15.0) -> None:
         self.broker = broker
         self.read_only = read_only
+        # Templates are package data: read once (auto_reload would stat them per page).
         env = Environment(loader=FileSystemLoader(HERE / "templates"),
-                          autoescape=select_autoescape(["html"]))
-        self.templates = Jinja2Templates(env=env)
+                          autoescape=select_autoescape(["html"]), auto_reload=False)
+        self.env = env
         env.filters["when"] = _when
         env.filters["size"] = _size
         self.sampler = Sampler(broker, interval_s=sample_interval_s)
@@ -109,9 +109,13 @@ class Console:
                **context: Any) -> Response:
         context.update(read_only=self.read_only, csrf=security.token_of(request),
                        note=request.query_params.get("note"),
-                       endpoint=self.broker.endpoint.endpoint, page=template.split(".")[0])
-        response = self.templates.TemplateResponse(request, template, context,
-                                                     status_code=http_status)
+                       endpoint=self.broker.endpoint.endpoint, page=template.split(".")[0],
+                       section=request.url.path.split("/")[1])
+        # Rendered here rather than by Starlette's TemplateResponse, which adds per page
+        # what no template uses (url_for, context processors, a debug hook).
+        response = HTMLResponse(self.env.get_template(template).render(request=request,
+                                                                         **context),
+                                status_code=http_status)
         if getattr(request.state, "new_csrf", None):
             response.set_cookie(security.COOKIE, request.state.new_csrf, httponly=True,
                                 samesite="strict")
@@ -150,21 +154,27 @@ class Console:
     async def overview(self, request: Request) -> Response:
         from stratamq.broker.replication import SERVICE as HA_SERVICE
 
-        status = await self.rpc(self.broker.call, "BrokerStatus")
-        tier = await self.rpc(self.broker.optional, "TierStatus")
-        ha = await self.rpc(self.broker.optional, "HaStatus", HA_SERVICE)
-        return self.render(request, "overview.html", status=status, tier=tier, ha=ha)
+        status = await self.broker.acall("BrokerStatus")
+        tier = await self.broker.aoptional("TierStatus")
+        ha = await self.broker.aoptional("HaStatus", HA_SERVICE)
+        # Controller mode: every broker group of the cluster from etcd (FAILED_PRECONDITION
+        # otherwise, and the page shows this broker's HA view alone).
+        cluster = (await self.broker.aoptional("ClusterStatus", HA_SERVICE)
+                   if isinstance(ha, dict) and "cluster" in ha else None)
+        return self.render(request, "overview.html", status=status, tier=tier, ha=ha,
+                           groups=cluster_rows(cluster) if isinstance(cluster, dict) else None,
+                           cluster_error=cluster if isinstance(cluster, str) else None)
 
     async def topics(self, request: Request) -> Response:
-        topics = (await self.rpc(self.broker.call, "ListTopics"))["topics"]
+        topics = (await self.broker.acall("ListTopics"))["topics"]
         return self.render(request, "topics.html", rates=self.sampler.topic_rates(),
                            **_paged(request, topics, "topic"))
 
     async def topic(self, request: Request) -> Response:
         name = request.path_params["name"]
-        route = await self.rpc(self.broker.call, "TopicRoute", topic=name)
-        status = await self.rpc(self.broker.call, "TopicStatus", topic=name)
-        topic = next((t for t in (await self.rpc(self.broker.call, "ListTopics"))["topics"]
+        route = await self.broker.acall("TopicRoute", topic=name)
+        status = await self.broker.acall("TopicStatus", topic=name)
+        topic = next((t for t in (await self.broker.acall("ListTopics"))["topics"]
                       if t["topic"] == name), None)
         return self.render(request, "topic.html", name=name, route=route, status=status,
                            topic=topic)
@@ -174,9 +184,8 @@ class Console:
         attributes = {}
         if form.get("compaction"):
             attributes["cleanup.policy"] = "COMPACTION"
-        await self.rpc(self.broker.call, "CreateTopic", topic=name,
-                       queues=_int(form, "queues", 8), type=form.get("type", "NORMAL"),
-                       attributes=attributes)
+        await self.broker.acall("CreateTopic", topic=name, queues=_int(form, "queues", 8),
+                                type=form.get("type", "NORMAL"), attributes=attributes)
         return _to(f"/topics/{name}", f"topic {name} created")
 
     async def update_topic(self, request: Request, form: dict[str, Any]) -> str:
@@ -184,10 +193,10 @@ class Console:
         attributes = {}
         if str(form.get("retention", "")).strip():
             attributes["delete.retention.ms"] = str(form["retention"]).strip()
-        await self.rpc(self.broker.call, "UpdateTopic", topic=name,
-                       read_queues=_int(form, "read_queues"),
-                       write_queues=_int(form, "write_queues"),
-                       force=bool(form.get("force")), attributes=attributes or None)
+        await self.broker.acall("UpdateTopic", topic=name,
+                                read_queues=_int(form, "read_queues"),
+                                write_queues=_int(form, "write_queues"),
+                                force=bool(form.get("force")), attributes=attributes or None)
         return _to(f"/topics/{name}", f"topic {name} updated")
 
     async def delete_topic(self, request: Request, form: dict[str, Any]) -> str:
@@ -195,20 +204,22 @@ class Console:
         if form.get("confirm") != name:
             raise AdminError("INVALID_ARGUMENT",
                              f"type the topic's name ({name}) to confirm its deletion")
-        await self.rpc(self.broker.call, "DeleteTopic", topic=name)
+        await self.broker.acall("DeleteTopic", topic=name)
         return _to("/topics", f"topic {name} deleted with its messages")
 
     async def groups(self, request: Request) -> Response:
-        groups = (await self.rpc(self.broker.call, "ListGroups"))["groups"]
+        groups = (await self.broker.acall("ListGroups"))["groups"]
         return self.render(request, "groups.html", **_paged(request, groups, "group"))
 
     async def group(self, request: Request) -> Response:
         name = request.path_params["name"]
-        progress = await self.rpc(self.broker.call, "GroupProgress", group=name)
+        progress = await self.broker.acall("GroupProgress", group=name)
         topics = sorted({q["topic"] for q in progress["queues"]})
-        dead = await self.rpc(self.broker.dead_letter_count, name)
+        dead = progress.get("dlq_messages")
+        if dead is None:  # a broker whose GroupProgress does not count them yet
+            dead = await self.broker.dead_letter_count(name)
         return self.render(request, "group.html", name=name, progress=progress, topics=topics,
-                           dead=dead)
+                           dead=dead, retry=progress.get("retry_messages", ""))
 
     async def reset_group(self, request: Request, form: dict[str, Any]) -> str:
         name = request.path_params["name"]
@@ -219,7 +230,7 @@ class Console:
             raise AdminError("INVALID_ARGUMENT", "reset to earliest, latest or a time")
         when = parse_time(str(form["time"])) if to == "time" else None
         topic = str(form.get("topic", ""))
-        reply = await self.rpc(self.broker.reset, name, topic, to, when)
+        reply = await self.broker.reset(name, topic, to, when)
         offsets = ", ".join(f"{q['queue_id']}:{q['offset']}" for q in reply["queues"])
         return _to(f"/groups/{name}", f"{name} on {topic} reset to {to}: {offsets}")
 
@@ -234,12 +245,12 @@ class Console:
                 got = await self.rpc(self.broker.get, topic, int(q["queue"]), int(q["offset"]))
                 rows = [got] if got is not None else []
             elif q.get("key", "").strip():
-                rows = await self.rpc(self.broker.query, topic, key=q["key"].strip())
+                rows = await self.broker.query(topic, key=q["key"].strip())
             elif q.get("msg_id", "").strip():
-                rows = await self.rpc(self.broker.query, topic, msg_id=q["msg_id"].strip())
+                rows = await self.broker.query(topic, msg_id=q["msg_id"].strip())
             elif q.get("begin", "").strip() and q.get("end", "").strip():
-                rows = await self.rpc(self.broker.query, topic, begin=parse_time(q["begin"]),
-                                      end=parse_time(q["end"]))
+                rows = await self.broker.query(topic, begin=parse_time(q["begin"]),
+                                               end=parse_time(q["end"]))
             else:
                 raise AdminError("INVALID_ARGUMENT",
                                  "search by key, by message id, by a time range (begin and "
@@ -258,7 +269,7 @@ class Console:
 
     async def dlq(self, request: Request) -> Response:
         group = request.query_params.get("group", "").strip()
-        rows = await self.rpc(self.broker.dead_letters, group) if group else []
+        rows = await self.broker.dead_letters(group) if group else []
         for row in rows:
             row["views"] = body_views(row["body"])
         return self.render(request, "dlq.html", group=group, rows=rows,
@@ -296,6 +307,7 @@ class Console:
                 yield
             finally:
                 self.sampler.stop()
+                await self.broker.aclose()
 
         routes = [
             Route("/", self.page(self.overview)),
@@ -316,6 +328,21 @@ class Console:
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
         return Starlette(routes=routes, lifespan=lifespan)
+
+
+def cluster_rows(cluster: dict[str, Any]) -> list[dict[str, Any]]:
+    """ClusterStatus's groups, each broker with ``lag``: the CommitLog bytes it is behind its
+    group's master (from the max offsets the brokers last registered; None without a
+    master)."""
+    groups = []
+    for g in cluster.get("groups", []):
+        master = next((b for b in g["brokers"] if b["brokerId"] == g["masterBrokerId"]), None)
+        top = master.get("maxOffset") if master else None
+        brokers = [{**b, "lag": (max(0, top - b["maxOffset"]) if top is not None
+                                 and b.get("maxOffset") is not None else None),
+                    "in_sync": b["brokerId"] in g["syncStateSet"]} for b in g["brokers"]]
+        groups.append({**g, "brokers": brokers})
+    return groups
 
 
 PAGE_ROWS = 100  # rows a list page shows: a broker's thousands of topics in pages

@@ -1,18 +1,25 @@
 """What the console asks the broker, through the clients the CLI uses (never the Broker object).
 
-Every call is blocking gRPC; the app runs them in a worker thread. Errors are ``AdminError``
-(the gRPC status code name and the broker's message), whichever client raised them.
+The pages make their admin calls on the event loop (``acall``: grpc.aio on the same endpoint,
+TLS and signature included): a worker thread between a page and its answer cost a quarter of
+a millisecond, as much as a small RPC itself (bench/console.py). Message reads and sends, and
+the charts' sampler, use the blocking clients (the app runs those in a worker thread). Errors
+are ``AdminError`` (the gRPC status code name and the broker's message), whichever client
+raised them.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import grpc
+from starlette.concurrency import run_in_threadpool
 
-from stratamq.client.admin import AdminClient, AdminError
+from stratamq.client.admin import SERVICE, AdminClient, AdminError, refusal, request_body
 from stratamq.client.connection import BrokerEndpoint
 from stratamq.client.messaging import MessagingClient, MessagingError
 
@@ -42,12 +49,42 @@ class ConsoleBroker:
 
     def __init__(self, endpoint: BrokerEndpoint, timeout: float = 10.0) -> None:
         self.endpoint = endpoint
+        self.timeout = timeout
         self.admin = AdminClient(endpoint, timeout=timeout)
         self.messaging = MessagingClient(endpoint, timeout=timeout)
+        self._aio: grpc.aio.Channel | None = None  # made in the serving loop, on first use
 
     def close(self) -> None:
         self.admin.close()
         self.messaging.channel.close()
+
+    async def aclose(self) -> None:
+        """Close the event loop's channel (from that loop, before it stops)."""
+        if self._aio is not None:
+            await self._aio.close()
+            self._aio = None
+
+    async def acall(self, method: str, service: str = SERVICE, **request: Any
+                    ) -> dict[str, Any]:
+        """``call`` on the running event loop."""
+        if self._aio is None:
+            self._aio = self.endpoint.aio_channel()
+        stub = self._aio.unary_unary(f"/{service}/{method}")
+        try:
+            reply = await stub(request_body(request), timeout=self.timeout,
+                               metadata=self.endpoint.metadata() or None)
+        except grpc.RpcError as exc:
+            raise refusal(exc, self.endpoint.endpoint) from None
+        return dict(json.loads(reply))
+
+    async def aoptional(self, method: str, service: str = SERVICE) -> dict[str, Any] | str:
+        """``optional`` on the running event loop."""
+        try:
+            return await self.acall(method, service)
+        except AdminError as exc:
+            if exc.code in ("FAILED_PRECONDITION", "UNIMPLEMENTED"):
+                return exc.message or exc.code
+            raise
 
     def call(self, method: str, **request: Any) -> dict[str, Any]:
         return self.admin.call(method, **request)
@@ -88,14 +125,13 @@ class ConsoleBroker:
         return self._messaging(self.messaging.send, topic, body, tag=tag, keys=list(keys),
                                properties=properties)
 
-    def query(self, topic: str, **request: Any) -> list[dict[str, Any]]:
+    async def query(self, topic: str, **request: Any) -> list[dict[str, Any]]:
         """``QueryMessage`` (by key, id or time range, tier included) as rows with bytes
         bodies; UNIMPLEMENTED on a broker without the online lookups."""
-        rows = self.call("QueryMessage", topic=topic, max=MAX_LISTED, **request)["messages"]
+        rows = (await self.acall("QueryMessage", topic=topic, max=MAX_LISTED, **request)
+                )["messages"]
         for row in rows:
             if "body_b64" in row:
-                import base64
-
                 row["body"] = base64.b64decode(row.pop("body_b64"))
             else:
                 row["body"] = str(row.get("body", "")).encode("utf-8")
@@ -111,29 +147,34 @@ class ConsoleBroker:
                 out.append(m)
         return out
 
-    def dead_letter_count(self, group: str) -> int:
+    async def dead_letter_count(self, group: str) -> int:
         """Messages held in the group's ``%DLQ%`` topic (0 when it has none)."""
+        status = await self._dlq_status(group)
+        return int(status["messages"]) if status is not None else 0
+
+    async def _dlq_status(self, group: str) -> dict[str, Any] | None:
         try:
-            return int(self.call("TopicStatus", topic=DLQ_PREFIX + group)["messages"])
+            return await self.acall("TopicStatus", topic=DLQ_PREFIX + group)
         except AdminError as exc:
             if exc.code == "NOT_FOUND":
-                return 0
+                return None
             raise
 
-    def dead_letters(self, group: str) -> list[dict[str, Any]]:
+    async def dead_letters(self, group: str) -> list[dict[str, Any]]:
         """The group's ``%DLQ%`` messages, newest last (at most MAX_LISTED, the newest)."""
-        topic = DLQ_PREFIX + group
-        try:
-            status = self.call("TopicStatus", topic=topic)
-        except AdminError as exc:
-            if exc.code == "NOT_FOUND":
-                return []
-            raise
-        out: list[dict[str, Any]] = []
-        for q in status["queues"]:
-            low = max(q["min_offset"], q["max_offset"] - MAX_LISTED)
-            out.extend(self.scan(topic, q["queue_id"], low, q["max_offset"]))
-        return out[-MAX_LISTED:]
+        status = await self._dlq_status(group)
+        spans = [(q["queue_id"], max(q["min_offset"], q["max_offset"] - MAX_LISTED),
+                  q["max_offset"]) for q in (status or {}).get("queues", [])
+                 if q["max_offset"] > q["min_offset"]]
+        if not spans:
+            return []
+        rows = await run_in_threadpool(self._scan_spans, DLQ_PREFIX + group, spans)
+        return rows[-MAX_LISTED:]
+
+    def _scan_spans(self, topic: str, spans: list[tuple[int, int, int]]
+                    ) -> list[dict[str, Any]]:
+        return [m for queue_id, begin, end in spans
+                for m in self.scan(topic, queue_id, begin, end)]
 
     def resend_dead_letter(self, group: str, queue_id: int, offset: int) -> dict[str, Any]:
         """The dead letter at ``offset`` sent again to the topic it died on, keys, tag and
@@ -148,12 +189,13 @@ class ConsoleBroker:
         return self.send(origin, m["body"], tag=m["tag"], keys=m["keys"],
                          properties=m["properties"])
 
-    def reset(self, group: str, topic: str, to: str, timestamp: int | None) -> dict[str, Any]:
+    async def reset(self, group: str, topic: str, to: str, timestamp: int | None
+                    ) -> dict[str, Any]:
         """ResetOffset to ``earliest``, ``latest`` or ``time`` (``timestamp`` ms)."""
         when = {"earliest": 0, "latest": FAR_FUTURE_MS}.get(to, timestamp)
         if when is None:
             raise AdminError("INVALID_ARGUMENT", "a reset to a time needs the time")
-        return self.call("ResetOffset", group=group, topic=topic, timestamp=when)
+        return await self.acall("ResetOffset", group=group, topic=topic, timestamp=when)
 
 
 def now_ms() -> int:

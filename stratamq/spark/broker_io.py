@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
-from stratamq.client.connection import BrokerEndpoint
+from stratamq.client.connection import BrokerEndpoint, read_ca_pem
 from stratamq.names import GROUP_MAX_LENGTH, is_valid_name
 from stratamq.record import PHYSICAL_OFFSET_POS, Message, Prop
 from stratamq.spark.planning import OptionError, Queue, QueueSplit, bool_option, int_option
@@ -159,16 +159,9 @@ def connection_of(options: Mapping[str, str]) -> BrokerConnection:
 
 def _read_ca(path: str) -> bytes:
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise OptionError(f"option 'tlsCaFile': cannot read {path}: "
-                          f"{exc.strerror or exc}") from None
-    # gRPC would only say "handshake failed" on the first call, far from the cause.
-    if b"-----BEGIN CERTIFICATE-----" not in data:
-        raise OptionError(f"option 'tlsCaFile': {path} is not a PEM file of certificates "
-                          "(no -----BEGIN CERTIFICATE----- block)")
-    return data
+        return read_ca_pem(path)
+    except ValueError as exc:
+        raise OptionError(f"option 'tlsCaFile': {exc}") from None
 
 
 class BrokerSplit(InputPartition):
