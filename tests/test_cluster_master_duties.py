@@ -1,0 +1,270 @@
+"""A broker group in controller mode with a tier on S3 (moto_server), between real processes
+and a real etcd: what only a master does goes on on the broker elected after a SIGKILL (the tier
+uploads from where the old master stopped, a DELAY message is delivered, an open transaction
+commits, a compaction topic serves the latest value per key), and an old master woken from
+SIGSTOP after the election cannot overwrite the tier metadata the new master wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+from broker_proc import create_topics, free_port
+from google.protobuf.timestamp_pb2 import Timestamp
+from pulling import pull_queue
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc
+from s3_server import S3Server
+from test_broker_harness import BrokerProcess
+from waiting import wait_until
+
+from stratamq import record as codec
+from stratamq.benchmarks.etcd_members import EtcdCluster
+from stratamq.client.admin import AdminClient, AdminError
+from stratamq.tiered.drivers.object_store import list_parts
+from stratamq.tiered.group_metadata import GROUP_METADATA
+from stratamq.tiered.naming import broker_config_path, cluster_dir
+
+TOPIC, DELAYED, TRANSACTIONS, ACCOUNTS = "Orders", "Later", "Pay", "Accounts"
+QUEUES = 2
+TTL_MS = 3000
+GROUP = "g"
+
+
+class Member(BrokerProcess):
+    def __init__(self, root: Path, etcd: str, broker_id: int, s3: S3Server,
+                 bucket: str) -> None:
+        self.broker_id = broker_id
+        self.port, self.ha_port = free_port(), free_port()
+        store = root / f"b{broker_id}"
+        create_topics(store, [(TOPIC, QUEUES, "NORMAL"), (DELAYED, 1, "DELAY"),
+                              (TRANSACTIONS, 1, "TRANSACTION")])
+        settings = {
+            "mappedFileSizeCommitLog": str(1 << 20), "mappedFileSizeConsumeQueue": "200000",
+            "enableControllerMode": "true", "etcdEndpoints": etcd, "brokerName": GROUP,
+            "brokerClusterName": "c1", "brokerId": str(broker_id),
+            "etcdLeaseTtlMs": str(TTL_MS), "haListenPort": str(self.ha_port),
+            "haSendHeartbeatInterval": "300", "haHousekeepingInterval": "3000",
+            "haStateSyncInterval": "300", "grpcThreadPoolNums": "16",
+            "timerFlushIntervalMs": "200",
+            "transactionCheckInterval": "500", "transactionTimeOut": "600000",
+            "tieredBackendServiceProvider": "s3", "tieredStoreFilePath": f"s3://{bucket}/tier",
+            "tieredStoreS3Endpoint": s3.endpoint,
+            "tieredStoreGroupCommitTimeout": "3600000",  # uploads only on `tier flush`
+            "tieredStoreGroupCommitCount": "100000",
+            "tieredStoreIndexFileMaxHashSlotNum": "211", "tieredStoreIndexFileMaxIndexNum": "500"}
+        super().__init__(store, "".join(f"{k}={v}\n" for k, v in settings.items()),
+                         listen=f"127.0.0.1:{self.port}")
+
+    def cluster(self) -> dict:
+        with AdminClient(self.endpoint, timeout=5) as client:
+            return client.call_service("stratamq.admin.v1.Replication", "HaStatus")["cluster"]
+
+    def is_writable_master(self) -> bool:
+        try:
+            return bool(self.cluster()["writable"])
+        except (AdminError, OSError, grpc.RpcError):
+            return False
+
+    def tier(self, command: str) -> dict[int, dict]:
+        done = cli("tier", command, "--endpoint", self.endpoint)
+        return {r["queue_id"]: r for r in map(json.loads, done.stdout.splitlines())
+                if r["topic"] == TOPIC}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "stratamq.cli", *args], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.fixture
+def group(tmp_path):
+    s3 = S3Server().start()
+    fs = s3.filesystem()
+    bucket = s3.new_bucket(fs)
+    etcd = EtcdCluster(tmp_path, size=1)
+    members = [Member(tmp_path, etcd.endpoints, i, s3, bucket) for i in (1, 2)]
+    yield members, fs, bucket, s3
+    for m in members:
+        if m.proc is not None and m.proc.poll() is None:
+            os.kill(m.proc.pid, signal.SIGCONT)
+            m.terminate()
+    etcd.stop()
+    s3.stop()
+
+
+def start(members: list[Member]) -> tuple[Member, Member]:
+    for m in members:
+        m.start()
+    wait_until(lambda: any(m.is_writable_master() for m in members), timeout=60,
+               what="a master to be elected")
+    master = next(m for m in members if m.is_writable_master())
+    slave = next(m for m in members if m is not master)
+    wait_until(lambda: master.cluster()["syncStateSet"] == [1, 2], timeout=60,
+               what="the slave to join the SyncStateSet")
+    return master, slave
+
+
+def message(topic: str, body: bytes, kind: int = pb.NORMAL, keys: tuple[str, ...] = (),
+            deliver_ms: int | None = None, props: dict[str, str] | None = None) -> pb.Message:
+    sp = pb.SystemProperties(message_id=uuid.uuid4().hex.upper(), born_host="127.0.0.1",
+                             message_type=kind, keys=list(keys))
+    sp.born_timestamp.GetCurrentTime()
+    if deliver_ms is not None:
+        sp.delivery_timestamp.CopyFrom(Timestamp(seconds=deliver_ms // 1000,
+                                                 nanos=deliver_ms % 1000 * 1_000_000))
+    return pb.Message(topic=pb.Resource(name=topic), body=body, system_properties=sp,
+                      user_properties=props or {})
+
+
+def send(endpoint: str, *msgs: pb.Message) -> list[svc.SendResultEntry]:
+    with grpc.insecure_channel(endpoint) as channel:
+        reply = service_pb2_grpc.MessagingServiceStub(channel).SendMessage(
+            svc.SendMessageRequest(messages=list(msgs)), timeout=20)
+    assert all(e.status.code == pb.OK for e in reply.entries), reply
+    return list(reply.entries)
+
+
+def bodies(endpoint: str, topic: str, queues: int = QUEUES) -> dict[int, list[bytes]]:
+    return {q: [m.body for m in pull_queue(endpoint, topic, q, batch_size=512)]
+            for q in range(queues)}
+
+
+def tier_bodies(fs, bucket: str, queue_id: int) -> list[bytes]:
+    """The bodies of a queue's records as the S3 server holds them, in order (every part of
+    every tier CommitLog file of the queue)."""
+    base = f"{bucket}/tier/{cluster_dir('c1')}/{GROUP}/{TOPIC}/{queue_id}/COMMIT_LOG"
+    data = b""
+    for name in sorted(fs.ls(base, refresh=True), key=lambda n: int(n.rsplit("/", 1)[1][8:])):
+        for position, _size in list_parts(fs, name):
+            data += fs.cat_file(f"{name}/{position:020d}")
+    out, at = [], 0
+    while at < len(data):
+        size = int.from_bytes(data[at:at + 4], "big")
+        out.append(bytes(codec.decode(data[at:at + size]).body))
+        at += size
+    return out
+
+
+def group_document(fs, bucket: str) -> dict:
+    path = f"{bucket}/tier/{broker_config_path('c1', GROUP, GROUP_METADATA)}"
+    fs.invalidate_cache(path)
+    return json.loads(fs.cat_file(path))
+
+
+def test_the_new_master_takes_every_master_duty_over(group):
+    members, fs, bucket, _s3 = group
+    master, slave = start(members)
+    made = cli("topic", "create", "--topic", ACCOUNTS, "--queues", "1", "--attribute",
+               "cleanup.policy=COMPACTION", "--endpoint", master.endpoint)
+    for i in range(0, 300, 50):
+        send(master.endpoint, *[message(TOPIC, b"a-%04d" % j) for j in range(i, i + 50)])
+    uploaded = master.tier("flush")
+    assert sum(r["tier_committed_offset"] for r in uploaded.values()) == 300
+    # Written after the old master's last upload: the new master must upload them.
+    send(master.endpoint, *[message(TOPIC, b"b-%04d" % j) for j in range(100)])
+    # A DELAY message due after the failover, an open transaction, versions of keys.
+    due = int(time.time() * 1000) + 3 * TTL_MS
+    send(master.endpoint, message(DELAYED, b"delayed", pb.DELAY, deliver_ms=due))
+    [half] = send(master.endpoint, message(TRANSACTIONS, b"half", pb.TRANSACTION))
+    for version in (1, 2):
+        send(master.endpoint, *[message(ACCOUNTS, b"acct-%d v%d" % (k, version),
+                                         keys=(f"acct-{k}",)) for k in range(5)])
+    assert made.returncode == 0
+    wait_until(lambda: slave.cluster()["masterBrokerId"] == master.broker_id
+               and master.cluster()["syncStateSet"] == [1, 2], timeout=30,
+               what="the slave to hold everything")
+    old_epoch = master.cluster()["epoch"]
+    master.kill()
+    wait_until(slave.is_writable_master, timeout=60, what="the slave to be elected")
+    new = slave
+
+    # The tier: the new master uploads the rest, from where the old one stopped.
+    send(new.endpoint, *[message(TOPIC, b"c-%04d" % j) for j in range(50)])
+    flushed = new.tier("flush")
+    local = bodies(new.endpoint, TOPIC)
+    for q in range(QUEUES):
+        assert flushed[q]["tier_committed_offset"] == len(local[q])
+        assert flushed[q]["tier_committed_offset"] > uploaded[q]["tier_committed_offset"]
+        # Each message once, in the local order: nothing uploaded twice or out of place.
+        assert tier_bodies(fs, bucket, q) == local[q]
+    assert sorted(b for q in local.values() for b in q) == sorted(
+        [b"a-%04d" % j for j in range(300)] + [b"b-%04d" % j for j in range(100)]
+        + [b"c-%04d" % j for j in range(50)])
+    assert group_document(fs, bucket)["writerEpoch"] == new.cluster()["epoch"] > old_epoch
+
+    # The DELAY message sent to the old master is delivered by the new one, once.
+    wait_until(lambda: bodies(new.endpoint, DELAYED, 1)[0] == [b"delayed"], timeout=60,
+               what="the delayed message to be delivered")
+    # The open transaction is known to the new master: committed there, it is readable.
+    with grpc.insecure_channel(new.endpoint) as channel:
+        end = service_pb2_grpc.MessagingServiceStub(channel).EndTransaction(
+            svc.EndTransactionRequest(topic=pb.Resource(name=TRANSACTIONS),
+                                      message_id=half.message_id,
+                                      transaction_id=half.transaction_id,
+                                      resolution=pb.COMMIT, source=pb.SOURCE_CLIENT))
+    assert end.status.code == pb.OK, end.status
+    wait_until(lambda: bodies(new.endpoint, TRANSACTIONS, 1)[0] == [b"half"], timeout=30,
+               what="the committed transaction to be readable")
+    # The compaction topic: the latest value per key, and a new version lands.
+    send(new.endpoint, message(ACCOUNTS, b"acct-0 v3", keys=("acct-0",)))
+    latest: dict[str, bytes] = {}
+    for m in pull_queue(new.endpoint, ACCOUNTS, 0, batch_size=512):
+        latest[m.system_properties.keys[0]] = m.body
+    assert latest == {f"acct-{k}": b"acct-%d v%d" % (k, 3 if k == 0 else 2) for k in range(5)}
+
+
+def test_an_old_master_woken_after_the_election_cannot_overwrite_the_tier_metadata(group):
+    members, fs, bucket, s3 = group
+    master, slave = start(members)
+    send(master.endpoint, *[message(TOPIC, b"a-%04d" % j) for j in range(200)])
+    master.tier("flush")
+    first = group_document(fs, bucket)
+    assert first["writerEpoch"] == master.cluster()["epoch"]
+    # Waiting on the old master when it stops: a flush of them is under way (the tier is
+    # down), and it goes on when the process wakes.
+    send(master.endpoint, *[message(TOPIC, b"b-%04d" % j) for j in range(100)])
+    s3.stop()
+    flushing = subprocess.Popen([sys.executable, "-m", "stratamq.cli", "tier", "flush",
+                                 "--endpoint", master.endpoint], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    wait_until(lambda: "upload of Orders" in master.log.read_text(), timeout=30,
+               what="the old master's upload to fail")
+    os.kill(master.proc.pid, signal.SIGSTOP)
+    s3.start()
+    wait_until(slave.is_writable_master, timeout=60, what="the slave to be elected")
+    new_epoch = slave.cluster()["epoch"]
+    # The new master uploads what waited (the same records, to the same places, as the old
+    # master's stalled flush will) and claims the tier at its epoch.
+    flushed = slave.tier("flush")
+    written = group_document(fs, bucket)
+    assert written["writerEpoch"] == new_epoch > first["writerEpoch"]
+    os.kill(master.proc.pid, signal.SIGCONT)
+    # Its flush finishes the upload (identical parts are there already) and writes its
+    # metadata, then publishes it at its old epoch: refused, counted, logged.
+    wait_until(lambda: "NOT written" in master.log.read_text(), timeout=60,
+               what="the old master's publish to be refused")
+    flushing.wait(60)
+    assert group_document(fs, bucket) == written
+    wait_until(lambda: master.cluster()["masterBrokerId"] == slave.broker_id, timeout=60,
+               what="the old master to follow the new one")
+    send(slave.endpoint, *[message(TOPIC, b"c-%04d" % j) for j in range(50)])
+    flushed = slave.tier("flush")
+    after = group_document(fs, bucket)["queueMetadataTable"][TOPIC]
+    assert {int(q): m["maxOffset"] for q, m in after.items()} == {
+        q: r["tier_committed_offset"] for q, r in flushed.items()}
+    local = bodies(slave.endpoint, TOPIC)
+    for q in range(QUEUES):
+        assert flushed[q]["tier_committed_offset"] == len(local[q])
+        assert tier_bodies(fs, bucket, q)[:len(local[q])] == local[q]
