@@ -58,7 +58,8 @@ def state_syncs(endpoint: str) -> int:
                                    "HaStatus")["stateSync"]["syncs"]
 
 
-def test_a_consumer_sees_again_at_most_what_it_acked_after_the_last_state_copy(group):
+def test_a_consumer_sees_again_at_most_what_it_acked_after_the_last_state_copy(
+        group):  # noqa: F811 - the fixture imported above
     master, slave = _start(group)
     bodies = [b"w-%03d" % i for i in range(120)]
     assert send(master.endpoint, bodies) == [pb.OK] * len(bodies)
