@@ -106,6 +106,8 @@ def tier_duty(tier: Any, broker_id: int, local_queues: Callable[[], dict[str, li
         while not stop.is_set():
             try:
                 tier.take_over(epoch, broker_id, local_queues(), confirmed)
+                if stop.is_set():  # stepped down meanwhile: pause again
+                    tier.step_down()
                 return
             except OSError as exc:
                 log.error("tier: cannot take the group's tier over at epoch %d (%s): retrying "
@@ -121,9 +123,9 @@ def tier_duty(tier: Any, broker_id: int, local_queues: Callable[[], dict[str, li
 
     def halt() -> None:
         stop.set()
+        tier.step_down()  # at once: the loop that calls this must not wait on the tier
         for t in thread:
-            t.join(30)
-        tier.step_down()
+            t.join(1)
 
     return Duty("tier", start, halt)
 

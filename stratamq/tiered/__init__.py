@@ -50,39 +50,10 @@ class StoreView:
         self._queues = consume_queues
         self._commitlog = commitlog
         self._memory_window = memory_limit() * in_memory_ratio // 100
-        # Controller mode: the CommitLog offset below which the group acknowledged every
-        # record (the master's SyncStateSet holds them): the uploader takes no record past it,
-        # so the tier never holds what a failover may cut off (``TieredStore.take_over``).
-        self.limit: Callable[[], int] | None = None
 
     def offsets(self, topic: str, queue_id: int) -> tuple[int, int] | None:
         cq = self._queues().find(topic, queue_id)
-        if cq is None:
-            return None
-        low, high = cq.min_offset(), cq.max_offset()
-        limit = self.limit
-        if limit is not None and high > low:
-            high = self._below(cq, low, high, limit())
-        return low, high
-
-    @staticmethod
-    def _below(cq: Any, low: int, high: int, confirmed: int) -> int:
-        """The first queue offset in [low, high) whose record ends past ``confirmed`` (high:
-        none); a queue's units ascend in CommitLog offset (a blank unit counts as below)."""
-        def ends_past(offset: int) -> bool:
-            units = list(cq.get_units(offset, 1))
-            return bool(units) and units[0][1] > 0 and units[0][0] + units[0][1] > confirmed
-
-        if not ends_past(high - 1):
-            return high
-        lo, hi = low, high - 1  # ends_past(hi) holds
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ends_past(mid):
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+        return None if cq is None else (cq.min_offset(), cq.max_offset())
 
     def units(self, topic: str, queue_id: int, offset: int,
               count: int) -> list[tuple[int, int, int]]:
@@ -102,6 +73,42 @@ class StoreView:
 
     def max_physical_offset(self) -> int:
         return self._commitlog().max_offset
+
+
+class ConfirmedView:
+    """The local queues as a controller-mode master's uploader sees them: only records below
+    ``confirmed()``, the CommitLog offset below which the whole SyncStateSet holds every
+    record, so the tier never holds what a failover may cut off (``TieredStore.take_over``)."""
+
+    def __init__(self, view: StoreView, confirmed: Callable[[], int]) -> None:
+        self.view = view
+        self.confirmed = confirmed
+
+    def units(self, topic: str, queue_id: int, offset: int,
+              count: int) -> list[tuple[int, int, int]]:
+        return self.view.units(topic, queue_id, offset, count)
+
+    def offsets(self, topic: str, queue_id: int) -> tuple[int, int] | None:
+        held = self.view.offsets(topic, queue_id)
+        if held is None or held[1] <= held[0]:
+            return held
+        low, high = held
+        confirmed = self.confirmed()
+
+        def ends_past(offset: int) -> bool:  # (a blank unit counts as below)
+            units = self.view.units(topic, queue_id, offset, 1)
+            return bool(units) and units[0][1] > 0 and units[0][0] + units[0][1] > confirmed
+
+        if not ends_past(high - 1):
+            return held
+        lo, hi = low, high - 1  # a queue's units ascend in CommitLog offset: bisect
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ends_past(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return low, lo
 
 
 class TieredStore:
@@ -227,9 +234,11 @@ class TieredStore:
         self.metadata.writer_epoch = self._master_epoch = epoch
         self.metadata.writer_broker_id = broker_id
         self.metadata.mark_dirty()
-        uploader.resume(local_queues)  # (every local record counted as waiting: no limit yet)
         if self.view is not None:
-            self.view.limit = confirmed
+            uploader.local = self.view  # every local record counted as waiting, then capped
+        uploader.resume(local_queues)
+        if self.view is not None:
+            uploader.local = ConfirmedView(self.view, confirmed)
         uploader.paused = False
         self.metadata.persist()  # published: the claim
 
