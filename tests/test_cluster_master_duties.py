@@ -161,6 +161,12 @@ def tier_bodies(fs, bucket: str, queue_id: int) -> list[bytes]:
     return out
 
 
+def compacted(endpoint: str) -> int:
+    """Records kept by a compaction round of the compaction topic run now."""
+    rounds = cli("compaction", "run", "--topic", ACCOUNTS, "--endpoint", endpoint).stdout
+    return sum(json.loads(line)["kept"] for line in rounds.splitlines())
+
+
 def group_document(fs, bucket: str) -> dict:
     path = f"{bucket}/tier/{broker_config_path('c1', GROUP, GROUP_METADATA)}"
     fs.invalidate_cache(path)
@@ -186,6 +192,10 @@ def test_the_new_master_takes_every_master_duty_over(group):
         send(master.endpoint, *[message(ACCOUNTS, b"acct-%d v%d" % (k, version),
                                          keys=(f"acct-{k}",)) for k in range(5)])
     assert made.returncode == 0
+    # The group's first master never pulled its compaction queue from anyone: it brings it up
+    # from its own log and compacts it (the latest value of each of the 5 keys kept).
+    wait_until(lambda: compacted(master.endpoint) == 5, timeout=30,
+               what="the first master to compact its compaction topic")
     wait_until(lambda: slave.cluster()["masterBrokerId"] == master.broker_id
                and master.cluster()["syncStateSet"] == [1, 2], timeout=30,
                what="the slave to hold everything")

@@ -13,12 +13,14 @@ one place that does it. Each duty gets the narrow things it uses, never the Brok
   starts; a step-down stops it;
 * ``tier``: the tier uploader takes the group's tier metadata over and continues where the last
   master stopped, on its own thread with retries (a slow or unreachable tier must not hold the
-  election's loop up): ``TieredStore.take_over`` / ``step_down``.
+  election's loop up): ``TieredStore.take_over`` / ``step_down``;
+* ``compaction``: a broker opened as a slave holds its compaction queues closed until it pulled
+  them from a master (``ha/message_replication.py``); elected, it brings those still closed
+  up from its own log (``LocalPullSource``) and opens them; open queues follow the local
+  CommitLog whatever the role.
 
 Transaction check-back needs no duty: each check asks the role first (``may_check``), and the
 open transactions are rebuilt on every broker from the half and op topics as they dispatch.
-Compaction needs none either: a slave's compaction queues open as they are pulled from its
-master (``ha/message_replication.py``) and then follow the local CommitLog whatever the role.
 
 Thread-safety: ``start``/``stop`` from the cluster's loop thread (role switches are serial).
 """
@@ -32,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Duty", "MasterDuties", "for_broker", "tier_duty", "timer_check_state", "timer_duty"]
+__all__ = ["Duty", "LocalPullSource", "MasterDuties", "compaction_duty", "for_broker", "tier_duty",
+           "timer_check_state", "timer_duty"]
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +133,58 @@ def tier_duty(tier: Any, broker_id: int, local_queues: Callable[[], dict[str, li
     return Duty("tier", start, halt)
 
 
+class LocalPullSource:
+    """A compaction queue's raw records from this broker's own ConsumeQueue and CommitLog,
+    past the compaction store (``ha.message_replication.PullSource``): what a broker elected
+    with compaction queues still closed (a group's first master, or a slave whose pull from
+    the old master was cut short) brings its CompactionLog up from."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def pull(self, topic: str, queue_id: int, offset: int, max_count: int
+             ) -> tuple[list[bytes], int]:
+        cq = self.store.cq_stores[0].find(topic, queue_id)
+        if cq is None:
+            return [], offset
+        offset = max(offset, cq.min_offset())
+        records = []
+        for phys, size, _code in cq.get_units(offset, max(0, min(max_count,
+                                                                 cq.max_offset() - offset))):
+            record = self.store.log_reader.read_bytes(phys, size) if size > 0 else None
+            if record is None:
+                break  # (a blank unit, or a record gone: the next pass asks again)
+            records.append(record)
+        return records, offset + len(records)
+
+
+def compaction_duty(parts: Any) -> Duty:
+    """Compaction queues a broker's gate still holds closed (it never pulled them from a
+    master) are brought up from its own log and opened on election
+    (``CompactionReplicator`` over ``LocalPullSource``); stopped on step-down."""
+    from stratamq.ha.message_replication import CompactionReplicator
+
+    running: list[CompactionReplicator] = []
+
+    def queues() -> list[tuple[str, int]]:
+        return [(t.name, q) for t in parts.meta.topics() if t.compaction is not None
+                for q in range(t.queue_count)]
+
+    def start(_epoch: int) -> None:
+        replicator = CompactionReplicator(parts.compaction_gate, parts.compaction,
+                                          lambda: LocalPullSource(parts.store), queues,
+                                          parts.store_config.ha_state_sync_interval / 1000)
+        running[:] = [replicator]
+        replicator.start()
+
+    def stop() -> None:
+        for replicator in running:
+            replicator.stop()
+        running.clear()
+
+    return Duty("compaction", start, stop)
+
+
 def timer_check_state(check_path: Path) -> tuple[Callable[[], list[int] | None],
                                                   Callable[[Any], None]]:
     """(what a master sends of its ``timercheck`` in ``SyncState``, what a slave does with it):
@@ -164,4 +219,6 @@ def for_broker(parts: Any, timer: Any, tier: Any, confirmed: Callable[[], int]) 
         parts.timer_check = timer_check_state(timer.check_path)
     if tier is not None and tier.uploader is not None:
         duties.add(tier_duty(tier, parts.config.broker_id, store.topics, confirmed))
+    if parts.compaction is not None and parts.compaction_gate is not None:
+        duties.add(compaction_duty(parts))
     parts.duties = duties
