@@ -20,10 +20,13 @@ run: setup
 	$(VENV)/bin/stratamq broker start --store ./data
 
 # The cluster tests start their own etcd members: Debian's etcd-server, installed where missing
-# (as root, as CI runs; quiet and nothing to do where etcd is on PATH).
+# (as root, as CI runs; quiet and nothing to do where etcd is on PATH); the partition test
+# cuts a network namespace's link with `ip` (iproute2).
 etcd:
 	@command -v etcd >/dev/null || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; }
+	@command -v ip >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
 
 # Byte-compiled once up front: the suite starts hundreds of Python processes (brokers, CLI
 # calls, Spark workers), and where PYTHONDONTWRITEBYTECODE is set each would otherwise compile

@@ -974,10 +974,15 @@ class BrokerConfig:
         "where the cluster's keys live in etcd (default /stratamq/<brokerClusterName>)",
     )  # fmt: skip
     etcd_lease_ttl_ms: int = _setting(
-        "etcdLeaseTtlMs", 6_000, "ms",
+        "etcdLeaseTtlMs", 4_000, "ms",
         "a broker that has not renewed its etcd lease for this long is dead; a master stops "
         "accepting writes after two thirds of it without a renewal (fencing)",
         minimum=2_000, maximum=600_000,
+    )  # fmt: skip
+    etcd_failsafe_mode: bool = _setting(
+        "etcdFailsafeMode", False, "bool",
+        "Patroni's failsafe mode: with etcd unreachable, a master keeps accepting writes while "
+        "every broker that could replace it confirms it has lost etcd too",
     )  # fmt: skip
     broker_election_priority: int = _setting(
         "brokerElectionPriority", INT_MAX, "rank",

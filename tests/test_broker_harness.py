@@ -33,11 +33,13 @@ grpcThreadPoolNums=64
 class BrokerProcess:
     """``stratamq broker start`` as a real subprocess on 127.0.0.1 with an ephemeral port."""
 
-    def __init__(self, store: Path, conf_text: str = FAST_CONF, listen: str = "127.0.0.1:0"):
+    def __init__(self, store: Path, conf_text: str = FAST_CONF, listen: str = "127.0.0.1:0",
+                 command_prefix: tuple[str, ...] = ()):
         self.store = store
         self.conf = store.parent / f"{store.name}-broker.conf"
         self.conf.write_text(conf_text)
         self.listen = listen
+        self.command_prefix = command_prefix  # e.g. ("ip", "netns", "exec", NAME)
         self.proc: subprocess.Popen | None = None
         self.endpoint = ""
         self.log = store.parent / f"{store.name}-broker.log"
@@ -46,8 +48,9 @@ class BrokerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log, "ab") as log:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "stratamq.cli", "broker", "start", "--store",
-                 str(self.store), "--listen", self.listen, "--config", str(self.conf)],
+                [*self.command_prefix, sys.executable, "-m", "stratamq.cli", "broker", "start",
+                 "--store", str(self.store), "--listen", self.listen, "--config",
+                 str(self.conf)],
                 cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
         line = self.proc.stdout.readline()
         m = re.search(r"listening on (\S+)", line)

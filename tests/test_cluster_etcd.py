@@ -237,3 +237,33 @@ def test_a_planned_switch_is_refused_to_a_dead_broker_or_one_outside_the_set(etc
     finally:
         b.member.stop()
         a.member.stop()
+
+
+def test_an_idle_pass_is_one_keep_alive_and_a_watched_change_is_read_at_the_next(etcd):
+    a, b = _master_and_slave(etcd)
+    try:
+        wait_until(lambda: a.member.sync is not None and a.member.sync.written == {1, 2},
+                   timeout=30, what="b to join the SyncStateSet")
+        # b's loop stops (its watches go on); its passes are made here, one at a time.
+        b.member._stop.set()
+        b.member._wake.set()
+        b.member._thread.join(10)
+        b.member.step()
+        coord = b.member.coord
+        assert isinstance(coord, EtcdCoordination)
+        before = coord.requests
+        for _ in range(4):
+            b.member.step()
+        assert coord.requests - before == 4  # the keep-alives: nothing changed, nothing read
+        assert b.member.master is not None and b.member.master.broker_id == 1
+        # A change under the group's keys (here a planned-switch request naming nobody) is
+        # reported by the watch and read at the next pass, together with the registrations.
+        coord.put("/stratamq/c1/groups/g/elect", b"{}")
+        wait_until(lambda: b.member._stale, timeout=30, what="the watch to report the change")
+        before = coord.requests
+        b.member.step()
+        assert coord.requests - before == 2
+        assert "/stratamq/c1/groups/g/elect" in b.member._snapshot
+    finally:
+        b.member.stop()
+        a.member.stop()

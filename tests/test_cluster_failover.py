@@ -1,7 +1,9 @@
 """A broker group in controller mode between real processes: 3 etcd members (Debian's
 etcd-server on loopback), a master and a slave broker (``enableControllerMode``); one etcd
-member killed, the master SIGKILLed or SIGSTOPped past its lease, a planned switch: every
-acknowledged message stays readable and no two brokers acknowledge writes as master."""
+member killed, the master SIGKILLed or SIGSTOPped past its lease (the official client
+producing, and consuming through the kill), a planned switch: every acknowledged message stays
+readable and no two brokers acknowledge writes as master. Partitions and failsafe mode:
+test_cluster_partition.py."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 from broker_proc import create_topics, free_port
+from cluster_traffic import Acked, OfficialConsumer, OfficialProducer
 from pulling import pull_queue
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
@@ -30,7 +33,9 @@ TTL_MS = 3000
 
 
 class Member(BrokerProcess):
-    def __init__(self, root: Path, etcd: str, broker_id: int, group: str = "g") -> None:
+    def __init__(self, root: Path, etcd: str, broker_id: int, group: str = "g",
+                 host: str = "127.0.0.1", extra: dict[str, str] | None = None,
+                 command_prefix: tuple[str, ...] = ()) -> None:
         self.broker_id = broker_id
         self.etcd: EtcdCluster | None = None
         self.port, self.ha_port = free_port(), free_port()
@@ -42,9 +47,10 @@ class Member(BrokerProcess):
             "brokerClusterName": "c1", "brokerId": str(broker_id),
             "etcdLeaseTtlMs": str(TTL_MS), "haListenPort": str(self.ha_port),
             "haSendHeartbeatInterval": "300", "haHousekeepingInterval": "3000",
-            "haStateSyncInterval": "300", "grpcThreadPoolNums": "16"}
+            "haStateSyncInterval": "300", "grpcThreadPoolNums": "16",
+            "minInvisibleTimeMillsForRecv": "1000", **(extra or {})}
         super().__init__(store, "".join(f"{k}={v}\n" for k, v in settings.items()),
-                         listen=f"127.0.0.1:{self.port}")
+                         listen=f"{host}:{self.port}", command_prefix=command_prefix)
 
     def cluster(self) -> dict:
         with AdminClient(self.endpoint, timeout=5) as client:
@@ -74,6 +80,34 @@ def send_replies(endpoint: str, bodies: list[bytes]) -> list[tuple[int, str]]:
         reply = service_pb2_grpc.MessagingServiceStub(channel).SendMessage(
             svc.SendMessageRequest(messages=msgs), timeout=10)
     return [(e.status.code, e.status.message) for e in reply.entries]
+
+
+def readable_ids(endpoint: str) -> dict[str, tuple[int, int]]:
+    """Message id -> (queue, offset) of every message readable at ``endpoint``."""
+    return {m.system_properties.message_id: (qid, m.system_properties.queue_offset)
+            for qid in range(QUEUES) for m in pull_queue(endpoint, TOPIC, qid, batch_size=512)}
+
+
+def assert_readable_where_acked(endpoint: str, acked: dict[str, Acked]) -> None:
+    """Every message the official client had acknowledged is readable at ``endpoint``, by
+    its id, at the offset its receipt named: a message acknowledged by a master whose log was
+    later cut (two masters at once) would be missing or elsewhere. (Not the receipt's queue:
+    the gRPC answer carries none, and the client names the queue it picked, while the broker
+    picks its own, round robin.)"""
+    wrong: list[str] = []
+
+    def all_there() -> bool:
+        on_broker = readable_ids(endpoint)
+        wrong[:] = [f"{i} {a.body!r} acked at offset {a.offset} via {a.endpoint}, read at "
+                    f"(queue, offset) {on_broker.get(i)}" for i, a in acked.items()
+                    if (on_broker.get(i) or (None, None))[1] != a.offset]
+        return not wrong
+
+    try:
+        wait_until(all_there, timeout=30, what="every acknowledged message", interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"{len(wrong)} of {len(acked)} acknowledged messages are not "
+                             f"readable where acknowledged at {endpoint}: {wrong[:5]}") from None
 
 
 def readable(endpoint: str) -> dict[bytes, tuple[int, int]]:
@@ -155,33 +189,41 @@ def _start(group: list[Member]) -> tuple[Member, Member]:
 def test_a_killed_masters_slave_is_elected_and_keeps_every_acknowledged_message(group):
     master, slave = _start(group)
     epoch = master.cluster()["epoch"]
-    producer = Producer(group)
-    producer.thread.start()
-    wait_until(lambda: len(producer.acked) >= 250, timeout=60, what="250 acknowledged sends")
+    # The official client produces and consumes throughout, entering through either broker.
+    endpoints = [master.endpoint, slave.endpoint]
+    producer = OfficialProducer(endpoints, TOPIC)
+    consumer = OfficialConsumer(endpoints, TOPIC, "cg-failover", invisible_s=3)
+    producer.start()
+    consumer.start()
+    wait_until(lambda: len(producer.acked) >= 100, timeout=60, what="100 acknowledged sends")
     # One etcd member of three dies (the first, which every broker asks first): nothing
     # changes, the master keeps its lease through the others.
     assert master.etcd is not None
     master.etcd.members[0].stop(signal.SIGKILL)
     count = len(producer.acked)
-    wait_until(lambda: len(producer.acked) >= count + 250, timeout=60,
-               what="250 more acknowledged sends")
+    wait_until(lambda: len(producer.acked) >= count + 100, timeout=60,
+               what="100 more acknowledged sends")
     assert master.cluster()["epoch"] == epoch and master.is_writable_master()
+    wait_until(lambda: consumer.received, timeout=60, what="the consumer to receive")
     master.kill()
     wait_until(slave.is_writable_master, timeout=60, what="the slave to be elected")
     assert slave.cluster()["epoch"] > epoch
     count = len(producer.acked)
-    wait_until(lambda: len(producer.acked) > count, timeout=60,
+    wait_until(lambda: len(producer.acked) > count + 50, timeout=60,
                what="sends acknowledged by the new master")
-    producer.stop.set()
-    producer.thread.join(30)
-    assert_all_readable(slave.endpoint, producer.acked)
+    producer.finish()
+    assert_readable_where_acked(slave.endpoint, producer.acked)
+    # The consumer, now on the new master, gets every acknowledged message (at least once).
+    wait_until(lambda: not set(producer.acked) - consumer.received, timeout=45,
+               what="the consumer to receive every acknowledged message")
+    consumer.finish()
 
 
 def test_a_master_stopped_past_its_lease_refuses_writes_on_waking_and_follows(group):
     master, slave = _start(group)
-    producer = Producer(group)
-    producer.thread.start()
-    wait_until(lambda: len(producer.acked) >= 200, timeout=60, what="200 acknowledged sends")
+    producer = OfficialProducer([master.endpoint, slave.endpoint], TOPIC)
+    producer.start()
+    wait_until(lambda: len(producer.acked) >= 100, timeout=60, what="100 acknowledged sends")
     os.kill(master.proc.pid, signal.SIGSTOP)
     stopped_at = len(producer.acked)
     wait_until(slave.is_writable_master, timeout=60, what="the slave to be elected")
@@ -198,11 +240,11 @@ def test_a_master_stopped_past_its_lease_refuses_writes_on_waking_and_follows(gr
     wait_until(lambda: master.cluster()["masterBrokerId"] == slave.broker_id, timeout=60,
                what="the old master to follow the new one")
     assert not master.cluster()["writable"]
-    producer.stop.set()
-    producer.thread.join(30)
-    assert_all_readable(slave.endpoint, producer.acked)
-    # The old master copies the new master's log again: every acknowledged message is there.
-    assert_all_readable(master.endpoint, producer.acked)
+    producer.finish()
+    # Each acknowledged id at its receipt's offset, on the new master and, once it has
+    # copied the new master's log again, on the old one: no offset was given twice.
+    assert_readable_where_acked(slave.endpoint, producer.acked)
+    assert_readable_where_acked(master.endpoint, producer.acked)
 
 
 def _cli(*args: str) -> list[dict]:

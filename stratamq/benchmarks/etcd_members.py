@@ -34,8 +34,9 @@ def etcd_binary() -> str:
 
 
 class EtcdMember:
-    def __init__(self, root: Path, name: str) -> None:
+    def __init__(self, root: Path, name: str, also_listen: tuple[str, ...] = ()) -> None:
         self.name = name
+        self.also_listen = also_listen  # more hosts to serve clients on (the client port)
         self.dir = root / name
         self.client_port = _free_port()
         self.peer_port = _free_port()
@@ -53,7 +54,9 @@ class EtcdMember:
     def start(self, initial_cluster: str, state: str = "new") -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         args = [etcd_binary(), "--name", self.name, "--data-dir", str(self.dir / "data"),
-                "--listen-client-urls", self.client_url,
+                "--listen-client-urls", ",".join(
+                    [self.client_url, *(f"http://{h}:{self.client_port}"
+                                        for h in self.also_listen)]),
                 "--advertise-client-urls", self.client_url,
                 "--listen-peer-urls", self.peer_url,
                 "--initial-advertise-peer-urls", self.peer_url,
@@ -94,12 +97,14 @@ class EtcdMember:
 
 
 class EtcdCluster:
-    """``size`` members (1 or 3), started and healthy on construction; ``stop()`` ends them."""
+    """``size`` members (1 or 3), started and healthy on construction; ``stop()`` ends them.
+    ``also_listen``: hosts besides 127.0.0.1 the members serve clients on (a network
+    namespace's link)."""
 
-    def __init__(self, root: Path, size: int = 1) -> None:
+    def __init__(self, root: Path, size: int = 1, also_listen: tuple[str, ...] = ()) -> None:
         self.root = root / "etcd"
         self.root.mkdir(parents=True, exist_ok=True)
-        self.members = [EtcdMember(self.root, f"m{i}") for i in range(size)]
+        self.members = [EtcdMember(self.root, f"m{i}", also_listen) for i in range(size)]
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for m in self.members:
             m.start(initial)

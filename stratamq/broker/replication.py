@@ -473,6 +473,14 @@ class BrokerReplication:
         except (ElectError, ValueError, TypeError) as exc:
             raise MetadataError("precondition", str(exc)) from None
 
+    def ClusterFailsafe(self, req: dict[str, Any]) -> dict[str, Any]:
+        try:  # etcdFailsafeMode: a master asks whether this broker lost etcd too
+            return self._cluster().confirm_failsafe(int(req["masterBrokerId"]),
+                                                    int(req["epoch"]))
+        except (KeyError, ValueError, TypeError):
+            raise MetadataError("invalid", "ClusterFailsafe needs integer masterBrokerId "
+                                "and epoch") from None
+
     def _cluster(self) -> Any:
         cluster = self.b.cluster
         if cluster is None:
@@ -502,7 +510,8 @@ def replication_handler(broker: AdminParts, run: Any) -> grpc.GenericRpcHandler:
         broker, SERVICE, {"HaStatus": (replication.HaStatus, "Get"),
                           "SyncState": (replication.SyncState, "Update"),
                           "ClusterStatus": (replication.ClusterStatus, "Get"),
-                          "ClusterElect": (replication.ClusterElect, "Update")}, run)
+                          "ClusterElect": (replication.ClusterElect, "Update"),
+                          "ClusterFailsafe": (replication.ClusterFailsafe, "Update")}, run)
 
 
 class _ReplicationCollector:

@@ -81,6 +81,10 @@ class Coordination(Protocol):
         """Every key under ``prefix``, sorted by key."""
         ...
 
+    def get_prefixes(self, *prefixes: str) -> list[list[KeyValue]]:
+        """``get_prefix`` of each of ``prefixes``, read at one revision in one request."""
+        ...
+
     def create(self, key: str, value: bytes, lease: int = 0,
                also: tuple[tuple[str, bytes], ...] = (),
                unchanged: tuple[tuple[str, int], ...] = ()) -> bool:
@@ -112,7 +116,9 @@ class Coordination(Protocol):
     def watch_prefix(self, prefix: str, on_event: Callable[[WatchEvent], None]
                      ) -> Callable[[], None]:
         """Call ``on_event`` (on a thread of the implementation) for each change under
-        ``prefix`` from now on; returns the function that stops watching."""
+        ``prefix`` from now on, and with ``WatchEvent(prefix, None)`` each time the watch is
+        (re)established (changes made while it was down are not reported: read again);
+        returns the function that stops watching."""
         ...
 
     def close(self) -> None:

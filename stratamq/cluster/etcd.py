@@ -193,6 +193,18 @@ class EtcdCoordination:
                                          "sort_order": "ASCEND", "sort_target": "KEY"})
         return [_kv(item) for item in reply.get("kvs") or []]
 
+    def get_prefixes(self, *prefixes: str) -> list[list[KeyValue]]:
+        ranges = [{"request_range": {"key": _b64(p), "range_end": _prefix_end(p),
+                                     "sort_order": "ASCEND", "sort_target": "KEY"}}
+                  for p in prefixes]
+        reply = self._call("/kv/txn", {"compare": [], "success": ranges, "failure": []})
+        responses = reply.get("responses") or []
+        if len(responses) != len(prefixes):
+            raise CoordinationError(f"etcd answered {len(responses)} ranges for "
+                                    f"{len(prefixes)}")
+        return [[_kv(item) for item in (r.get("response_range") or {}).get("kvs") or []]
+                for r in responses]
+
     def _txn(self, compare: list[dict[str, Any]], puts: list[dict[str, Any]]) -> bool:
         reply = self._call("/kv/txn", {"compare": compare, "success": puts, "failure": []})
         return bool(reply.get("succeeded", False))  # JSON leaves a false out
@@ -257,6 +269,7 @@ class EtcdCoordination:
                 try:
                     events, cancel = client.watch_prefix(prefix)
                     cancels.append(cancel)
+                    on_event(WatchEvent(prefix, None))  # anything missed meanwhile: read again
                     for event in events:
                         if stop.is_set():
                             break

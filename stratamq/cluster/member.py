@@ -15,7 +15,9 @@ Keys under ``etcdPrefix`` (default ``/stratamq/<brokerClusterName>``), values JS
 * ``groups/<brokerName>/elect``: ``{"brokerId"}``, a planned switch (``cluster elect``).
 
 The loop (a thread, every third of ``etcdLeaseTtlMs``, and at once when the group's keys
-change): renew the lease, refresh the registration, read the group, then
+change): renew the lease (one request), read the group's keys and registrations (one
+request, only when a watch reported a change under them, or once every ``_RESYNC_PASSES``
+passes in case a watch missed one), refresh the registration when it changed, then
 
 * a master key held by another broker: follow it (``on_slave``);
 * no master key: run ``DefaultElectPolicy`` (``election.py``) over the live registrations;
@@ -28,6 +30,15 @@ two thirds of the TTL have passed since the send of its last successful renewal;
 the lease no sooner than a full TTL after that send, so a master that cannot renew (etcd gone,
 partitioned, the process stopped) refuses writes before anyone else can be elected. The check
 is a clock read at each put, so a process woken from SIGSTOP refuses before its loop runs.
+Failsafe mode (``etcdFailsafeMode``, Patroni's): a master that cannot reach etcd asks every
+broker that could be elected in its place (its SyncStateSet's other members; every registered
+broker with ``enableElectUncleanMaster``) whether it has lost etcd too. Only if all confirm
+does it extend its fence, by the same two thirds of the TTL from the moment it asked. A broker
+that confirms takes no master key for a full TTL from its answer, so it cannot be elected
+while the master may still acknowledge writes on its word; a broker that reached etcd on its
+last pass refuses to confirm, so a master cut off from etcd alone is fenced as without
+failsafe mode.
+
 Thread-safety: ``Fence`` and ``status`` from any thread; the loop alone changes roles.
 """
 
@@ -56,6 +67,12 @@ __all__ = ["BrokerIdentity", "ClusterMember", "Fence", "MasterInfo", "group_keys
 log = logging.getLogger(__name__)
 
 _FENCE_SHARE = 2 / 3  # of the TTL a master may acknowledge writes after a renewal's send
+# A full read of the group every this many passes (two TTLs) even without a watch event: a
+# watch stream that hangs (a partitioned member) reports nothing and no error.
+_RESYNC_PASSES = 6
+
+# (endpoint, master broker id, epoch) -> whether that broker confirms it has lost etcd too
+AskFailsafe = Callable[[str, int, int], bool]
 
 
 @dataclass(frozen=True)
@@ -140,7 +157,8 @@ class ClusterMember:
                  on_master: Callable[[int], None],
                  on_slave: Callable[[MasterInfo | None], None],
                  allow_unclean: bool = False, progress: SlaveProgress | None = None,
-                 max_gap: int = 256 << 20, not_catchup_ms: int = 15_000) -> None:
+                 max_gap: int = 256 << 20, not_catchup_ms: int = 15_000,
+                 ask_failsafe: AskFailsafe | None = None) -> None:
         self.coord = coordination
         self.me = me
         self.prefix = prefix
@@ -163,8 +181,15 @@ class ClusterMember:
         self.epoch = 0  # of this broker's mastership, while it is master
         self.last_error = ""
         self._registered = b""
-        self._snapshot: dict[str, KeyValue] = {}  # the group's keys as read this pass
-        self._broker_kvs: list[KeyValue] | None = None  # the registrations, read on demand
+        self.ask_failsafe = ask_failsafe  # None: etcdFailsafeMode=false
+        self.failsafe = False  # this master's fence was last extended by its slaves' word
+        self.etcd_lost = False  # this broker's last request to etcd failed
+        self._no_election_until = 0.0  # monotonic; after confirming a master's failsafe
+        self._elect_lock = threading.Lock()  # a failsafe answer vs. taking the master key
+        self._snapshot: dict[str, KeyValue] = {}  # the group's keys as last read
+        self._broker_kvs: list[KeyValue] = []  # the group's registrations as last read
+        self._stale = True  # a watch reported a change since the last read
+        self._passes_since_read = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._unwatch: Callable[[], None] | None = None
@@ -174,8 +199,15 @@ class ClusterMember:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._unwatch = self.coord.watch_prefix(f"{self.prefix}/groups/{self.me.group}/",
-                                                self._changed)
+        unwatch = [self.coord.watch_prefix(f"{self.prefix}/groups/{self.me.group}/",
+                                           self._changed),
+                   self.coord.watch_prefix(self.keys["brokers"], self._changed)]
+
+        def unwatch_all() -> None:
+            for u in unwatch:
+                u()
+
+        self._unwatch = unwatch_all
         self._thread.start()
 
     def stop(self) -> None:
@@ -193,15 +225,29 @@ class ClusterMember:
             except CoordinationError as exc:
                 log.warning("could not revoke the etcd lease on leaving: %s", exc)
 
-    def _changed(self, _event: WatchEvent) -> None:
-        self._wake.set()
+    def _changed(self, event: WatchEvent) -> None:
+        if event.key == self.my_key:
+            return  # this broker's own registration
+        self._stale = True
+        if not event.key.startswith(self.keys["brokers"]) or event.value is None:
+            self._wake.set()  # the master key may have gone: act now (a registration can wait)
 
     def _run(self) -> None:
         interval = self.ttl_ms / 3000
         while not self._stop.is_set():
+            pause = interval
             try:
                 self.step()
                 self.last_error = ""
+                self.etcd_lost = False
+            except CoordinationUnavailable as exc:
+                self.etcd_lost = True
+                if self.is_master and self.ask_failsafe is not None:
+                    self._failsafe()
+                    pause = interval / 2  # a failed round must not outlast the fence
+                if str(exc) != self.last_error:
+                    log.warning("cluster: %s", exc)
+                self.last_error = str(exc)
             except CoordinationError as exc:
                 if str(exc) != self.last_error:
                     log.warning("cluster: %s", exc)
@@ -209,21 +255,38 @@ class ClusterMember:
             except Exception as exc:  # a bug: keep the loop (the fence lapses on its own)
                 log.exception("cluster loop failed")
                 self.last_error = f"{type(exc).__name__}: {exc}"
-            self._wake.wait(interval)
+            self._wake.wait(pause)
             self._wake.clear()
 
     # -- one step ------------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Renew, register, and act on the group's state (one pass of the loop)."""
+        """Renew, read the group if it changed, register, and act (one pass of the loop)."""
         self._renew()
         self._register()
+        self._passes_since_read += 1
+        if self._stale or self._passes_since_read >= _RESYNC_PASSES:
+            self._read()
         self._act()
+
+    def _read(self) -> None:
+        """The group's keys and its registrations, in one request."""
+        self._stale = False  # first: a change from here on is read at the next pass
+        try:
+            groups, brokers = self.coord.get_prefixes(
+                f"{self.prefix}/groups/{self.me.group}/", self.keys["brokers"])
+        except CoordinationError:
+            self._stale = True
+            raise
+        self._snapshot = {kv.key: kv for kv in groups}
+        self._broker_kvs = brokers
+        self._passes_since_read = 0
 
     def _renew(self) -> None:
         sent = time.monotonic()
         if not self.lease:
             self.lease = self.coord.grant(self.ttl_ms)
+            self.etcd_lost = False
             self._registered = b""
             return
         try:
@@ -233,11 +296,15 @@ class ClusterMember:
                       "etcdLeaseTtlMs): %s", "stepping down" if self.is_master else "rejoining")
             self._step_down(None)
             self.lease = self.coord.grant(self.ttl_ms)
+            self.etcd_lost = False
             self._registered = b""
+            self._stale = True  # the master key may have gone with the lease
             return
         except CoordinationUnavailable:
             raise  # the fence lapses by itself; nothing else changes while etcd is away
+        self.etcd_lost = False
         self.fence.extend(sent + self.ttl_ms * _FENCE_SHARE / 1000)
+        self.failsafe = False
 
     def _registration(self) -> bytes:
         return json.dumps({
@@ -270,12 +337,12 @@ class ClusterMember:
         self.coord.put(self.my_key, value, self.lease)
         self._registered = value
         self._passes_since_put = 0
+        # The watch skips this broker's own key: the cached registrations take it from here.
+        mine = KeyValue(self.my_key, value, 0, self.lease)
+        self._broker_kvs = sorted([kv for kv in self._broker_kvs if kv.key != self.my_key]
+                                  + [mine], key=lambda kv: kv.key)
 
     def _act(self) -> None:
-        # One read of the group's keys per pass (the registrations only when needed).
-        self._snapshot = {kv.key: kv for kv in self.coord.get_prefix(
-            f"{self.prefix}/groups/{self.me.group}/")}
-        self._broker_kvs = None
         current = self._snapshot.get(self.keys["master"])
         master = MasterInfo.parse(current.value) if current is not None else None
         self.master = master
@@ -296,8 +363,6 @@ class ClusterMember:
         self._try_elect()
 
     def _brokers(self) -> list[KeyValue]:
-        if self._broker_kvs is None:
-            self._broker_kvs = self.coord.get_prefix(self.keys["brokers"])
         return self._broker_kvs
 
     def _registrations(self) -> list[dict]:
@@ -349,6 +414,12 @@ class ClusterMember:
         return value if isinstance(value, dict) else None
 
     def _try_elect(self) -> None:
+        with self._elect_lock:
+            if time.monotonic() < self._no_election_until:
+                return  # confirmed a master's failsafe: it may still acknowledge writes
+            self._elect()
+
+    def _elect(self) -> None:
         live = self._live()
         sss = self._json(self.keys["syncStateSet"]) or {}
         in_sync = [int(i) for i in sss.get("brokerIds", [])]
@@ -379,6 +450,7 @@ class ClusterMember:
                                  also=((self.keys["epoch"], str(epoch).encode()),
                                        (self.keys["syncStateSet"], alone)),
                                  unchanged=((self.keys["epoch"], revision),)):
+            self._stale = True
             return  # another broker was faster: the next pass follows it
         if choice.unclean:
             log.error("cluster: UNCLEAN election in %s: broker %d is master at epoch %d "
@@ -389,6 +461,50 @@ class ClusterMember:
             self.coord.put(self.keys["elect"], b"{}")  # the planned switch is done
         self.master = mine
         self._become_master(epoch, sent)
+
+    # -- failsafe mode -------------------------------------------------------------------------
+
+    def _failsafe(self) -> None:
+        """etcd is unreachable: keep the fence while every broker that could be elected
+        instead confirms it has lost etcd too (see the module docstring)."""
+        sync, ask = self.sync, self.ask_failsafe
+        if sync is None or ask is None:
+            return
+        registered = {int(d["brokerId"]): str(d.get("endpoint") or "")
+                      for d in self._registrations() if isinstance(d.get("brokerId"), int)}
+        others = (set(registered) if self.allow_unclean else set(sync.written)) - {
+            self.me.broker_id}
+        sent = time.monotonic()
+        refused = [i for i in sorted(others)
+                   if not registered.get(i) or not ask(registered[i], self.me.broker_id,
+                                                       self.epoch)]
+        if refused:
+            if self.failsafe:
+                log.error("cluster: failsafe mode ends: brokers %s did not confirm they lost "
+                          "etcd too; writes are fenced", refused)
+            self.failsafe = False
+            return
+        if not self.failsafe:
+            log.warning("cluster: etcd unreachable; failsafe mode: brokers %s confirm they "
+                        "lost it too, so this master keeps accepting writes", sorted(others))
+        self.failsafe = True
+        self.fence.extend(sent + self.ttl_ms * _FENCE_SHARE / 1000)
+
+    def confirm_failsafe(self, master_id: int, epoch: int) -> bool:
+        """A master's failsafe question (any thread): True if this broker follows it at
+        ``epoch`` and its own last request to etcd failed; it then takes no master key for a
+        full TTL (the master may acknowledge writes for two thirds of one on this answer)."""
+        with self._elect_lock:
+            return self._confirm(master_id, epoch)
+
+    def _confirm(self, master_id: int, epoch: int) -> bool:
+        following = self._following
+        if (self.is_master or not self.etcd_lost or following is None
+                or following.broker_id != master_id or following.epoch != epoch):
+            return False
+        self._no_election_until = max(self._no_election_until,
+                                      time.monotonic() + self.ttl_ms / 1000)
+        return True
 
     def _become_master(self, epoch: int, sent: float) -> None:
         log.info("cluster: broker %d is master of %s at epoch %d", self.me.broker_id,

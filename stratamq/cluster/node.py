@@ -24,6 +24,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import grpc
+
 from stratamq.cluster.coordination import Coordination
 from stratamq.cluster.member import BrokerIdentity, ClusterMember, MasterInfo
 from stratamq.cluster.sync_state import SlaveProgress
@@ -65,12 +67,39 @@ class ClusterNode:
                                     on_slave=self._on_slave,
                                     allow_unclean=config.enable_elect_unclean_master,
                                     progress=progress, max_gap=max_gap,
-                                    not_catchup_ms=config.ha_max_time_slave_not_catchup)
+                                    not_catchup_ms=config.ha_max_time_slave_not_catchup,
+                                    ask_failsafe=(self._ask_failsafe(config)
+                                                  if config.etcd_failsafe_mode else None))
         self._put_guards = put_guards
         put_guards.append(self.member.fence.refusal)
 
     def start(self) -> None:
         self.member.start()
+
+    @staticmethod
+    def _ask_failsafe(config: BrokerConfig) -> Callable[[str, int, int], bool]:
+        """``etcdFailsafeMode``: ask a broker of the group (its admin ``ClusterFailsafe``)
+        whether it has lost etcd too; no answer in a sixth of the TTL is a no."""
+        from stratamq.client.admin import AdminClient, AdminError
+
+        def ask(endpoint: str, master_id: int, epoch: int) -> bool:
+            try:
+                with AdminClient(endpoint, timeout=config.etcd_lease_ttl_ms / 6000,
+                                 access_key=config.acl_access_key or None,
+                                 secret_key=config.acl_secret_key or None) as client:
+                    reply = client.call_service(
+                        "stratamq.admin.v1.Replication", "ClusterFailsafe",
+                        masterBrokerId=master_id, epoch=epoch)
+            except (AdminError, OSError, grpc.RpcError) as exc:
+                log.debug("failsafe: %s did not answer: %s", endpoint, exc)
+                return False
+            return reply.get("lostEtcd") is True
+
+        return ask
+
+    def confirm_failsafe(self, master_id: int, epoch: int) -> dict:
+        """``ClusterFailsafe``: whether this broker lost etcd too, following that master."""
+        return {"lostEtcd": self.member.confirm_failsafe(master_id, epoch)}
 
     def stop(self) -> None:
         self.member.stop()
@@ -105,7 +134,7 @@ class ClusterNode:
         master = m.master
         return {"cluster": m.me.cluster, "brokerName": m.me.group, "brokerId": m.me.broker_id,
                 "role": "MASTER" if m.is_master else "SLAVE", "epoch": m.epoch,
-                "writable": m.fence.writable(),
+                "writable": m.fence.writable(), "failsafe": m.failsafe,
                 "masterBrokerId": master.broker_id if master is not None else None,
                 "syncStateSet": sorted(m.sync.written) if m.sync is not None else None,
                 "lastError": m.last_error,
