@@ -17,68 +17,48 @@ from pathlib import Path
 
 import grpc
 import pytest
-from broker_proc import create_topics, free_port
+from broker_proc import create_topics
 from google.protobuf.timestamp_pb2 import Timestamp
 from pulling import pull_queue
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 from s3_server import S3Server
-from test_broker_harness import BrokerProcess
+from test_cluster_failover import TTL_MS, Member, _start
 from waiting import wait_until
 
 from stratamq import record as codec
 from stratamq.benchmarks.etcd_members import EtcdCluster
-from stratamq.client.admin import AdminClient, AdminError
 from stratamq.tiered.drivers.object_store import list_parts
 from stratamq.tiered.group_metadata import GROUP_METADATA
 from stratamq.tiered.naming import broker_config_path, cluster_dir
 
 TOPIC, DELAYED, TRANSACTIONS, ACCOUNTS = "Orders", "Later", "Pay", "Accounts"
 QUEUES = 2
-TTL_MS = 3000
 GROUP = "g"
 
 
-class Member(BrokerProcess):
-    def __init__(self, root: Path, etcd: str, broker_id: int, s3: S3Server,
-                 bucket: str) -> None:
-        self.broker_id = broker_id
-        self.port, self.ha_port = free_port(), free_port()
-        store = root / f"b{broker_id}"
-        create_topics(store, [(TOPIC, QUEUES, "NORMAL"), (DELAYED, 1, "DELAY"),
-                              (TRANSACTIONS, 1, "TRANSACTION")])
-        settings = {
-            "mappedFileSizeCommitLog": str(1 << 20), "mappedFileSizeConsumeQueue": "200000",
-            "enableControllerMode": "true", "etcdEndpoints": etcd, "brokerName": GROUP,
-            "brokerClusterName": "c1", "brokerId": str(broker_id),
-            "etcdLeaseTtlMs": str(TTL_MS), "haListenPort": str(self.ha_port),
-            "haSendHeartbeatInterval": "300", "haHousekeepingInterval": "3000",
-            "haStateSyncInterval": "300", "grpcThreadPoolNums": "16",
-            "timerFlushIntervalMs": "200",
-            "transactionCheckInterval": "500", "transactionTimeOut": "600000",
-            "tieredBackendServiceProvider": "s3", "tieredStoreFilePath": f"s3://{bucket}/tier",
-            "tieredStoreS3Endpoint": s3.endpoint,
-            "tieredStoreGroupCommitTimeout": "3600000",  # uploads only on `tier flush`
-            "tieredStoreGroupCommitCount": "100000",
-            "tieredStoreIndexFileMaxHashSlotNum": "211", "tieredStoreIndexFileMaxIndexNum": "500"}
-        super().__init__(store, "".join(f"{k}={v}\n" for k, v in settings.items()),
-                         listen=f"127.0.0.1:{self.port}")
+def member(root: Path, etcd: str, broker_id: int, s3: S3Server, bucket: str) -> Member:
+    """A broker of group ``g`` (``test_cluster_failover.Member``) with a tier on ``s3``, the
+    timer and transactions on, and this test's topics."""
+    m = Member(root, etcd, broker_id, GROUP, extra={
+        "mappedFileSizeCommitLog": str(1 << 20), "timerFlushIntervalMs": "200",
+        "transactionCheckInterval": "500", "transactionTimeOut": "600000",
+        "tieredBackendServiceProvider": "s3", "tieredStoreFilePath": f"s3://{bucket}/tier",
+        "tieredStoreS3Endpoint": s3.endpoint,
+        "tieredStoreGroupCommitTimeout": "3600000",  # uploads only on `tier flush`
+        "tieredStoreGroupCommitCount": "100000",
+        "tieredStoreIndexFileMaxHashSlotNum": "211", "tieredStoreIndexFileMaxIndexNum": "500"})
+    create_topics(m.store, [(TOPIC, QUEUES, "NORMAL"), (DELAYED, 1, "DELAY"),
+                            (TRANSACTIONS, 1, "TRANSACTION")])
+    return m
 
-    def cluster(self) -> dict:
-        with AdminClient(self.endpoint, timeout=5) as client:
-            return client.call_service("stratamq.admin.v1.Replication", "HaStatus")["cluster"]
 
-    def is_writable_master(self) -> bool:
-        try:
-            return bool(self.cluster()["writable"])
-        except (AdminError, OSError, grpc.RpcError):
-            return False
-
-    def tier(self, command: str) -> dict[int, dict]:
-        done = cli("tier", command, "--endpoint", self.endpoint)
-        return {r["queue_id"]: r for r in map(json.loads, done.stdout.splitlines())
-                if r["topic"] == TOPIC}
+def tier(m: Member, command: str) -> dict[int, dict]:
+    """``tier flush|status`` through ``m``: the rows of this test's topic, by queue."""
+    done = cli("tier", command, "--endpoint", m.endpoint)
+    return {r["queue_id"]: r for r in map(json.loads, done.stdout.splitlines())
+            if r["topic"] == TOPIC}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -94,7 +74,7 @@ def group(tmp_path):
     fs = s3.filesystem()
     bucket = s3.new_bucket(fs)
     etcd = EtcdCluster(tmp_path, size=1)
-    members = [Member(tmp_path, etcd.endpoints, i, s3, bucket) for i in (1, 2)]
+    members = [member(tmp_path, etcd.endpoints, i, s3, bucket) for i in (1, 2)]
     yield members, fs, bucket, s3
     for m in members:
         if m.proc is not None and m.proc.poll() is None:
@@ -102,18 +82,6 @@ def group(tmp_path):
             m.terminate()
     etcd.stop()
     s3.stop()
-
-
-def start(members: list[Member]) -> tuple[Member, Member]:
-    for m in members:
-        m.start()
-    wait_until(lambda: any(m.is_writable_master() for m in members), timeout=60,
-               what="a master to be elected")
-    master = next(m for m in members if m.is_writable_master())
-    slave = next(m for m in members if m is not master)
-    wait_until(lambda: master.cluster()["syncStateSet"] == [1, 2], timeout=60,
-               what="the slave to join the SyncStateSet")
-    return master, slave
 
 
 def message(topic: str, body: bytes, kind: int = pb.NORMAL, keys: tuple[str, ...] = (),
@@ -175,12 +143,12 @@ def group_document(fs, bucket: str) -> dict:
 
 def test_the_new_master_takes_every_master_duty_over(group):
     members, fs, bucket, _s3 = group
-    master, slave = start(members)
+    master, slave = _start(members)
     made = cli("topic", "create", "--topic", ACCOUNTS, "--queues", "1", "--attribute",
                "cleanup.policy=COMPACTION", "--endpoint", master.endpoint)
     for i in range(0, 300, 50):
         send(master.endpoint, *[message(TOPIC, order(b"a", j)) for j in range(i, i + 50)])
-    uploaded = master.tier("flush")
+    uploaded = tier(master, "flush")
     assert sum(r["tier_committed_offset"] for r in uploaded.values()) == 300
     # Written after the old master's last upload: the new master must upload them.
     send(master.endpoint, *[message(TOPIC, order(b"b", j)) for j in range(100)])
@@ -208,7 +176,7 @@ def test_the_new_master_takes_every_master_duty_over(group):
 
     # The tier: the new master uploads the rest, from where the old one stopped.
     send(new.endpoint, *[message(TOPIC, order(b"c", j)) for j in range(50)])
-    flushed = new.tier("flush")
+    flushed = tier(new, "flush")
     local = bodies(new.endpoint, TOPIC)
     for q in range(QUEUES):
         assert flushed[q]["tier_committed_offset"] == len(local[q])
@@ -241,7 +209,7 @@ def test_the_new_master_takes_every_master_duty_over(group):
     assert latest == {f"acct-{k}": b"acct-%d v%d" % (k, 3 if k == 0 else 2) for k in range(5)}
 
     # Local clean-up of what the tier holds: every message is still read, from the tier.
-    new.tier("flush")
+    tier(new, "flush")
     cleaned = json.loads(cli("tier", "clean", "--endpoint", new.endpoint).stdout)
     assert cleaned["deleted"]["commitlog"] >= 1, cleaned
     # (Restarted, as after `store clean --tiered-only`: the open moves the local queues' start
@@ -254,9 +222,9 @@ def test_the_new_master_takes_every_master_duty_over(group):
 
 def test_an_old_master_woken_after_the_election_cannot_overwrite_the_tier_metadata(group):
     members, fs, bucket, s3 = group
-    master, slave = start(members)
+    master, slave = _start(members)
     send(master.endpoint, *[message(TOPIC, b"a-%04d" % j) for j in range(200)])
-    master.tier("flush")
+    tier(master, "flush")
     first = group_document(fs, bucket)
     assert first["writerEpoch"] == master.cluster()["epoch"]
     # Waiting on the old master when it stops: a flush of them is under way (the tier is
@@ -274,7 +242,7 @@ def test_an_old_master_woken_after_the_election_cannot_overwrite_the_tier_metada
     new_epoch = slave.cluster()["epoch"]
     # The new master uploads what waited (the same records, to the same places, as the old
     # master's stalled flush will) and claims the tier at its epoch.
-    flushed = slave.tier("flush")
+    flushed = tier(slave, "flush")
     written = group_document(fs, bucket)
     assert written["writerEpoch"] == new_epoch > first["writerEpoch"]
     os.kill(master.proc.pid, signal.SIGCONT)
@@ -287,7 +255,7 @@ def test_an_old_master_woken_after_the_election_cannot_overwrite_the_tier_metada
     wait_until(lambda: master.cluster()["masterBrokerId"] == slave.broker_id, timeout=60,
                what="the old master to follow the new one")
     send(slave.endpoint, *[message(TOPIC, b"c-%04d" % j) for j in range(50)])
-    flushed = slave.tier("flush")
+    flushed = tier(slave, "flush")
     after = group_document(fs, bucket)["queueMetadataTable"][TOPIC]
     assert {int(q): m["maxOffset"] for q, m in after.items()} == {
         q: r["tier_committed_offset"] for q, r in flushed.items()}
