@@ -76,10 +76,11 @@ class MasterDuties:
         log.info("master duties running at epoch %d: %s", epoch,
                  ", ".join(self.running) or "none")
 
-    def stop(self) -> None:
-        """Stepping down (or switching): stop every running duty, the last started first."""
+    def stop(self, but: tuple[str, ...] = ()) -> None:
+        """Stepping down (or switching): stop every running duty, the last started first
+        (``but``: those left running, for the broker's own stop to close)."""
         for duty in reversed(self.duties):
-            if duty.name not in self.running:
+            if duty.name not in self.running or duty.name in but:
                 continue
             try:
                 duty.stop()

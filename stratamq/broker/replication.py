@@ -411,6 +411,9 @@ class BrokerReplication:
         return f"{self.role.value} serving slaves on {self.ha.server.host}:{self.ha.listen_port}"
 
     def stop(self) -> None:
+        duties = self.b.duties
+        if duties is not None:  # (a compaction catch-up reads the store: before it closes)
+            duties.stop(but=("tier",))  # the tier's close saves and publishes its progress
         self._stop_parts()
 
     def _stop_parts(self) -> None:
