@@ -66,6 +66,7 @@ from stratamq.store.results import PutMessageStatus
 
 if TYPE_CHECKING:
     from stratamq.broker.admin import AdminParts
+    from stratamq.broker.master_duties import MasterDuties
     from stratamq.broker.metadata import MetadataStore
     from stratamq.broker.pop_state import PopState
     from stratamq.config import BrokerConfig
@@ -138,6 +139,11 @@ class ReplicationParts:
     # In controller mode, the broker's cluster node (stratamq/cluster/node.py), made after
     # replication starts: read per call.
     cluster_of: Callable[[], Any] | None = None
+    # Controller mode: the master-only duties a role switch starts and stops
+    # (``broker/master_duties.py``), and the timer's ``timercheck`` as a master sends it in
+    # ``SyncState`` and as a slave keeps it (``master_duties.timer_check_state``).
+    duties: MasterDuties | None = None
+    timer_check: tuple[Callable[[], Any], Callable[[Any], None]] | None = None
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -220,6 +226,8 @@ class StateSync:
             log.info("topic %s is no longer in the master's configuration", topic)
         deleted = self._apply_deletions(snap.get("deletedTopics") or {})
         changed = broker.state.restore(snap["popState"])
+        if broker.timer_check is not None and "timerCheck" in snap:
+            broker.timer_check[1](snap["timerCheck"])
         now = int(time.time() * 1000)
         if changed or gone or deleted:
             self.last_change_ms = now
@@ -291,7 +299,11 @@ class BrokerReplication:
         cluster's ``epoch`` at its log's end; a slave follows ``master_ha_address`` (its
         master's client endpoint ``master_endpoint`` for state), cutting its log back where
         it differs (the epoch file's rule). ``acks_alone``: whether a master's put may be
-        acknowledged without a slave now (its SyncStateSet is itself alone)."""
+        acknowledged without a slave now (its SyncStateSet is itself alone). The master-only
+        duties (``master_duties.py``) stop first and start again once a master is ready."""
+        duties = self.b.duties
+        if duties is not None:
+            duties.stop()
         self._stop_parts()
         store = self.b.store
         self.ha.forget_put_waiter(store.put_waiters)
@@ -319,6 +331,23 @@ class BrokerReplication:
             waiters = store.put_waiters
             waiters[:] = [wait_for_sync_state_set if w == wait_for_slave else w
                           for w in waiters]
+        self._acks_alone = acks_alone
+        if duties is not None and role is not BrokerRole.SLAVE:
+            duties.start(epoch or 0)
+
+    _acks_alone: Callable[[], bool] | None = None
+
+    def confirmed_offset(self) -> int:
+        """The CommitLog offset below which every record is held by the whole SyncStateSet
+        (RocketMQ's confirm offset in controller mode): the log's end while the master
+        acknowledges alone, else the least its slaves acknowledged."""
+        end, acked, _links = self.slave_progress()
+        alone = self._acks_alone
+        if self.is_slave:
+            return 0
+        if alone is None or alone():
+            return end
+        return min(end, acked) if acked is not None else 0
 
     def slave_progress(self) -> tuple[int, int | None, int]:
         """A master's log end, the least offset its slaves acknowledged (None: no slave), and
@@ -382,6 +411,9 @@ class BrokerReplication:
         return f"{self.role.value} serving slaves on {self.ha.server.host}:{self.ha.listen_port}"
 
     def stop(self) -> None:
+        duties = self.b.duties
+        if duties is not None:  # (a compaction catch-up reads the store: before it closes)
+            duties.stop(but=("tier",))  # the tier's close saves and publishes its progress
         self._stop_parts()
 
     def _stop_parts(self) -> None:
@@ -463,9 +495,12 @@ class BrokerReplication:
         if self.is_slave:
             raise MetadataError("precondition", "this broker is a SLAVE: ask its master for "
                                 "state")
-        return {"metadata": self.b.meta.export(), "popState": self.b.state.snapshot(),
+        snap = {"metadata": self.b.meta.export(), "popState": self.b.state.snapshot(),
                 "deletedTopics": dict(self.b.store.deleted_topics.cutoffs),
                 "lineage": self.ha.identity.lineage}
+        if self.b.timer_check is not None:
+            snap["timerCheck"] = self.b.timer_check[0]()
+        return snap
 
 
 def replication_handler(broker: AdminParts, run: Any) -> grpc.GenericRpcHandler:

@@ -189,13 +189,15 @@ class Broker:
             self.acl = AclChecker.from_config(cfg.acl_file, cfg.acl_access_key,
                                               cfg.acl_secret_key, cfg.acl_signature_window_sec)
         if (self.timer is None and cfg.timer_enable
-                and self.store_config.broker_role is not BrokerRole.SLAVE):  # puts refused
+                and (self.store_config.broker_role is not BrokerRole.SLAVE  # puts refused
+                     or cfg.enable_controller_mode)):  # started when elected
             from stratamq.broker.timer import TimerMessageStore
 
             self.timer = TimerMessageStore(self.store,
                                            max_delay_ms=cfg.timer_max_delay_sec * 1000,
                                            flush_interval_ms=cfg.timer_flush_interval_ms)
-            self.timer.start()
+            if not cfg.enable_controller_mode:
+                self.timer.start()
         if cfg.metrics_exporter_type == "PROM" and isinstance(self.metrics, NullMetrics):
             from stratamq.broker.metrics import BrokerMetrics, BrokerView
 
@@ -320,9 +322,13 @@ class Broker:
             # A SLAVE reads its master's tier but never uploads to it (nor would its uploader
             # follow a cut-back of its CommitLog): no uploader, and its compacted files are
             # not uploaded either (the compaction tier is read-only then).
+            # In controller mode the tier is the group's: every broker has an uploader,
+            # paused until it is elected (broker/master_duties.py).
             self.tiered = wire(self.store, cluster=cfg.broker_cluster_name,
                                broker=cfg.broker_name,
-                               upload=self.store_config.broker_role is not BrokerRole.SLAVE)
+                               upload=(self.store_config.broker_role is not BrokerRole.SLAVE
+                                       or cfg.enable_controller_mode),
+                               group=cfg.enable_controller_mode)
             # The topics first: compaction topics are split out from the first replay on.
             self.meta = MetadataStore(self.store_config.root, cfg.default_retry_max_times)
             from stratamq.broker.replication import plug_compaction
@@ -388,6 +394,11 @@ class Broker:
             cfg, self.store_config, self.store, self.meta, self.state, self.listen_host,
             self.compaction, self.compaction_gate, self.metrics, lambda: self.advertised,
             lambda: self.cluster))
+        if cfg.enable_controller_mode:  # what a role switch starts and stops
+            from stratamq.broker.master_duties import for_broker
+
+            for_broker(self.replication.b, self.timer, self.tiered,
+                       lambda: self.replication.confirmed_offset())
         self.replication.start()
         if cfg.enable_controller_mode:
             self.cluster = self._join_cluster()

@@ -72,7 +72,7 @@ def tier_admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
             raise MetadataError("invalid", "timeout_s must be a positive number of seconds")
         if timeout > MAX_FLUSH_WAIT_S:  # it holds an executor thread while it waits
             raise MetadataError("invalid", f"timeout_s must be at most {MAX_FLUSH_WAIT_S}")
-        if tier().uploader is None:
+        if tier().uploader is None or tier().uploader.paused:
             raise MetadataError("precondition", "this broker does not upload to the tier (a "
                                 "SLAVE reads its master's tier; flush the master)")
         committed = tier().flush(float(timeout))
@@ -83,7 +83,7 @@ def tier_admin_handler(broker: Broker) -> grpc.GenericRpcHandler:
     def clean(req: dict[str, Any]) -> dict[str, Any]:
         from stratamq.tiered.local_clean import delete_tiered_commitlog
 
-        if tier().uploader is None:
+        if tier().uploader is None or tier().uploader.paused:
             raise MetadataError("precondition", "this broker does not upload to the tier (a "
                                 "SLAVE reads its master's tier): nothing local is known to be "
                                 "in it")

@@ -188,9 +188,17 @@ class TimerMessageStore:
             self._rdb().close()
             self.db = None
         shutil.rmtree(self.db_path, ignore_errors=True)
+        with self._lock:
+            self._floor, self._lowered = b"", False
+        self._next_due = 0
+        self._unflushed.clear()
+        self._inflight.clear()
         self.open()
 
     def start(self) -> None:
+        """Start indexing and delivering; again after ``close`` too (a broker elected master
+        once more, ``broker/master_duties.py``)."""
+        self._stop.clear()
         if self.db is None:
             self.open()
         # The store's dispatcher tells us when a timer record lands; polling is the fallback.

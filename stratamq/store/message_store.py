@@ -360,12 +360,7 @@ class MessageStore:
             on_thorough_flush=self._write_checkpoint,
         )
         if cfg.broker_role is not BrokerRole.SLAVE:
-            # Not on a slave: its appends come in big copies (pwrite). Under SYNC_FLUSH pages
-            # are faulted in for reading: faulted in for writing they would be dirty, and the
-            # group commit's next fdatasync would write them out as zeros inside a put's wait.
-            self._prefaulter = Prefaulter(
-                files, write=cfg.flush_disk_type is FlushDiskType.ASYNC_FLUSH)
-            self._prefaulter.start()
+            self.start_prefaulter()
         self.commitlog.on_append = self._on_append
         self._flusher.start()
         self._cq_flusher.start()
@@ -379,6 +374,23 @@ class MessageStore:
             held_elsewhere=self._held_elsewhere,
         )
         self.cleanup.start()
+
+    def start_prefaulter(self) -> None:
+        """Fault the CommitLog's next pages in ahead of the appends (a master's; a broker
+        elected at run time calls it, ``stop_prefaulter`` when it steps down). Not on a slave:
+        its appends come in big copies (pwrite). Under SYNC_FLUSH pages are faulted in for
+        reading: faulted in for writing they would be dirty, and the group commit's next
+        fdatasync would write them out as zeros inside a put's wait."""
+        if self._prefaulter is not None or self.read_only:
+            return
+        self._prefaulter = Prefaulter(
+            self.commitlog.files, write=self.config.flush_disk_type is FlushDiskType.ASYNC_FLUSH)
+        self._prefaulter.start()
+
+    def stop_prefaulter(self) -> None:
+        prefaulter, self._prefaulter = self._prefaulter, None
+        if prefaulter is not None:
+            prefaulter.shutdown()
 
     def set_consumed_offsets(self, provider: ConsumedOffsets) -> None:
         """Register what consumer groups have consumed (the broker's offsets and pop
@@ -420,8 +432,9 @@ class MessageStore:
         # Dispatch runs here when the dispatcher thread is idle (see ReputService.dispatch_now),
         # except on a slave: its only appender, the replication thread, may hold dispatch back
         # (ReplicaLog.hold_dispatch) and would wait on itself; its appends are big anyway.
-        if self._prefaulter is not None:
-            self._prefaulter.appended()
+        prefaulter = self._prefaulter  # (a role switch may stop it meanwhile)
+        if prefaulter is not None:
+            prefaulter.appended()
         reput = self.reput
         if self.config.broker_role is BrokerRole.SLAVE or not reput.dispatch_now():
             reput.wakeup()
@@ -465,8 +478,7 @@ class MessageStore:
                 self._flusher.shutdown()
             if self._cq_flusher is not None:
                 self._cq_flusher.shutdown()
-            if self._prefaulter is not None:
-                self._prefaulter.shutdown()
+            self.stop_prefaulter()
             if self._allocator is not None:
                 self._allocator.shutdown()
             self.commitlog.files.flush_all()

@@ -29,6 +29,7 @@ from stratamq.tiered.uploader import TierUploader, is_filtered_topic
 
 if TYPE_CHECKING:
     from stratamq.store.message_store import MessageStore
+    from stratamq.tiered.group_metadata import GroupTierMetadata
 
 __all__ = ["FlatFileStore", "FlatMessageFile", "MetadataCorrupt", "MetadataMissing",
            "TierBucketMissing", "TierIOError", "TieredStore", "tiering_enabled", "wire"]
@@ -74,6 +75,42 @@ class StoreView:
         return self._commitlog().max_offset
 
 
+class ConfirmedView:
+    """The local queues as a controller-mode master's uploader sees them: only records below
+    ``confirmed()``, the CommitLog offset below which the whole SyncStateSet holds every
+    record, so the tier never holds what a failover may cut off (``TieredStore.take_over``)."""
+
+    def __init__(self, view: StoreView, confirmed: Callable[[], int]) -> None:
+        self.view = view
+        self.confirmed = confirmed
+
+    def units(self, topic: str, queue_id: int, offset: int,
+              count: int) -> list[tuple[int, int, int]]:
+        return self.view.units(topic, queue_id, offset, count)
+
+    def offsets(self, topic: str, queue_id: int) -> tuple[int, int] | None:
+        held = self.view.offsets(topic, queue_id)
+        if held is None or held[1] <= held[0]:
+            return held
+        low, high = held
+        confirmed = self.confirmed()
+
+        def ends_past(offset: int) -> bool:  # (a blank unit counts as below)
+            units = self.view.units(topic, queue_id, offset, 1)
+            return bool(units) and units[0][1] > 0 and units[0][0] + units[0][1] > confirmed
+
+        if not ends_past(high - 1):
+            return held
+        lo, hi = low, high - 1  # a queue's units ascend in CommitLog offset: bisect
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ends_past(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return low, lo
+
+
 class TieredStore:
     """The tier parts of one broker: metadata, flat files, index, uploader and fetcher.
 
@@ -81,13 +118,15 @@ class TieredStore:
 
     def __init__(self, config: StoreConfig, cluster: str, broker: str, *,
                  view: StoreView | None = None, read_only: bool = False,
-                 background: bool = True, fs: Any = None) -> None:
+                 background: bool = True, fs: Any = None, exclusive_parts: bool = False
+                 ) -> None:
         self.config = config
         self.cluster = cluster
         self.broker = broker
         self.read_only = read_only
         self.background = background
         self.factory = FileSegmentFactory(config, cluster, fs=fs)
+        self.factory.exclusive_parts = exclusive_parts  # (before any segment is made)
         self.factory.check_bucket(create=not read_only and config.tiered_store_s3_create_bucket)
         if not read_only:
             self.factory.list_broker(broker)  # before this process writes anything there
@@ -112,6 +151,11 @@ class TieredStore:
         # None for a queue this tier's uploader handles.
         self.held_elsewhere: Callable[[str, int], dict[str, Any] | None] | None = None
         self._started = False
+        # Controller mode: the group's copy of the metadata in the tier (``group_metadata``),
+        # published after each write while this broker is its group's master.
+        self.group: GroupTierMetadata | None = None
+        self._master_epoch = 0  # of this broker's last mastership in this process
+        self.view = view
 
     def _refuse_without_metadata(self, broker: str) -> None:
         """No metadata file, while the tier holds this broker's files: starting empty would
@@ -138,6 +182,71 @@ class TieredStore:
         if self.uploader is not None and not self._started and self.background:
             self.uploader.start()
             self._started = True
+
+    def share_with_group(self, group: GroupTierMetadata | None) -> None:
+        """Controller mode: the tier is the group's. Uploads wait until ``take_over`` (this
+        broker elected), and every metadata write of a master is published to ``group``."""
+        self.group = group
+        if self.uploader is not None:
+            self.uploader.paused = True
+        self.metadata.on_persist = self._publish
+
+    def _publish(self, raw: bytes, epoch: int) -> None:
+        group = self.group
+        if group is None or not epoch or epoch != self._master_epoch:
+            return  # a slave's document is its own, never the group's
+        # An old master's write (work it had begun before it stepped down, or woke from a
+        # stop to finish) is tried: the tier's copy refuses it if a newer master wrote there.
+        try:
+            group.publish(raw, epoch)
+        except OSError as exc:  # the next write publishes again; the local file is written
+            group.last_error = str(exc)
+            log.warning("tier metadata not published to the group's copy %s: %s", group.path,
+                        exc)
+
+    def take_over(self, epoch: int, broker_id: int, local_queues: dict[str, list[int]],
+                  confirmed: Callable[[], int]) -> None:
+        """This broker (``broker_id``) was elected its group's master at ``epoch``: continue
+        uploading where the group's last master stopped. Its document replaces this broker's
+        own unless this broker wrote that copy itself (same epoch and broker: its own
+        document is as new or newer, the copy is published after it); then the document is
+        written and published at ``epoch`` (claiming the tier: an older master's publishes
+        are refused from now on), and every local queue resumes from the tier's committed
+        offset, taking only records below ``confirmed()`` (what the SyncStateSet holds).
+        OSError when the tier cannot be read: the caller retries."""
+        uploader, group = self.uploader, self.group
+        if uploader is None:
+            return
+        if group is not None:
+            from stratamq.tiered.group_metadata import writer
+
+            raw = group.read()
+            mine = (self.metadata.writer_epoch, self.metadata.writer_broker_id)
+            theirs = writer(raw) if raw is not None else (0, -1)
+            if raw is not None and theirs[0] >= mine[0] and theirs != (mine[0], broker_id):
+                log.info("tier: taking over the group's tier metadata written at epoch %d by "
+                         "broker %d (this broker's: epoch %d, broker %d)", *theirs, *mine)
+                self.files.close()
+                self.metadata.take_over(raw, epoch, broker_id)
+                self.files.load()
+                if self.index is not None:
+                    self.index.reload()
+        self.metadata.writer_epoch = self._master_epoch = epoch
+        self.metadata.writer_broker_id = broker_id
+        self.metadata.mark_dirty()
+        if self.view is not None:
+            uploader.local = self.view  # every local record counted as waiting, then capped
+        uploader.resume(local_queues)
+        if self.view is not None:
+            uploader.local = ConfirmedView(self.view, confirmed)
+        uploader.paused = False
+        self.metadata.persist()  # published: the claim
+
+    def step_down(self) -> None:
+        """No longer the group's master: no upload, no publish (what was not uploaded stays
+        local; the next master uploads it from its own copy)."""
+        if self.uploader is not None:
+            self.uploader.paused = True
 
     def flush(self, timeout: float = 60.0) -> bool:
         """Upload everything dispatched so far, now (``stratamq tier flush``)."""
@@ -213,13 +322,16 @@ class TieredStore:
 
 
 def wire(store: MessageStore, *, cluster: str, broker: str,
-         background: bool = True, upload: bool = True,
+         background: bool = True, upload: bool = True, group: bool = False,
          fs: Any = None) -> TieredStore | None:
     """Plug tiered storage into ``store`` (before it is opened) when its config turns it on;
     None when it does not. Call ``start()`` on the result once the store is open: with
     ``background`` (a broker) that starts the uploads; offline commands pass False and upload
     only when asked (``tier flush``). ``upload=False`` (a SLAVE broker: the tier is its
-    master's) plugs in the reads only: no uploader, nothing written to the tier. ``fs``: an
+    master's) plugs in the reads only: no uploader, nothing written to the tier. ``group``
+    (controller mode): the tier is the broker group's; the uploader waits paused until the
+    broker is elected (``TieredStore.take_over``), and a store without tier metadata starts
+    from the group's copy in the tier (``group_metadata.py``). ``fs``: an
     fsspec filesystem to use for an ``s3`` tier (default: one opened from the config)."""
     config = store.config
     if tier_provider(config) is None:
@@ -230,6 +342,13 @@ def wire(store: MessageStore, *, cluster: str, broker: str,
         from stratamq.tiered.offloaded import adopt
 
         adopt(config, cluster, broker)
+    shared = None
+    if group and upload and not store.read_only:
+        from stratamq.tiered.group_metadata import GroupTierMetadata, adopt_group
+
+        if GroupTierMetadata.supported(config):
+            shared = GroupTierMetadata(config, cluster, broker, fs=fs)
+            adopt_group(shared, config.root)
     provider = tier_provider(config)
     if not store.read_only and provider != "memory":
         # So that offline commands find the tier without the broker's --config.
@@ -241,9 +360,12 @@ def wire(store: MessageStore, *, cluster: str, broker: str,
     view = StoreView(lambda: store.consume_queues, lambda: store.commitlog,
                      config.access_message_in_memory_max_ratio)
     tier = TieredStore(config, cluster, broker, view=view,
-                       read_only=store.read_only or not upload, background=background, fs=fs)
+                       read_only=store.read_only or not upload, background=background, fs=fs,
+                       exclusive_parts=group)
     if tier.uploader is not None:
         store.add_dispatcher(tier.uploader)
+        if group:
+            tier.share_with_group(shared)
     if TieredStorageLevel(config.tiered_storage_level) is not TieredStorageLevel.DISABLE:
         store.add_read_source(tier.fetcher, first=tier.fetcher.first)
     log.info("tiered storage: %s, reads %s", tier.factory.describe(),

@@ -158,6 +158,15 @@ class IndexStoreService:
                 continue
             self.unsealed.append(local)
 
+    def reload(self) -> None:
+        """The metadata was replaced (a broker elected master took its group's over): the
+        uploaded files as it records them now."""
+        with self._lock:
+            self.flat._recover()
+            self.uploaded = [UploadedIndexFile(s, self) for s in self.flat.segments
+                             if s.commit_position]
+            self._slot_cache.clear()
+
     # -- writing -------------------------------------------------------------------------------
 
     def put_key(self, topic: str, topic_id: int, queue_id: int, keys: set[str], offset: int,

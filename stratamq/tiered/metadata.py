@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +158,12 @@ class MetadataStore:
         self._segments: dict[FileSegmentType, dict[str, dict[int, FileSegmentMetadata]]] = {
             t: {} for t in FileSegmentType}
         self.durable_offset = 0  # the uploader's: CommitLog offset everything below is tiered
+        # Controller mode: the cluster epoch of the master that writes the document (0: a
+        # standalone broker), and where each write is published for the group
+        # (``group_metadata.py``): called with the document after it is on disk.
+        self.writer_epoch = 0
+        self.writer_broker_id = -1  # (with writer_epoch) the brokerId of that master
+        self.on_persist: Callable[[bytes, int], None] | None = None
         self._dirty = False  # changed: the next ``persist(only_if_dirty=True)`` writes it
         # Changed, but only in what a start reads back from the tier anyway (an uploaded
         # file's size): written by the next write, or ``persist(deferred_too=True)``.
@@ -240,6 +246,8 @@ class MetadataStore:
                 path: {int(base): _segment(obj) for base, obj in table.items()}
                 for path, table in doc.get(table_name, {}).items()}
         self.durable_offset = int(doc.get("dispatcher", {}).get("durableOffset", 0))
+        self.writer_epoch = int(doc.get("writerEpoch", 0))
+        self.writer_broker_id = int(doc.get("writerBrokerId", -1))
         self._deleted_before_file = {(str(t), int(q))
                                      for t, q in doc.get("queuesDeletedSinceBackup", [])}
 
@@ -265,6 +273,9 @@ class MetadataStore:
                     path: {str(base): dict(vars(m)) for base, m in sorted(table.items())}
                     for path, table in sorted(self._segments[file_type].items())}
             doc["dispatcher"] = {"durableOffset": self.durable_offset}
+            if self.writer_epoch:
+                doc["writerEpoch"] = self.writer_epoch
+                doc["writerBrokerId"] = self.writer_broker_id
             if deleted_since_backup:
                 doc["queuesDeletedSinceBackup"] = sorted([t, q] for t, q in deleted_since_backup)
             self._dirty = self._deferred = False
@@ -309,6 +320,28 @@ class MetadataStore:
             self._deleted_before_file = carried
             self._file_queues = written
             self._written_from = starts_at
+            publish = self.on_persist
+            if publish is not None:
+                publish(data, self.writer_epoch)
+
+    def take_over(self, raw: bytes, epoch: int, broker_id: int) -> None:
+        """Replace the tables with the document ``raw`` (the group's, written by an earlier
+        master: ``group_metadata.py``) and write it here at ``epoch``: this broker's uploader
+        continues from it. MetadataCorrupt when it does not parse."""
+        try:
+            doc = json.loads(raw)
+            with self._lock:
+                self._segments = {t: {} for t in FileSegmentType}
+                self._decode(doc)
+                self._deleted_before_file = set()
+                self._deleted_queues = set()
+                self._bak_queues = set()  # this broker's own document becomes the .bak
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise MetadataCorrupt(f"the group's tier metadata is damaged ({exc})") from None
+        self.writer_epoch, self.writer_broker_id = epoch, broker_id
+        self.found = True
+        self._dirty = True
+        self.persist()
 
     def changed(self, *, deferred_too: bool = False) -> bool:
         """Whether ``persist(only_if_dirty=True, deferred_too=...)`` would write."""

@@ -73,6 +73,10 @@ class TierCollector(Collector):
             yield self._one(gauge, "stratamq_tiered_store_failing",
                             "1 while the tier's uploads fail (backing off), else 0",
                             1 if up.health.failures else 0)
+        if tier.group is not None:
+            yield self._one(counter, "stratamq_tiered_store_metadata_fenced",
+                            "writes of the group's tier metadata refused: a master of a later "
+                            "epoch had written it", tier.group.fenced)
         yield self._one(counter, "rocketmq_tiered_store_messages_out",
                         "messages the tier served", tier.fetcher.served)
         yield self._one(counter, "stratamq_tiered_store_corrupt_records",

@@ -140,6 +140,9 @@ class TierUploader:
         # Topics tiered by another part, never here (compaction topics: their compacted files
         # are what the tier holds; stratamq.compaction.tiering.link sets it).
         self.skip_topic: Callable[[str], bool] | None = None
+        # Controller mode: True while this broker is not its group's master (no upload, no
+        # tier housekeeping; dispatch still notes what waits, for the day it is elected).
+        self.paused = False
 
     # -- the dispatcher seam ---------------------------------------------------------------------
 
@@ -254,11 +257,44 @@ class TierUploader:
             self._wake.clear()
             if self._stop.is_set():
                 break
+            if self.paused:
+                continue
             try:
                 self.run_round()
                 self._housekeeping()
             except Exception:  # the scheduler must outlive any one failure
                 log.exception("tier uploader round failed")
+
+    def resume(self, local_queues: dict[str, list[int]]) -> None:
+        """Elected master (controller mode): every local queue the tier lags is waiting from
+        the tier's committed offset, whatever this broker dispatched while it was a slave
+        (the metadata may have been replaced by the group's since)."""
+        assert self.reader is not None, "attach() first (the store calls it on open)"
+        for topic, queue_ids in local_queues.items():
+            if is_filtered_topic(topic) or (self.skip_topic is not None
+                                            and self.skip_topic(topic)):
+                continue
+            for queue_id in queue_ids:
+                held = self.local.offsets(topic, queue_id)
+                if held is None:
+                    continue
+                flat = self.files.get(topic, queue_id)
+                start = flat.commit_offset if flat is not None and flat.is_init() else held[0]
+                start = max(start, held[0])
+                units = self.local.units(topic, queue_id, start, 1)
+                if not units:
+                    continue  # nothing the group acknowledged is waiting
+                head = self.reader.read_bytes(units[0][0], min(units[0][1], HEADER_PEEK))
+                stamp = codec.record_store_timestamp(head, 0) if head else 0
+                with self._lock:
+                    waiting = self._waiting.get((topic, queue_id))
+                    if waiting is None:
+                        waiting = self._waiting[(topic, queue_id)] = _Waiting(
+                            start, units[0][0], stamp)
+                    else:
+                        waiting.next, waiting.first_phys = start, units[0][0]
+                    waiting.seen_next = max(waiting.seen_next, held[1])
+        self._wake.set()
 
     def _due(self, waiting: _Waiting, now_ms: int) -> bool:
         cfg = self.config
@@ -623,6 +659,8 @@ class TierUploader:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self._executor.shutdown(wait=True)
+        if self.paused:
+            return  # not the group's master: its document stays as its last mastership left it
         try:
             self.persist(deferred_too=True)
         except OSError as exc:

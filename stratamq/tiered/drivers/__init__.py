@@ -96,6 +96,10 @@ class FileSegmentFactory:
         # it (``list_broker``): a topic not among them has only what this process wrote.
         self._broker_topics: dict[str, set[str]] = {}
         self._listing_lock = threading.Lock()
+        # Controller mode (the tier is the group's, ``group_metadata.py``): object-store parts
+        # are written only where none is, so a master that lost its mastership cannot replace
+        # a part the next one wrote (``ObjectFileSegment.commit0``).
+        self.exclusive_parts = False
 
     def list_broker(self, broker: str) -> None:
         """List the broker's tier directory once, at the start of a process that uploads to
@@ -259,7 +263,7 @@ class FileSegmentFactory:
             from stratamq.tiered.drivers.object_store import ObjectFileSegment
 
             return ObjectFileSegment(self.limits, file_type, file_path, base_offset, self.fs,
-                                     self.full_path(relative))
+                                     self.full_path(relative), exclusive=self.exclusive_parts)
         from stratamq.tiered.drivers.memory import MemoryFileSegment
 
         return MemoryFileSegment(self.limits, file_type, file_path, base_offset,

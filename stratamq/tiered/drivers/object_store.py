@@ -89,9 +89,10 @@ def _contiguous_size(path: str, parts: list[tuple[int, int]]) -> int:
 
 class ObjectFileSegment(FileSegment):
     def __init__(self, limits: SegmentLimits, file_type: FileSegmentType, file_path: str,
-                 base_offset: int, fs: Any, full_path: str) -> None:
+                 base_offset: int, fs: Any, full_path: str, *, exclusive: bool = False) -> None:
         super().__init__(limits, file_type, file_path, base_offset)
         self._fs = fs
+        self.exclusive = exclusive  # parts are never replaced (see commit0)
         self._full_path = full_path
         self._parts_lock = threading.Lock()
         self._starts: list[int] = []  # cached part positions, sorted
@@ -186,7 +187,12 @@ class ObjectFileSegment(FileSegment):
     def commit0(self, data: bytes, position: int, append: bool) -> None:
         name = f"{self._full_path}/{part_name(position)}"
         try:
-            self._fs.pipe_file(name, data)
+            if self.exclusive:
+                self._put_exclusive(name, data)
+            else:
+                self._fs.pipe_file(name, data)
+        except TierIOError:
+            raise
         except Exception as exc:
             raise TierIOError(f"cannot upload {len(data)} bytes to {name}: {exc}") from exc
         with self._parts_lock:
@@ -196,6 +202,24 @@ class ObjectFileSegment(FileSegment):
             else:
                 self._starts = [*self._starts[:index], position, *self._starts[index:]]
                 self._sizes = [*self._sizes[:index], len(data), *self._sizes[index:]]
+
+    def _put_exclusive(self, name: str, data: bytes) -> None:
+        """Write the part only where there is none (a conditional put, ``If-None-Match: *``).
+        One already there with these very bytes is this upload landed before (a retry after
+        a lost answer, or another master of the group that uploaded the same acknowledged
+        records at the same place); other bytes are another master's: refused."""
+        from stratamq.tiered.group_metadata import precondition_failed
+
+        try:
+            self._fs.pipe_file(name, data, IfNoneMatch="*")
+            return
+        except Exception as exc:
+            if not precondition_failed(exc):
+                raise
+        self._fs.invalidate_cache(name)
+        if bytes(self._fs.cat_file(name)) != data:
+            raise TierIOError(f"tier part {name} holds other bytes (written by another master "
+                              "of the group): not replaced")
 
     def truncate0(self, size: int) -> None:
         """Delete the parts at or after ``size``; a cut inside a part is refused (parts are
