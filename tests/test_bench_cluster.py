@@ -35,9 +35,10 @@ def test_quick_throughput_and_scale_print_both_numbers_and_etcd_counts(tmp_path)
 
     [scale] = [x for x in lines if x.get("part") == "scale"]
     assert scale["groups"] == 2 and scale["brokers"] == 4 and scale["etcdMembers"] == 3
-    # Counted by etcd itself: every live broker renews its lease and reads its group.
+    # Counted by etcd itself: every live broker renews its lease (it reads its group only on a
+    # watched change and every sixth pass, which a short window may not see).
     assert scale["etcdRequestsPerBrokerPerS"] > 0
-    assert {"LeaseKeepAlive", "Range"} <= set(scale["byMethod"])
+    assert "LeaseKeepAlive" in scale["byMethod"]
     assert scale["clientCountedPerBrokerPerS"] > 0
     [summary] = [x for x in lines if x.get("summary") == "scale"]
     assert summary["groups"] == [2]

@@ -39,6 +39,7 @@ from stratamq.benchmarks.etcd_members import EtcdCluster
 from stratamq.benchmarks.grpc_load import send_load
 from stratamq.broker.metadata import MetadataStore
 from stratamq.client.admin import AdminClient, AdminError
+from stratamq.config import BrokerConfig
 
 __all__ = ["BenchBroker", "etcd_requests", "run_scale", "run_throughput"]
 
@@ -101,8 +102,9 @@ class BenchBroker:
         assert self.proc is not None and self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if "listening on" not in line:
-            raise RuntimeError(f"broker {self.name} did not start: {line!r} "
-                               f"(log: {self.log})")
+            tail = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+            raise RuntimeError(f"broker {self.name} did not start: {line!r}; its log ends:\n"
+                               f"{tail}")
 
     def ha_status(self) -> dict[str, Any] | None:
         try:
@@ -147,9 +149,14 @@ class BenchBroker:
             proc.stdout.close()
 
 
-def _controller_settings(etcd: str, group: str, broker_id: int, ttl_ms: int) -> dict[str, str]:
-    return {"enableControllerMode": "true", "etcdEndpoints": etcd, "brokerName": group,
-            "brokerId": str(broker_id), "etcdLeaseTtlMs": str(ttl_ms)}
+def _controller_settings(etcd: str, group: str, broker_id: int,
+                         ttl_ms: int | None) -> dict[str, str]:
+    """None: the broker's default etcdLeaseTtlMs (what users run)."""
+    settings = {"enableControllerMode": "true", "etcdEndpoints": etcd, "brokerName": group,
+                "brokerId": str(broker_id)}
+    if ttl_ms is not None:
+        settings["etcdLeaseTtlMs"] = str(ttl_ms)
+    return settings
 
 
 def _group_in_sync(brokers: Iterable[BenchBroker]) -> bool:
@@ -195,7 +202,7 @@ def _stop_all(brokers: Iterable[BenchBroker]) -> None:
 
 
 def run_throughput(root: Path, etcd: EtcdCluster, emit: Emit, *, seconds: float, rounds: int,
-                   per_rpc: int, inflight: int, body_size: int, ttl_ms: int,
+                   per_rpc: int, inflight: int, body_size: int, ttl_ms: int | None,
                    warm_up_s: float = 1.0) -> dict[str, Any]:
     """A controller-mode group against a standalone SYNC_MASTER pair; see the module
     docstring. Emits a line per mode and round, returns the summary (also emitted)."""
@@ -311,7 +318,7 @@ def _client_counts(brokers: Iterable[BenchBroker]) -> int:
 
 
 def run_scale(root: Path, etcd: EtcdCluster, emit: Emit, *, group_counts: list[int],
-              seconds: float, ttl_ms: int, settle_s: float = 3.0) -> list[dict[str, Any]]:
+              seconds: float, ttl_ms: int | None, settle_s: float = 3.0) -> list[dict[str, Any]]:
     """Groups added up to each count in turn (the earlier ones keep running); at each count,
     etcd's requests per broker per second over ``seconds`` of steady state."""
     root = root / "scale"
@@ -348,7 +355,7 @@ def run_scale(root: Path, etcd: EtcdCluster, emit: Emit, *, group_counts: list[i
             total = sum(after.values()) - sum(before.values())
             line: dict[str, Any] = {"part": "scale", "groups": count, "brokers": len(brokers),
                     "etcdMembers": len(members), "seconds": round(elapsed, 2),
-                    "leaseTtlMs": ttl_ms,
+                    "leaseTtlMs": ttl_ms or BrokerConfig().etcd_lease_ttl_ms,
                     "etcdRequestsPerBrokerPerS": round(total / elapsed / len(brokers), 3),
                     "byMethod": per_method,
                     "clientCountedPerBrokerPerS": round(
