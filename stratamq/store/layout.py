@@ -7,6 +7,7 @@ The directory is RocketMQ's, so either system can open the other's store::
     <root>/index/<yyyyMMddHHmmssSSS>                  index files (issue 3)
     <root>/checkpoint                                 flush timestamps (docs/formats/checkpoint.md)
     <root>/abort                                      present while a store is open: a crash marker
+    <root>/consumeQueueSnapshot.json                  file ConsumeQueue positions at a clean close
     <root>/lock                                       held with flock by the process that owns it
     <root>/config/storeType                           which ConsumeQueue store the directory uses
     <root>/rocksdb/consumequeue/                      RocksDB ConsumeQueues
@@ -77,6 +78,11 @@ class StoreLayout:
     @property
     def abort(self) -> Path:
         return self.root / "abort"
+
+    @property
+    def cq_snapshot(self) -> Path:
+        """File ConsumeQueue positions saved by a clean close (consumequeue-snapshot.md)."""
+        return self.root / "consumeQueueSnapshot.json"
 
     @property
     def lock(self) -> Path:

@@ -185,7 +185,7 @@ class MessageStore:
                                            read_only=self.read_only)
         self.store_type, self.cq_stores = open_consume_queue_stores(
             cfg, self.layout, has_data=bool(files.files), read_only=self.read_only,
-            force=self.force_store_type)
+            force=self.force_store_type, clean_shutdown=not abnormal)
         self.consume_queues = self.cq_stores[0]
 
         report = recover_commitlog(files, abnormal, self.checkpoint, cfg.check_crc_on_recover)
@@ -200,6 +200,9 @@ class MessageStore:
             self._start_after_sources(files)
 
         self.commitlog = CommitLog(files, cfg.store_host, cfg.max_message_size)
+        for cq_store in self.cq_stores:
+            if hasattr(cq_store, "commitlog_files"):  # files: refills a queue found short
+                cq_store.commitlog_files = files
         self.log_reader = CommitLogReader(files)
         for plugged in self._plugged:  # before replay feeds them
             attach = getattr(plugged, "attach", None)
@@ -471,6 +474,12 @@ class MessageStore:
             self.commitlog.files.flush_all()
             self._note_commitlog_flushed()
             self._write_checkpoint(self.reput.last_store_timestamp)
+            for cq_store in self.cq_stores:
+                # Positions for the next open, which then reads no queue it does not use
+                # (file ConsumeQueues, consume_queue_snapshot.py); saved before ``abort`` goes.
+                save = getattr(cq_store, "save_snapshot", None)
+                if save is not None:
+                    save(self.commitlog.min_offset, self.commitlog.max_offset)
             self.layout.abort.unlink(missing_ok=True)
         self._close_cq_stores()
         if self.index is not None:
