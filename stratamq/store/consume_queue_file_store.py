@@ -98,14 +98,15 @@ class FileConsumeQueueStore:
         """Every queue of the snapshot, none of them loaded: no directory is listed and no file
         opened until a queue is used."""
         queues = self._queues
-        topic_dirs: dict[str, Path] = {}  # a path is costly to build: one per topic, not queue
+        root = self.layout.consumequeue_dir
+        topic_dirs: dict[str, Path] = {}  # paths are costly to build: one per topic, for now
         for (topic, queue_id), positions in snapshot.queues.items():
             topic_dir = topic_dirs.get(topic)
             if topic_dir is None:
-                topic_dir = topic_dirs[topic] = self.layout.consume_queue_dir(topic, 0).parent
+                topic_dir = topic_dirs[topic] = self.layout.consume_queue_topic_dir(topic, root)
             cq = queues[(topic, queue_id)] = ConsumeQueue(
-                topic, queue_id, topic_dir / str(queue_id), positions.file_size,
-                read_only=self.read_only, positions=positions)
+                topic, queue_id, None, positions.file_size, read_only=self.read_only,
+                positions=positions, topic_dir=topic_dir)
             cq.refill = self._refill
         self._snapshot_span = (snapshot.commitlog_min, snapshot.commitlog_end)
         log.info("ConsumeQueues: %d queues opened from the snapshot of the last clean close",

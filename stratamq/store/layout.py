@@ -61,11 +61,15 @@ class StoreLayout:
         return self.root / CONSUMEQUEUE_DIR
 
     def consume_queue_dir(self, topic: str, queue_id: int) -> Path:
+        return self.consume_queue_topic_dir(topic) / str(queue_id)
+
+    def consume_queue_topic_dir(self, topic: str, consumequeue_dir: Path | None = None) -> Path:
+        """``consumequeue/<topic>`` (``consumequeue_dir``: that directory, already built)."""
         # A topic is one directory name: never a path out of consumequeue/ (records written
         # before puts checked topic names may still carry one).
         if not topic or "/" in topic or "\0" in topic or topic in (".", ".."):
             raise OSError(errno.EINVAL, f"topic {topic[:80]!r} is not a directory name")
-        return self.consumequeue_dir / topic / str(queue_id)
+        return (consumequeue_dir or self.consumequeue_dir) / topic
 
     @property
     def index_dir(self) -> Path:
