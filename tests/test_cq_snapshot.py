@@ -175,3 +175,23 @@ def test_sigkill_after_an_open_from_the_snapshot_recovers_exactly(tmp_path):
                 assert len(got) >= acked + 1 - start, (topic, q, len(got))
                 assert got == [body(topic, q, i) for i in range(start, start + len(got))]
         expect(store, dict.fromkeys(TOPICS[2:], 6))
+
+
+def test_a_queue_whose_files_went_missing_after_the_close_is_refilled_from_its_commitlog(
+        tmp_path, caplog):
+    """A queue directory removed after a clean close (the snapshot still says what it held):
+    its first read finds no files, says so, and gets its units again from the CommitLog,
+    never the records of the topic's deleted generation that lie before them."""
+    cfg = config(tmp_path / "store")
+    with MessageStore(cfg).open() as store:
+        fill(store, ["Gone"], 0, 3)  # the old generation: deleted below
+        store.delete_topic("Gone")
+        fill(store, ["Gone", "Kept"], 10, 5)  # queue offsets 0-4 again, bodies 10-14
+    shutil.rmtree(cfg.root / "consumequeue" / "Gone" / "2")
+    with MessageStore(cfg).open() as store:
+        assert store.get_max_offset_in_queue("Gone", 2) == 5  # the snapshot's answer
+        assert bodies(store, "Gone", 2) == [body("Gone", 2, n) for n in range(10, 15)]
+        assert "Gone/2: files end at unit 0" in caplog.text
+        assert bodies(store, "Kept", 2) == [body("Kept", 2, n) for n in range(10, 15)]
+    with MessageStore(cfg).open() as store:  # written back: the next open reads the same
+        assert bodies(store, "Gone", 2) == [body("Gone", 2, n) for n in range(10, 15)]

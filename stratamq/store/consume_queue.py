@@ -91,6 +91,7 @@ class ConsumeQueue:
         self._materializing = False
         # Set by the store for a queue opened from a snapshot: re-dispatches this queue's
         # records of a CommitLog range (its files turned out shorter than the snapshot).
+        # It returns how many records it dispatched, -1 if it cannot (yet).
         self.refill: Callable[[ConsumeQueue, int, int], int] | None = None
         if positions is not None:
             self.max_physic_offset = positions.max_physic
@@ -128,13 +129,20 @@ class ConsumeQueue:
         without the snapshot would have re-dispatched them."""
         have, had = self.files.max_offset() // UNIT_SIZE, saved.max_bytes // UNIT_SIZE
         log.error("%s/%d: files end at unit %d (record end %d), the snapshot of the last "
-                  "clean close said %d (%d)%s", self.topic, self.queue_id, have,
-                  self.max_physic_offset, had, saved.max_physic,
-                  "; re-dispatching the rest from the CommitLog" if have < had else "")
-        if have < had and self.refill is not None and not self.files.read_only:
+                  "clean close said %d (%d)", self.topic, self.queue_id, have,
+                  self.max_physic_offset, had, saved.max_physic)
+        if have >= had:
+            return
+        added = -1
+        if self.refill is not None and not self.files.read_only:
             added = self.refill(self, max(self.max_physic_offset, 0), saved.max_physic)
-            log.warning("%s/%d: %d units re-dispatched; the queue ends at unit %d",
-                        self.topic, self.queue_id, added, self.max_offset())
+        if added < 0:
+            log.error("%s/%d: units %d to %d cannot be re-dispatched while the store opens; "
+                      "their records stay in the CommitLog only", self.topic, self.queue_id,
+                      have, had)
+        else:
+            log.warning("%s/%d: %d records re-dispatched from the CommitLog; the queue ends "
+                        "at unit %d", self.topic, self.queue_id, added, self.max_offset())
 
     @property
     def directory(self) -> Path:

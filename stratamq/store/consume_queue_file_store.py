@@ -29,6 +29,7 @@ from stratamq.store.consume_queue_snapshot import (
     take_snapshot,
     write_snapshot,
 )
+from stratamq.store.deleted_topics import DeletedTopics
 from stratamq.store.layout import StoreLayout
 from stratamq.store.mapped_file_queue import MappedFileQueue
 
@@ -56,9 +57,9 @@ class FileConsumeQueueStore:
         # (CommitLog min, end) the snapshot loaded from was saved with: checked once recovery
         # knows them (``truncate_dirty``, ``correct_min_offsets``); None when none is in use.
         self._snapshot_span: tuple[int, int] | None = None
-        # The CommitLog's segments, set by the opener: a queue opened from a snapshot whose
-        # files turn out short is refilled from them (``_refill``).
-        self.commitlog_files: MappedFileQueue | None = None
+        # The CommitLog's segments and the deleted topics' cutoffs, set by the opener: a queue
+        # opened from a snapshot whose files turn out short is refilled from them (``_refill``).
+        self.refill_source: tuple[MappedFileQueue, DeletedTopics] | None = None
 
     def load(self) -> None:
         root = self.layout.consumequeue_dir
@@ -115,12 +116,14 @@ class FileConsumeQueueStore:
     def _refill(self, cq: ConsumeQueue, start: int, end: int) -> int:
         """Dispatch ``cq``'s records of ``[start, end)`` of the CommitLog to it again (units it
         has are skipped by ``put_unit``); return how many were dispatched."""
-        files = self.commitlog_files
-        if files is None:
-            return 0
+        if self.refill_source is None:
+            return -1  # not before the open has wired the CommitLog and the deleted topics
+        files, deleted = self.refill_source
         from stratamq.store.dispatch import ReputService  # it imports the store's parts
 
-        return ReputService(files, [_OneQueue(cq)], max(start, files.min_offset())).replay(end)
+        replay = ReputService(files, [_OneQueue(cq)], max(start, files.min_offset()))
+        replay.deleted = deleted  # a deleted topic's old records are never served again
+        return replay.replay(end)
 
     def _check_snapshot_span(self, *, commitlog_min: int | None = None,
                              commitlog_end: int | None = None) -> None:

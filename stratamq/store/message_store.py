@@ -200,9 +200,6 @@ class MessageStore:
             self._start_after_sources(files)
 
         self.commitlog = CommitLog(files, cfg.store_host, cfg.max_message_size)
-        for cq_store in self.cq_stores:
-            if hasattr(cq_store, "commitlog_files"):  # files: refills a queue found short
-                cq_store.commitlog_files = files
         self.log_reader = CommitLogReader(files)
         for plugged in self._plugged:  # before replay feeds them
             attach = getattr(plugged, "attach", None)
@@ -222,6 +219,9 @@ class MessageStore:
         self.deleted_topics = DeletedTopics(self.layout.deleted_topics, read_only=self.read_only)
         self.deleted_topics.prune(self.commitlog.min_offset)
         self.reput.deleted = self.deleted_topics
+        for cq_store in self.cq_stores:
+            if hasattr(cq_store, "refill_source"):  # files: refills a queue found short
+                cq_store.refill_source = (files, self.deleted_topics)
         # A slave's raw appends and cuts (stratamq/ha drives them; see replica.py).
         self.replica = ReplicaLog(self.commitlog, self.cq_stores, self.reput, self._plugged,
                                   cfg.check_crc_on_recover)
