@@ -153,7 +153,9 @@ def _check_fresh_dir(root: Path) -> None:
 
 
 def _time_cq_load(root: Path, store_type: str) -> float:
-    """The ConsumeQueue part of a restart alone: load the store and its offset table."""
+    """The ConsumeQueue part of a restart alone: load the store and its offset table. A file
+    store loads here without its snapshot (consume_queue_snapshot.py; the restart consumed
+    it): every queue's files are read, as on a reopen after a crash."""
     from stratamq.store.consume_queue_store import open_consume_queue_store
     from stratamq.store.layout import StoreLayout
 
