@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from stratamq.config import StoreConfig
 from stratamq.message import DispatchInfo, Message, Prop
 from stratamq.record import SysFlag
-from stratamq.store.consume_queue import FileConsumeQueueStore
+from stratamq.store.consume_queue_file_store import FileConsumeQueueStore
 from stratamq.store.dispatch import ReputService
 from stratamq.store.index_service import IndexService
 from stratamq.store.layout import StoreLayout

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-from stratamq.record import DispatchInfo, SysFlag
+from stratamq.record import SysFlag
 from stratamq.store.consume_queue_format import (
     BLANK_UNIT,
     UNIT,
@@ -23,13 +23,14 @@ from stratamq.store.consume_queue_format import (
     is_blank_unit,
     written_units,
 )
-from stratamq.store.layout import StoreLayout, parse_segment_name
+from stratamq.store.consume_queue_snapshot import QueuePositions
+from stratamq.store.layout import parse_segment_name
 from stratamq.store.mapped_file import MappedFile, MappedFileError
 from stratamq.store.mapped_file_queue import MappedFileQueue
 
 # The bit the prepared (0b01) and rolled-back (0b11) transaction types have and the others
 # (not transactional 0b00, committed 0b10) lack.
-_PREPARED_OR_ROLLED_BACK = SysFlag.TRANSACTION_PREPARED_TYPE
+PREPARED_OR_ROLLED_BACK = SysFlag.TRANSACTION_PREPARED_TYPE
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +39,31 @@ CQ_ALLOCATE_AHEAD = 64 * 1024  # bytes reserved past a ConsumeQueue's write posi
 STAGED_UNITS_MAX = 4096
 
 
+# Loads of queues opened from a snapshot, one at a time (each is a directory listing and a
+# read; re-entered by a repair's own writes). One lock, not one per queue: a queue is loaded
+# once, and 10,000 locks made an open from a snapshot measurably slower.
+_MATERIALIZE_LOCK = threading.RLock()
+# The files of every queue not loaded yet: none (nothing may be written through it).
+_UNLOADED = MappedFileQueue(Path("/"), UNIT_SIZE, read_only=True, evictable=True)
+
+
 class ConsumeQueue:
     """The units of one topic/queue, in files of ``file_size`` bytes."""
 
-    def __init__(self, topic: str, queue_id: int, directory: Path, file_size: int,
-                 *, read_only: bool = False) -> None:
+    def __init__(self, topic: str, queue_id: int, directory: Path | None, file_size: int,
+                 *, read_only: bool = False, positions: QueuePositions | None = None,
+                 topic_dir: Path | None = None) -> None:
         self.topic = topic
         self.queue_id = queue_id
-        # Reserve disk in small steps: a store may hold a great many queues.
-        # Evictable: a store may hold more queues than the process may open files.
-        # No read-ahead: see MappedFile._advise (a new file cost ~10 ms without it).
-        self.files = MappedFileQueue(directory, file_size, read_only=read_only,
-                                     allocate_ahead=CQ_ALLOCATE_AHEAD, evictable=True,
-                                     readahead=False)
+        # ``topic_dir`` instead of ``directory``: the path is built when first needed.
+        self._directory = directory
+        self._topic_dir = topic_dir
+        self.read_only = read_only
+        # A queue opened from a snapshot gets its files when first used (``_materialize``):
+        # until then it shares an empty, read-only list (opening 10,000 queues from a
+        # snapshot cost ~10 us each, most of it building a list per queue).
         self.file_size = file_size
+        self.files = _UNLOADED if positions is not None else self._file_queue()
         # End (offset + size) of the newest unit's record: re-dispatching a record at or below
         # it is a no-op, which makes recovery's replay idempotent.
         self.max_physic_offset = -1
@@ -73,17 +85,116 @@ class ConsumeQueue:
         self._staged_next = -1
         self._staged_stop = -1
         self._staged_end = -1
+        # Not loaded yet: the positions a clean close saved (consume_queue_snapshot.py) answer
+        # for the queue until its first read or write loads its files (``_materialize``).
+        self._lazy = positions
+        self._materializing = False
+        # Set by the store for a queue opened from a snapshot: re-dispatches this queue's
+        # records of a CommitLog range (its files turned out shorter than the snapshot).
+        # It returns how many records it dispatched, -1 if it cannot (yet).
+        self.refill: Callable[[ConsumeQueue, int, int], int] | None = None
+        if positions is not None:
+            self.max_physic_offset = positions.max_physic
+            self.min_logic_offset = positions.min_logic
+
+    # -- loading on first use -------------------------------------------------------------------
+
+    def _materialize(self) -> None:
+        """Load and recover the files of a queue opened from a snapshot (any thread; once).
+        Its positions then come from its files, as after any open; a difference from the
+        snapshot is an error to report (the offsets already given out came from it)."""
+        with _MATERIALIZE_LOCK:
+            saved = self._lazy
+            if saved is None or self._materializing:
+                return  # loaded, or this thread is loading it (the repair's put_unit)
+            self._materializing = True
+            try:
+                files = self._file_queue()
+                files.load(segment_listing(self.directory))
+                self.files = files
+                self.max_physic_offset = -1
+                self._recover_files()
+                self._head_unit = None
+                self.min_logic_offset = max(saved.min_logic, self.files.min_offset())
+                if (self.files.max_offset(), self.max_physic_offset) != (saved.max_bytes,
+                                                                        saved.max_physic):
+                    self._repair(saved)
+                self._lazy = None
+            finally:
+                self._materializing = False
+
+    def _repair(self, saved: QueuePositions) -> None:
+        """The files differ from what the last clean close saved (damaged or cut since): a
+        queue that ends short gets its missing units again from the CommitLog, as a recovery
+        without the snapshot would have re-dispatched them."""
+        have, had = self.files.max_offset() // UNIT_SIZE, saved.max_bytes // UNIT_SIZE
+        log.error("%s/%d: files end at unit %d (record end %d), the snapshot of the last "
+                  "clean close said %d (%d)", self.topic, self.queue_id, have,
+                  self.max_physic_offset, had, saved.max_physic)
+        if have >= had:
+            return
+        added = -1
+        if self.refill is not None and not self.files.read_only:
+            added = self.refill(self, max(self.max_physic_offset, 0), saved.max_physic)
+        if added < 0:
+            log.error("%s/%d: units %d to %d cannot be re-dispatched while the store opens; "
+                      "their records stay in the CommitLog only", self.topic, self.queue_id,
+                      have, had)
+        else:
+            log.warning("%s/%d: %d records re-dispatched from the CommitLog; the queue ends "
+                        "at unit %d", self.topic, self.queue_id, added, self.max_offset())
+
+    @property
+    def directory(self) -> Path:
+        directory = self._directory
+        if directory is None:
+            if self._topic_dir is None:
+                raise ValueError(f"{self.topic}/{self.queue_id}: no directory given")
+            directory = self._directory = self._topic_dir / str(self.queue_id)
+        return directory
+
+    def _file_queue(self) -> MappedFileQueue:
+        # Reserve disk in small steps: a store may hold a great many queues.
+        # Evictable: a store may hold more queues than the process may open files.
+        # No read-ahead: see MappedFile._advise (a new file cost ~10 ms without it).
+        return MappedFileQueue(self.directory, self.file_size, read_only=self.read_only,
+                               allocate_ahead=CQ_ALLOCATE_AHEAD, evictable=True,
+                               readahead=False)
+
+    @property
+    def loaded(self) -> bool:
+        """False while the queue answers from a snapshot (its files not read yet)."""
+        return self._lazy is None
+
+    def positions(self) -> QueuePositions | None:
+        """What a snapshot keeps of this queue; None for a queue without files."""
+        if self._lazy is not None:
+            return self._lazy
+        first = self.files.first()
+        if first is None:
+            return None
+        return QueuePositions(self.file_size, first.file_from_offset, self.files.max_offset(),
+                              max(self.min_logic_offset, first.file_from_offset),
+                              self.max_physic_offset)
 
     # -- positions ------------------------------------------------------------------------------
 
     def max_offset(self) -> int:
         """Queue offset the next message gets (the number of units ever written)."""
+        saved = self._lazy
+        if saved is not None:
+            return saved.max_bytes // UNIT_SIZE
         return self.files.max_offset() // UNIT_SIZE
 
     def min_offset(self) -> int:
+        saved = self._lazy
+        if saved is not None:
+            return saved.min_logic // UNIT_SIZE
         return max(self.min_logic_offset, self.files.min_offset()) // UNIT_SIZE
 
     def _unit_at(self, byte_pos: int) -> tuple[int, int, int] | None:
+        if self._lazy is not None:
+            self._materialize()
         mf = self.files.find_by_offset(byte_pos)
         if mf is None or not mf.hold():
             return None
@@ -143,7 +254,11 @@ class ConsumeQueue:
         many queues maps none of them (each is mapped on first use), and only the written
         extents are read (the rest of a sparse file is never touched: a hole read through a
         map on a full tmpfs is a SIGBUS, and 6 MB of zero pages per queue made a reopen of
-        many queues slow)."""
+        many queues slow). A queue opened from a snapshot is recovered when first used."""
+        if self._lazy is None:
+            self._recover_files()
+
+    def _recover_files(self) -> None:
         self._drop_cursor()
         self._head_unit = None
         files = self.files.files
@@ -175,6 +290,8 @@ class ConsumeQueue:
 
     def correct_min_offset(self, commitlog_min_offset: int) -> None:
         """Skip units whose records are gone (below the CommitLog's min) and blank fillers."""
+        if self._lazy is not None:
+            self._materialize()
         first = self.files.first()
         if first is None:
             return
@@ -201,6 +318,8 @@ class ConsumeQueue:
         files went. Never the last file (it carries ``max_offset``), and never a file not yet
         flushed (the flusher walks forward from ``flushed_where``). Called by the clean-up
         thread; the write lock keeps it apart from ``put_unit``."""
+        if self._lazy is not None:
+            self._materialize()
         with self._write_lock:
             files = self.files.files
             flushed = self.files.flushed_where
@@ -219,6 +338,10 @@ class ConsumeQueue:
 
     def truncate_dirty(self, commitlog_end: int) -> int:
         """Drop units pointing at or past ``commitlog_end``; return how many were dropped."""
+        if self._lazy is not None:
+            if 0 <= self.max_physic_offset <= commitlog_end or self._lazy.max_bytes == 0:
+                return 0  # as below, without loading the queue
+            self._materialize()
         self.write_staged()  # normally nothing: a cut comes between dispatch rounds
         self._drop_cursor()
         first = self.files.first()
@@ -243,6 +366,8 @@ class ConsumeQueue:
     # -- writing --------------------------------------------------------------------------------
 
     def put_unit(self, queue_offset: int, commitlog_offset: int, size: int, tags_code: int) -> None:
+        if self._lazy is not None:
+            self._materialize()
         self._drop_cursor()
         with self._write_lock:
             if commitlog_offset + size <= self.max_physic_offset:
@@ -301,6 +426,8 @@ class ConsumeQueue:
         else:
             if end <= self.max_physic_offset:
                 return True  # already have it: a replay (as put_unit)
+            if self._lazy is not None:
+                self._materialize()
             mf = self.files.last()
             if mf is None:
                 return False
@@ -355,6 +482,8 @@ class ConsumeQueue:
 
     def get_units(self, queue_offset: int, max_units: int) -> list[tuple[int, int, int]]:
         """Up to ``max_units`` units from ``queue_offset`` on: (commitlog_offset, size, code)."""
+        if self._lazy is not None:
+            self._materialize()
         out: list[tuple[int, int, int]] = []
         pos = queue_offset * UNIT_SIZE
         end = self.files.max_offset()
@@ -380,10 +509,15 @@ class ConsumeQueue:
 
     def disk_bytes(self) -> int:
         """Disk blocks this queue's files occupy (a fresh, sparse file uses few)."""
+        if self._lazy is not None:
+            return sum(entry.stat().st_blocks * 512
+                       for _start, entry in segment_listing(self.directory))
         return sum(mf.path.stat().st_blocks * 512 for mf in self.files.files
                    if mf.path.exists())
 
     def destroy(self) -> None:
+        if self._lazy is not None:
+            self._materialize()  # its files are deleted with it
         self._staged = bytearray()
         self._drop_cursor()
         self.files.destroy()
@@ -395,195 +529,12 @@ class ConsumeQueue:
         self.files.close()
 
 
-class FileConsumeQueueStore:
-    """Every file ConsumeQueue of a store, created on first use. A dispatcher.
-
-    ``storeType=default``; see ``consume_queue_store.ConsumeQueueStore`` for the interface."""
-
-    store_type = "default"
-
-    def __init__(self, layout: StoreLayout, default_file_size: int, *, read_only: bool = False):
-        self.layout = layout
-        self.default_file_size = default_file_size
-        self.read_only = read_only
-        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
-        self._lock = threading.Lock()
-        # Queues holding staged units of the current dispatch round, and how many units.
-        self._staged: dict[ConsumeQueue, None] = {}
-        self._staged_units = 0
-
-    def load(self) -> None:
-        root = self.layout.consumequeue_dir
-        if not root.is_dir():
-            return
-        # scandir: the directory entries say what is a directory, so a store of many queues
-        # costs a listing per queue and one stat, not several of each.
-        for topic_entry in sorted(os.scandir(root), key=lambda e: e.name):
-            if not topic_entry.is_dir():
-                continue
-            topic_dir = Path(topic_entry.path)
-            for queue_entry in sorted(os.scandir(topic_dir), key=lambda e: e.name):
-                if not queue_entry.name.isdigit() or not queue_entry.is_dir():
-                    continue
-                queue_dir = topic_dir / queue_entry.name
-                segments = sorted((start, e) for e in os.scandir(queue_entry.path)
-                                  if (start := parse_segment_name(e.name)) is not None
-                                  and e.is_file())
-                if not segments:
-                    continue
-                size = segments[0][1].stat().st_size or self.default_file_size
-                if size % UNIT_SIZE:
-                    raise ValueError(f"{queue_dir}: file size {size} is not a multiple of 20")
-                cq = ConsumeQueue(topic_dir.name, int(queue_entry.name), queue_dir, size,
-                                  read_only=self.read_only)
-                cq.load(segments)
-                self._queues[(cq.topic, cq.queue_id)] = cq
-
-    def recover(self) -> None:
-        for cq in self._queues.values():
-            cq.recover()
-
-    def queues(self) -> list[ConsumeQueue]:
-        return list(self._queues.values())
-
-    def __iter__(self) -> Iterator[ConsumeQueue]:
-        return iter(list(self._queues.values()))
-
-    def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
-        return self._queues.get((topic, queue_id))
-
-    def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
-        key = (topic, queue_id)
-        cq = self._queues.get(key)
-        if cq is None:
-            with self._lock:
-                cq = self._queues.get(key)
-                if cq is None:
-                    directory = self.layout.consume_queue_dir(topic, queue_id)
-                    cq = ConsumeQueue(topic, queue_id, directory, self.default_file_size,
-                                      read_only=self.read_only)
-                    self._queues[key] = cq
-        return cq
-
-    # -- the dispatcher interface ---------------------------------------------------------------
-
-    def replay_floor(self, topic: str, queue_id: int) -> int:
-        """Records of this queue below the returned offset are here (see ``put_unit``)."""
-        cq = self._queues.get((topic, queue_id))
-        return cq.max_physic_offset if cq is not None else -1
-
-    def dispatch(self, info: DispatchInfo) -> None:
-        """One record: ``dispatch_batch`` of it, a unit that cannot be written raising."""
-        self.dispatch_batch([info], _raise_failure)
-
-    def dispatch_batch(self, infos: list[DispatchInfo],
-                       failed: Callable[[DispatchInfo, OSError], None]) -> None:
-        """``dispatch`` of each record in order (a dispatch round's run, see ``Dispatcher``),
-        its lookups made once; ``failed(info, exc)`` for a record whose unit cannot be
-        written.
-
-        A unit its queue's staging cursor takes (the next queue offset, in the cursor's
-        file, not a replay: what ``stage_unit`` checks first) is staged here without a call:
-        that is nearly every unit, and a call per unit was most of its cost."""
-        queues = self._queues
-        staged = self._staged
-        pack = UNIT.pack
-        for info in infos:
-            # SysFlag.is_dispatchable as one bit test (a call per record otherwise): prepared
-            # and rolled-back transactional records are not consumable.
-            if info.sys_flag & _PREPARED_OR_ROLLED_BACK:
-                continue
-            cq = queues.get((info.topic, info.queue_id))
-            end = info.physical_offset + info.size
-            if (cq is not None and info.queue_offset == cq._staged_next
-                    and info.queue_offset < cq._staged_stop and end > cq._staged_end):
-                cq._staged += pack(info.physical_offset, info.size, info.tags_code)
-                cq._staged_next = info.queue_offset + 1
-                cq._staged_end = end
-            else:
-                try:
-                    if cq is None:
-                        cq = self.find_or_create(info.topic, info.queue_id)
-                    if not cq.stage_unit(info.queue_offset, info.physical_offset, info.size,
-                                         info.tags_code):
-                        # Units are written at the end of the round (commit_dispatch), one
-                        # copy per queue; one that is not staged goes after what is.
-                        cq.write_staged()
-                        cq.put_unit(info.queue_offset, info.physical_offset, info.size,
-                                    info.tags_code)
-                        continue
-                except OSError as exc:
-                    failed(info, exc)
-                    continue
-            staged[cq] = None
-            self._staged_units += 1
-            if self._staged_units >= STAGED_UNITS_MAX:
-                # As in ``dispatch``: a failed write of the staged units fails the round.
-                self.commit_dispatch()
-                staged = self._staged
-
-    # -- whole-store operations -----------------------------------------------------------------
-
-    def max_physic_offset(self) -> int:
-        return max((cq.max_physic_offset for cq in self._queues.values()), default=-1)
-
-    def truncate_dirty(self, commitlog_end: int) -> int:
-        return sum(cq.truncate_dirty(commitlog_end) for cq in self._queues.values())
-
-    def correct_min_offsets(self, commitlog_min_offset: int) -> None:
-        for cq in self._queues.values():
-            cq.correct_min_offset(commitlog_min_offset)
-
-    def delete_expired(self, min_commitlog_offset: int) -> int:
-        """Delete every queue's files wholly below the CommitLog's min; return the count."""
-        return sum(cq.delete_expired(min_commitlog_offset) for cq in self.queues())
-
-    def queue_offset_table(self) -> dict[tuple[str, int], int]:
-        return {key: cq.max_offset() for key, cq in self._queues.items()}
-
-    # -- the rest of the ConsumeQueueStore interface (consume_queue_store.py) -------------------
-
-    def commit_dispatch(self) -> None:
-        """Write the units staged this round (the dispatcher, end of each round): readers
-        see a round's units once it is committed, as with the RocksDB ConsumeQueue store."""
-        if not self._staged:
-            return
-        queues, self._staged = self._staged, {}
-        self._staged_units = 0
-        for cq in queues:
-            cq.write_staged()
-
-    def topics(self) -> dict[str, list[int]]:
-        out: dict[str, list[int]] = {}
-        for topic, queue_id in list(self._queues):
-            out.setdefault(topic, []).append(queue_id)
-        return {t: sorted(q) for t, q in sorted(out.items())}
-
-    def destroy_queue(self, topic: str, queue_id: int) -> None:
-        with self._lock:
-            cq = self._queues.pop((topic, queue_id), None)
-        if cq is not None:
-            self._staged.pop(cq, None)  # normally none: deletions commit the round first
-            cq.destroy()
-
-    def destroy_topic(self, topic: str) -> None:
-        for cq in [q for q in self.queues() if q.topic == topic]:
-            self.destroy_queue(topic, cq.queue_id)
-
-    def disk_bytes(self) -> int:
-        return sum(cq.disk_bytes() for cq in self.queues())
-
-    def flush(self, least_pages: int) -> None:
-        for cq in list(self._queues.values()):
-            cq.flush(least_pages)
-
-    def close(self) -> None:
-        if not self.read_only:
-            self.commit_dispatch()  # normally nothing: every dispatch round commits
-        for cq in self._queues.values():
-            cq.close()
-
-
-def _raise_failure(info: DispatchInfo, exc: OSError) -> None:
-    """``dispatch``'s ``failed``: the error is the caller's, as for any single dispatch."""
-    raise exc
+def segment_listing(directory: Path | str) -> list[tuple[int, os.DirEntry[str]]]:
+    """A queue directory's segment files, (start offset, entry) sorted; none if it is gone."""
+    try:
+        entries = os.scandir(directory)
+    except FileNotFoundError:
+        return []
+    with entries:
+        return sorted((start, e) for e in entries
+                      if (start := parse_segment_name(e.name)) is not None and e.is_file())

@@ -146,7 +146,7 @@ def open_consume_queue_store(store_type: str, layout, cq_file_size: int, *,
                              read_only: bool = False) -> ConsumeQueueStore:
     """Build (not yet load) the ConsumeQueue store named by ``store_type``."""
     if store_type == STORE_TYPE_FILES:
-        from stratamq.store.consume_queue import FileConsumeQueueStore
+        from stratamq.store.consume_queue_file_store import FileConsumeQueueStore
 
         return FileConsumeQueueStore(layout, cq_file_size, read_only=read_only)
     if store_type == STORE_TYPE_ROCKSDB:

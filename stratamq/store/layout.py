@@ -7,6 +7,7 @@ The directory is RocketMQ's, so either system can open the other's store::
     <root>/index/<yyyyMMddHHmmssSSS>                  index files (issue 3)
     <root>/checkpoint                                 flush timestamps (docs/formats/checkpoint.md)
     <root>/abort                                      present while a store is open: a crash marker
+    <root>/consumeQueueSnapshot.json                  file ConsumeQueue positions at a clean close
     <root>/lock                                       held with flock by the process that owns it
     <root>/config/storeType                           which ConsumeQueue store the directory uses
     <root>/rocksdb/consumequeue/                      RocksDB ConsumeQueues
@@ -66,11 +67,15 @@ class StoreLayout:
         return self.root / CONSUMEQUEUE_DIR
 
     def consume_queue_dir(self, topic: str, queue_id: int) -> Path:
+        return self.consume_queue_topic_dir(topic) / str(queue_id)
+
+    def consume_queue_topic_dir(self, topic: str, consumequeue_dir: Path | None = None) -> Path:
+        """``consumequeue/<topic>`` (``consumequeue_dir``: that directory, already built)."""
         # A topic is one directory name: never a path out of consumequeue/ (records written
         # before puts checked topic names may still carry one).
         if not topic or "/" in topic or "\0" in topic or topic in (".", ".."):
             raise OSError(errno.EINVAL, f"topic {topic[:80]!r} is not a directory name")
-        return self.consumequeue_dir / topic / str(queue_id)
+        return (consumequeue_dir or self.consumequeue_dir) / topic
 
     @property
     def index_dir(self) -> Path:
@@ -83,6 +88,11 @@ class StoreLayout:
     @property
     def abort(self) -> Path:
         return self.root / "abort"
+
+    @property
+    def cq_snapshot(self) -> Path:
+        """File ConsumeQueue positions saved by a clean close (consumequeue-snapshot.md)."""
+        return self.root / "consumeQueueSnapshot.json"
 
     @property
     def lock(self) -> Path:

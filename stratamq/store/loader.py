@@ -32,10 +32,12 @@ __all__ = ["dispatch_start", "open_consume_queue_stores", "open_index", "reindex
 
 
 def open_consume_queue_stores(cfg: StoreConfig, layout: StoreLayout, *, has_data: bool,
-                              read_only: bool, force: bool
+                              read_only: bool, force: bool, clean_shutdown: bool = False
                               ) -> tuple[str, list[ConsumeQueueStore]]:
     """Build and load the ConsumeQueue store(s) by ``storeType`` (and record the type): the
-    primary first, then the other kind under ``rocksdbCQDoubleWriteEnable``."""
+    primary first, then the other kind under ``rocksdbCQDoubleWriteEnable``.
+    ``clean_shutdown``: the store was closed cleanly (no ``abort``), so a file store may take
+    its queues' positions from the snapshot that close saved."""
     store_type = resolve_store_type(layout.root, cfg.store_type, has_data=has_data, force=force)
     types = [store_type]
     if cfg.rocksdb_cq_double_write_enable:
@@ -46,6 +48,8 @@ def open_consume_queue_stores(cfg: StoreConfig, layout: StoreLayout, *, has_data
             cq_store = open_consume_queue_store(kind, layout, cfg.cq_file_size,
                                                 read_only=read_only)
             stores.append(cq_store)
+            if hasattr(cq_store, "clean_shutdown"):
+                cq_store.clean_shutdown = clean_shutdown
             cq_store.load()
     except BaseException:
         for cq_store in stores:  # RocksDB holds a lock of its own until closed

@@ -185,7 +185,7 @@ class MessageStore:
                                            read_only=self.read_only)
         self.store_type, self.cq_stores = open_consume_queue_stores(
             cfg, self.layout, has_data=bool(files.files), read_only=self.read_only,
-            force=self.force_store_type)
+            force=self.force_store_type, clean_shutdown=not abnormal)
         self.consume_queues = self.cq_stores[0]
 
         report = recover_commitlog(files, abnormal, self.checkpoint, cfg.check_crc_on_recover,
@@ -220,6 +220,9 @@ class MessageStore:
         self.deleted_topics = DeletedTopics(self.layout.deleted_topics, read_only=self.read_only)
         self.deleted_topics.prune(self.commitlog.min_offset)
         self.reput.deleted = self.deleted_topics
+        for cq_store in self.cq_stores:
+            if hasattr(cq_store, "refill_source"):  # files: refills a queue found short
+                cq_store.refill_source = (files, self.deleted_topics)
         # A slave's raw appends and cuts (stratamq/ha drives them; see replica.py).
         self.replica = ReplicaLog(self.commitlog, self.cq_stores, self.reput, self._plugged,
                                   cfg.check_crc_on_recover)
@@ -484,6 +487,12 @@ class MessageStore:
             self.commitlog.files.flush_all()
             self._note_commitlog_flushed()
             self._write_checkpoint(self.reput.last_store_timestamp)
+            for cq_store in self.cq_stores:
+                # Positions for the next open, which then reads no queue it does not use
+                # (file ConsumeQueues, consume_queue_snapshot.py); saved before ``abort`` goes.
+                save = getattr(cq_store, "save_snapshot", None)
+                if save is not None:
+                    save(self.commitlog.min_offset, self.commitlog.max_offset)
             self.layout.abort.unlink(missing_ok=True)
         self._close_cq_stores()
         if self.index is not None:
