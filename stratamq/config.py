@@ -1045,6 +1045,24 @@ def _from_props(cls: type, props: dict[str, str], **overrides: Any) -> Any:
     return cls(**{**values, **overrides})
 
 
+# Settings never shown to a client asking for the broker's config (mqadmin getBrokerConfig).
+_SECRET_KEYS = frozenset({"aclSecretKey"})
+
+
+def as_properties(*configs: Any) -> dict[str, str]:
+    """Every setting of ``configs`` (StoreConfig, BrokerConfig) as broker.conf text by key
+    (booleans as Java writes them), secrets left out: what ``GET_BROKER_CONFIG`` answers."""
+    out: dict[str, str] = {}
+    for config in configs:
+        for f in dataclasses.fields(config):
+            key, value = f.metadata["key"], getattr(config, f.name)
+            if key in _SECRET_KEYS:
+                continue
+            out[key] = (str(value).lower() if isinstance(value, bool)
+                        else str(value.value if isinstance(value, Enum) else value))
+    return out
+
+
 def broker_settings_table() -> list[dict[str, str]]:
     """BrokerConfig's keys with default, unit and range (StoreConfig's are in settings_table)."""
     return _settings_table(BrokerConfig)

@@ -63,6 +63,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from stratamq.broker.errors import BrokerError
 from stratamq.broker.metadata import GroupConfig, MetadataError, TopicConfig
 from stratamq.broker.ports import Call
+from stratamq.broker.pulling import reset_offsets
 from stratamq.broker.receiving import Run
 from stratamq.broker.rpc import call_of
 from stratamq.client.admin import SERVICE
@@ -318,13 +319,9 @@ class AdminService:
         store, state = self.b.store, self.b.state
         offsets = {q: store.get_offset_in_queue_by_time(t.name, q, timestamp)
                    for q in range(t.queue_count)}
-        inflight = list(state.entries(group, t.name))
-        state.apply(group, t.name, cursors=offsets, delete=inflight)
-        for q, offset in offsets.items():
-            state.set_offset(group, t.name, q, offset)
-        self.b.polls.notify(t.name)
+        dropped = reset_offsets(state, self.b.polls, group, t.name, offsets)
         return {"group": group, "topic": t.name, "timestamp": timestamp,
-                "dropped_inflight": len(inflight),
+                "dropped_inflight": dropped,
                 "queues": [{"queue_id": q, "offset": o} for q, o in offsets.items()]}
 
     def BrokerStatus(self, req: dict[str, Any]) -> dict[str, Any]:

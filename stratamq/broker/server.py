@@ -451,7 +451,7 @@ class Broker:
             lambda: self.telemetry_streams, self.compaction, lambda: self.advertised)
 
     async def _start_remoting(self, timer: Any) -> None:
-        from stratamq.config import parse_delay_levels
+        from stratamq.config import as_properties, parse_delay_levels
         from stratamq.remoting.broker import RemotingFrontend, registered_host
 
         cfg = self.config
@@ -469,7 +469,9 @@ class Broker:
             metrics=lambda: self.metrics, producers=self.remoting_producers,
             transactions=lambda: self.transactions,
             is_slave=lambda: self.replication.is_slave, delete_topic=self.admin.DeleteTopic,
-            refusal=self.replication.refusal)
+            refusal=self.replication.refusal,
+            settings=lambda: as_properties(self.store_config, cfg),
+            channel_expired_ms=cfg.channel_expired_timeout)
         shared = self.grpc_port != self.advertised[1]
         try:
             await self.remoting.start(
