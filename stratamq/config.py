@@ -931,10 +931,11 @@ class BrokerConfig:
     )  # fmt: skip
     # -- RocketMQ 4.x remoting (stratamq/remoting/) --
     remoting_listen_port: int = _setting(
-        "remotingListenPort", -1, "port",
-        "port serving RocketMQ 4.x remoting clients (StrataMQ's own key; -1: off, 0: any free "
-        "port; the broker's listen port: one port for both, gRPC relayed to loopback); the "
-        "address registered with namesrvAddr",
+        "remotingListenPort", 0, "port",
+        "port serving RocketMQ 4.x remoting clients (StrataMQ's own key), the address "
+        "registered with namesrvAddr; 0 (or the listen port): the listen port, one port for "
+        "both protocols (gRPC relayed to a loopback port); another port: remoting there alone "
+        "and gRPC alone on the listen port; -1: no remoting",
         minimum=-1, maximum=65535,
     )  # fmt: skip
     namesrv_addr: str = _setting(

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -61,6 +62,7 @@ from stratamq.broker.writer import GroupWriter
 from stratamq.compaction.service import CompactionStore
 from stratamq.config import BrokerConfig, BrokerRole, StoreConfig
 from stratamq.message import DispatchInfo
+from stratamq.remoting.transport import listen_socket
 from stratamq.store.layout import StoreLayout
 from stratamq.store.message_store import MessageStore
 
@@ -128,6 +130,7 @@ class Broker:
         self.remoting: Any = None  # remoting.broker.RemotingFrontend when remotingListenPort
         self.admin: Any = None  # broker.admin.AdminService, made in _build
         self.grpc_port = 0  # where gRPC listens: the listen port, unless remoting shares it
+        self._shared_listener: socket.socket | None = None  # that shared port, bound at start
 
     @property
     def endpoint(self) -> str:
@@ -288,20 +291,30 @@ class Broker:
                    else f"{self.listen_host}:{self.listen_port}")
         self.server_credentials = self._tls_credentials()
         loop = self._start_loop()
-        # remotingListenPort = the listen port: one port for both protocols. The remoting
-        # front door takes it and relays gRPC's connections to gRPC on a loopback port.
-        shared = 0 < cfg.remoting_listen_port == self.listen_port
+        # remotingListenPort 0 (the default) or the listen port: one port for both protocols.
+        # The remoting front door takes it (bound here, so a listen port of 0 is known now)
+        # and relays gRPC's connections to gRPC on a loopback port.
+        shared = cfg.remoting_listen_port in (0, self.listen_port)
         try:
+            if shared:
+                try:
+                    self._shared_listener = listen_socket(self.listen_host, self.listen_port)
+                except OSError as exc:  # (no errno: the CLI names the reason, as for gRPC's)
+                    raise OSError(f"cannot listen on {address}: {exc.strerror or exc}"
+                                  ) from None
             port = self._on_loop(self._bind("127.0.0.1:0" if shared else address))
             if not port:
                 raise OSError(f"cannot listen on {address}")
         except BaseException:
             self.server = None
+            if self._shared_listener is not None:
+                self._shared_listener.close()
+                self._shared_listener = None
             self._stop_loop()
             raise
         self.grpc_port = port
-        if shared:
-            port = self.listen_port
+        if self._shared_listener is not None:
+            port = int(self._shared_listener.getsockname()[1])
         advertised = self.listen_host
         if advertised in ("0.0.0.0", "::", ""):
             advertised = self.store_config.broker_ip
@@ -472,14 +485,14 @@ class Broker:
             refusal=self.replication.refusal,
             settings=lambda: as_properties(self.store_config, cfg),
             channel_expired_ms=cfg.channel_expired_timeout)
-        shared = self.grpc_port != self.advertised[1]
+        shared, self._shared_listener = self._shared_listener, None
         try:
             await self.remoting.start(
                 self.listen_host, cfg.remoting_listen_port,
-                ("127.0.0.1", self.grpc_port) if shared else None,
+                ("127.0.0.1", self.grpc_port) if shared is not None else None,
                 registered_host(self.store_config.broker_ip, self.listen_host),
                 cfg.namesrv_addr, cfg.register_name_server_period,
-                self.store_config.max_message_size)
+                self.store_config.max_message_size, listener=shared)
         except OSError as exc:  # (no errno: the CLI prints it as it is)
             raise OSError(f"cannot listen on {self.listen_host}:{cfg.remoting_listen_port} "
                           f"(remotingListenPort): {exc.strerror or exc}") from None
@@ -603,6 +616,8 @@ class Broker:
         if self.remoting is not None:  # unregisters from the NameServers first
             step("stopping remoting", lambda: self._on_loop(self.remoting.close(), 30.0))
         step("stopping the gRPC server", stop_server)
+        if self.remoting is not None:  # a shared port's gRPC connections: after gRPC's grace
+            step("closing relayed gRPC connections", self.remoting.close_relays)
         self.server = None
         if self.replication is not None:
             step("stopping replication", self.replication.stop)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -180,14 +181,14 @@ class RemotingFrontend:
 
     async def start(self, host: str, port: int, forward: tuple[str, int] | None,
                     advertised_host: str, namesrv_addr: str, register_period_ms: int,
-                    max_message_size: int) -> int:
-        """Serve remoting on ``host:port``; ``forward``: the port is the broker's listen port,
-        shared with gRPC, which listens at ``forward`` (connections not speaking remoting are
-        relayed there)."""
+                    max_message_size: int, listener: socket.socket | None = None) -> int:
+        """Serve remoting on ``host:port`` (or on ``listener``, bound already); ``forward``:
+        the port is the broker's listen port, shared with gRPC, which listens at ``forward``
+        (connections not speaking remoting are relayed there)."""
         self.server = RemotingServer(self.handlers,
                                      max(DEFAULT_MAX_FRAME, max_message_size + (1 << 20)),
                                      on_close=self.consume.connection_closed)
-        self.port = await self.server.start(host, port, forward)
+        self.port = await self.server.start(host, port, forward, listener)
         self.producers.loop = asyncio.get_running_loop()
         self._housekeeping = asyncio.get_running_loop().create_task(self._expire_clients())
         addresses = parse_namesrv_addr(namesrv_addr)
@@ -206,6 +207,12 @@ class RemotingFrontend:
             for group in self.consumers.expire():
                 self.consume.notify_changed(group)
             self.producers.table.expire()
+
+    def close_relays(self) -> None:
+        """End the gRPC connections a shared port relays (after gRPC's own stop: ``close``
+        leaves them to finish their calls)."""
+        if self.server is not None:
+            self.server.close_relays()
 
     async def close(self) -> None:
         if self._housekeeping is not None:

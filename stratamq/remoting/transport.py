@@ -39,7 +39,7 @@ from stratamq.remoting.relay import SocketRelay
 log = logging.getLogger(__name__)
 
 __all__ = ["Connection", "Handler", "RemotingClient", "RemotingServer", "RemotingTimeout",
-           "is_remoting"]
+           "is_remoting", "listen_socket"]
 
 Handler = Callable[[RemotingCommand, "Connection"], Awaitable[RemotingCommand | None]]
 
@@ -59,6 +59,15 @@ def is_remoting(first: bytes) -> bool:
     the 16 MiB frame limit, begins with a zero byte, where HTTP/2's preface begins with the
     "P" of "PRI * HTTP/2.0" and TLS with its record type 0x16 (both go to gRPC)."""
     return first[:1] == b"\x00"
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: any free one), as a shared port's."""
+    if ":" in host:  # "::" listens on IPv4 too, as gRPC's [::] does
+        return socket.create_server((host.strip("[]"), port), family=socket.AF_INET6,
+                                    backlog=1024, dualstack_ipv6=host.strip("[]") == "::"
+                                    and socket.has_dualstack_ipv6())
+    return socket.create_server((host, port), backlog=1024)
 
 
 class RemotingTimeout(TimeoutError):
@@ -212,19 +221,19 @@ class RemotingServer:
         self._routing: set[asyncio.Task[None]] = set()
         self._relay: SocketRelay | None = None
 
-    async def start(self, host: str, port: int,
-                    forward: tuple[str, int] | None = None) -> int:
+    async def start(self, host: str, port: int, forward: tuple[str, int] | None = None,
+                    listener: socket.socket | None = None) -> int:
         """Listen; returns the port bound (``port`` 0: any free one). ``forward``: the port
         is shared, and connections that do not start with a remoting frame (gRPC's HTTP/2 or
-        TLS) are relayed to this address, byte for byte (``relay.SocketRelay``)."""
+        TLS) are relayed to this address, byte for byte (``relay.SocketRelay``); then
+        ``listener``, if given, is the port's socket, bound already (``listen_socket``)."""
         if forward is None:
             self._server = await asyncio.start_server(self.serve, host, port,
                                                       reuse_address=True)
             return int(self._server.sockets[0].getsockname()[1])
         # Shared: accept here and peek at each connection's first byte before anything
         # reads it, so a gRPC connection is handed to the relay untouched.
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.create_server((host, port), family=family, backlog=1024)
+        listener = listener if listener is not None else listen_socket(host, port)
         listener.setblocking(False)
         self._listener = listener
         self._relay = SocketRelay(forward)
@@ -268,7 +277,7 @@ class RemotingServer:
             await self.serve(reader, writer)
         else:
             assert self._relay is not None
-            self._relay.start(sock)
+            await self._relay.start(sock)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     first: bytes = b"") -> None:
@@ -295,13 +304,17 @@ class RemotingServer:
                 await self._accepting
         for task in list(self._routing):
             task.cancel()
-        if self._relay is not None:
-            self._relay.close()
         for conn in list(self.connections):
             await conn.close()
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+
+
+    def close_relays(self) -> None:
+        """End the relayed connections (``close`` leaves them: gRPC finishes its calls)."""
+        if self._relay is not None:
+            self._relay.close()
 
 
 class RemotingClient:
