@@ -204,3 +204,33 @@ def test_codes_not_served_answer_not_supported(broker):
         got = invoke(address, code)
         assert got.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
         assert got.remark == f" request type {code} not supported"
+
+
+def test_consumers_expire_after_channel_expired_timeout(tmp_path):
+    """A consumer whose connection stays open but sends no heartbeat is dropped after the
+    broker's channelExpiredTimeout (RocketMQ's ConsumerManager), not a fixed 120 s."""
+    b, address = remoting_broker(tmp_path / "store", extra="channelExpiredTimeout=1000\n")
+
+    async def silent_consumer() -> float:
+        client = RemotingClient(address)
+        try:
+            beat = await client.invoke(RemotingCommand(RequestCode.HEART_BEAT, body=json.dumps(
+                {"clientID": "quiet@1", "consumerDataSet": [{"groupName": "Quiet",
+                                                             "subscriptionDataSet": []}]}
+            ).encode()))
+            assert beat.code == ResponseCode.SUCCESS
+            began = time.monotonic()
+            while time.monotonic() - began < 25:  # (the broker scans every 10 s)
+                listed = await client.invoke(RemotingCommand(
+                    RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext_fields={"consumerGroup": "Quiet"}))
+                if listed.code == ResponseCode.SYSTEM_ERROR:
+                    return time.monotonic() - began
+                await asyncio.sleep(0.2)
+            raise AssertionError("the silent consumer was still listed after 25 s")
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(silent_consumer())
+    finally:
+        b.terminate()

@@ -259,7 +259,12 @@ class RemotingServer:
         """Serve ``sock`` as remoting or relay it to gRPC, by its first byte (peeked)."""
         loop = asyncio.get_running_loop()
         readable: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(sock.fileno(), ready)
         try:
             await readable
             first = sock.recv(1, socket.MSG_PEEK)
