@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from broker import Server, emit  # noqa: E402
+from broker import Server, emit, summarize  # noqa: E402
 
 from stratamq.benchmarks.grpc_load import percentile, send_load  # noqa: E402
 from stratamq.remoting.codec import RemotingCommand  # noqa: E402
@@ -130,13 +130,9 @@ async def route_lookups(address: str, seconds: float, inflight: int) -> float:
 
 
 def _median_row(protocol: str, workload: str, rs: list[dict]) -> dict:
-    return {"kind": "load", "protocol": protocol, "workload": workload,
-            "msgs_per_s": statistics.median(r["msgs_per_s"] for r in rs),
-            "p50_ms": statistics.median(r["p50_ms"] for r in rs),
-            "p99_ms": statistics.median(r["p99_ms"] for r in rs),
-            "failed_rpcs": sum(r["failed_rpcs"] for r in rs),
-            "server_cpu_us_per_msg": statistics.median(r["server_cpu_us_per_msg"] for r in rs),
-            "per_round_msgs_per_s": [r["msgs_per_s"] for r in rs]}
+    row = summarize(protocol, workload, rs)  # (bench/broker.py's medians, "target" named)
+    return {"kind": "load", "protocol": row.pop("target"),
+            **{k: v for k, v in row.items() if k != "kind"}}
 
 
 def _ratio(workload: str, of: str, top: list[dict], bottom: list[dict], target: float) -> dict:
