@@ -29,6 +29,7 @@ QUERY_TOPICS_BY_CONSUMER, GET_TOPIC_CONFIG, GET_SUBSCRIPTIONGROUP_CONFIG = 343, 
 def broker(tmp_path_factory):
     store = tmp_path_factory.mktemp("remoting-admin") / "store"
     MetadataStore(store).create_topic("Dash", 2)
+    MetadataStore(store).create_topic("Busy", 1)
     b, address = remoting_broker(store)
     yield b, address
     b.terminate()
@@ -68,6 +69,11 @@ def test_topic_group_and_broker_config(broker):
     assert lines["autoCreateTopicEnable"] in ("true", "false")
     assert "aclSecretKey" not in lines
     assert "counter" in json.loads(got.ext_fields["version"])
+    # brokerStatus: the store's figures next to the version.
+    _send(address, b"counted", "Busy")
+    runtime = json.loads(invoke(address, RequestCode.GET_BROKER_RUNTIME_INFO).body)["table"]
+    assert int(runtime["commitLogMaxOffset"]) > int(runtime["commitLogMinOffset"]) >= 0
+    assert 0.0 <= float(runtime["commitLogDiskRatio"]) <= 1.0
 
     # deleteSubGroup with cleanOffset: the group and its offsets go.
     assert invoke(address, RequestCode.UPDATE_CONSUMER_OFFSET, {
@@ -81,8 +87,8 @@ def test_topic_group_and_broker_config(broker):
                              {"group": "DashGroup"}).body)["topicList"] == []
 
 
-def _send(address: str, body: bytes) -> None:
-    sent = invoke(address, RequestCode.SEND_MESSAGE_V2, {"a": "DashP", "b": "Dash", "e": "0"},
+def _send(address: str, body: bytes, topic: str = "Dash") -> None:
+    sent = invoke(address, RequestCode.SEND_MESSAGE_V2, {"a": "DashP", "b": topic, "e": "0"},
                   body)
     assert sent.code == ResponseCode.SUCCESS, sent.remark
 

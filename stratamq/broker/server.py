@@ -484,6 +484,7 @@ class Broker:
             is_slave=lambda: self.replication.is_slave, delete_topic=self.admin.DeleteTopic,
             refusal=self.replication.refusal,
             settings=lambda: as_properties(self.store_config, cfg),
+            status=self.admin.BrokerStatus,
             channel_expired_ms=cfg.channel_expired_timeout)
         shared, self._shared_listener = self._shared_listener, None
         try:

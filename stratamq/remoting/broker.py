@@ -72,6 +72,7 @@ class RemotingFrontend:
                  delete_topic: Callable[[dict[str, Any]], Any] | None = None,
                  refusal: Callable[[str], str | None] = lambda method: None,
                  settings: Callable[[], dict[str, str]] = dict,
+                 status: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                  channel_expired_ms: int = 120_000) -> None:
         # With ACL on, the remoting adapter verifies RocketMQ 4 signatures itself and checks
         # permissions through the same accounts (its own Lookup over the same metadata).
@@ -102,7 +103,8 @@ class RemotingFrontend:
         self.advertised = ""  # host:port registered with the NameServers, once started
         self.admin = AdminHandlers(lookup, reader, state, self.consumers,
                                    identity.get("brokerName", ""), self._started_ms,
-                                   self.call_of, run, delete_topic, refusal, settings)
+                                   self.call_of, run, delete_topic, refusal, settings,
+                                   status)
         self.client_admin = ClientAdminHandlers(
             lookup, reader, state, polls, self.consumers, self.producers.table,
             identity.get("brokerName", ""), lambda: self.advertised, self.lookups.record_at,

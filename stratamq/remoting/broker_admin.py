@@ -73,13 +73,16 @@ class AdminHandlers:
                  run: Callable[..., Any],
                  delete_topic: Callable[[dict[str, Any]], Any] | None = None,
                  refusal: Callable[[str], str | None] = lambda method: None,
-                 settings: Callable[[], dict[str, str]] = dict) -> None:
+                 settings: Callable[[], dict[str, str]] = dict,
+                 status: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         # delete_topic: the gRPC admin's DeleteTopic; refusal: why an admin write may not
         # run here (a slave), as the gRPC admin asks; settings: every broker and store
-        # setting by key (GET_BROKER_CONFIG).
+        # setting by key (GET_BROKER_CONFIG); status: the gRPC admin's BrokerStatus (the
+        # store's part of GET_BROKER_RUNTIME_INFO).
         self.delete_topic = delete_topic
         self.refusal = refusal
         self.settings = settings
+        self.status = status
         self.lookup = lookup
         self.reader = reader
         self.state = state
@@ -243,6 +246,13 @@ class AdminHandlers:
                  "sendThreadPoolQueueSize": "0", "pullThreadPoolQueueSize": "0",
                  "earliestMessageTimeStamp": "0", "commitLogDiskRatio": "0.0",
                  "pageCacheLockTimeMills": "0", "dispatchBehindBytes": "0"}
+        if self.status is not None:  # the store's figures, as DefaultMessageStore's runtime info
+            st = self.status({})
+            table.update({
+                "brokerActive": "true", "commitLogMinOffset": str(st["commitlog"]["min_offset"]),
+                "commitLogMaxOffset": str(st["commitlog"]["max_offset"]),
+                "commitLogDiskRatio": str(st["disk"]["used_ratio"] or 0.0),
+                "dispatchBehindBytes": str(st["dispatch_behind_bytes"])})
         return request.response(ResponseCode.SUCCESS, body=to_json({"table": table}))
 
     def _queues(self, topic: str) -> list[tuple[int, int, int]]:
