@@ -531,6 +531,13 @@ class Broker:
             with _suppress_all():
                 self._on_loop(self.server.stop(0))
             self.server = None
+        if self._shared_listener is not None:  # (bound, not yet handed to remoting)
+            self._shared_listener.close()
+            self._shared_listener = None
+        if self.remoting is not None:
+            with _suppress_all():
+                self._on_loop(self.remoting.close(), 30.0)
+                self._on_loop(self.remoting.close_relays(), 10.0)
         if self.transaction_checks is not None:
             self.transaction_checks.close()
         if self.writer is not None:
@@ -618,7 +625,8 @@ class Broker:
             step("stopping remoting", lambda: self._on_loop(self.remoting.close(), 30.0))
         step("stopping the gRPC server", stop_server)
         if self.remoting is not None:  # a shared port's gRPC connections: after gRPC's grace
-            step("closing relayed gRPC connections", self.remoting.close_relays)
+            step("closing relayed gRPC connections",
+                 lambda: self._on_loop(self.remoting.close_relays(), 10.0))
         self.server = None
         if self.replication is not None:
             step("stopping replication", self.replication.stop)

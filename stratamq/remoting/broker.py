@@ -210,7 +210,7 @@ class RemotingFrontend:
                 self.consume.notify_changed(group)
             self.producers.table.expire()
 
-    def close_relays(self) -> None:
+    async def close_relays(self) -> None:
         """End the gRPC connections a shared port relays (after gRPC's own stop: ``close``
         leaves them to finish their calls)."""
         if self.server is not None:
