@@ -11,6 +11,7 @@ by its CommitLog offset instead of vanishing or ending in a traceback.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -113,6 +114,41 @@ def test_verify_fails_when_recovery_cuts_valid_records_behind_a_corrupt_one(refe
     assert loss["first_record_after_cut"] == int(NEWEST) + starts[11]
     assert loss["dropped_units"] == after + 1  # every one of them had been dispatched
     assert any(f"{after} valid records after the cut" in p for p in summary["problems"])
+
+
+def test_a_read_write_open_keeps_the_valid_records_behind_a_recovery_cut(tmp_path, caplog):
+    """A corrupt record in an older segment: recovery must cut the log there (RocketMQ deletes
+    everything after it), but the valid records behind the cut, in the rest of that segment and
+    in the newer segments it drops, are kept under <store>/damaged/ and said at ERROR."""
+    root = tmp_path / "store"
+    written = write_small_store(root)
+    last_segment = written[-1][0] // SEGMENT
+    middle = [w for w in written if w[0] // SEGMENT == last_segment - 1]
+    victim = middle[len(middle) // 3]
+    patch(root / "commitlog" / segment_name(victim[0] - victim[0] % SEGMENT),
+          victim[0] % SEGMENT + 4, b"\xde\xad\xbe\xef")  # its magic code
+    behind = [w for w in written if w[0] > victim[0]]
+
+    with (caplog.at_level(logging.ERROR, logger="stratamq.store.recovery"),
+          MessageStore(small_config(root)) as store):
+        assert store.max_physical_offset == victim[0]  # the log is cut at the damage
+        report = store.recovery
+    assert report.records_after_cut == len(behind)
+    kept = Path(report.set_aside)
+    assert kept.parent == root / "damaged"
+    assert any(str(kept) in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+
+    pieces = sorted((int(f.name), f.read_bytes()) for f in kept.iterdir())
+    assert pieces[0][0] == victim[0]
+    for offset, _size, key in behind:  # each record, decoded at its own offset
+        base, data = max(p for p in pieces if p[0] <= offset)
+        stored = decode(data, offset - base, check_crc=True)
+        assert (stored.physical_offset, stored.properties["KEYS"]) == (offset, key)
+
+    with MessageStore(small_config(root)) as store:  # nothing more to cut, nothing re-kept
+        assert store.recovery.set_aside is None
+        assert store.max_physical_offset == victim[0]
+    assert [d.name for d in (root / "damaged").iterdir()] == [kept.name]
 
 
 def test_verify_fails_on_a_lost_write_in_a_middle_segment(tmp_path):

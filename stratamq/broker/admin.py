@@ -36,11 +36,13 @@ Methods (request -> response):
   "max_offset"}, "dispatch_behind_bytes", "disk_full_policy", "disk_full",
   "unconsumed_deleted": {"files", "messages"}, "connections", "topics", "groups",
   "long_polls", "telemetry_streams", "store_identity": {"storeId", "createdTimestamp",
-  "lineage", "lineageTimestamp"}}``: ``long_polls`` receives and pulls waiting for messages
+  "lineage", "lineageTimestamp"}, "recovery_set_aside": {"cut_offset", "records", "path"} or
+  null}``: ``long_polls`` receives and pulls waiting for messages
   now, ``telemetry_streams`` clients' open Telemetry streams, ``store_identity`` the store's
   id and its CommitLog's lineage (docs/formats/store-identity.md); ``disk_full``: puts are
   refused for a full disk; ``unconsumed_deleted``: what forced clean-up deleted before it was
-  consumed (diskFullPolicy=DELETE_OLDEST)
+  consumed (diskFullPolicy=DELETE_OLDEST); ``recovery_set_aside``: valid records this start's
+  recovery cut out of a damaged CommitLog, and where it kept them
 
 TOPIC is ``{"topic", "queues", "read_queues", "write_queues", "perm", "type", "attributes",
 "messages"}``;
@@ -346,7 +348,15 @@ class AdminService:
                 "groups": len(self.b.meta.groups()), "long_polls": self.b.polls.total,
                 "telemetry_streams": self.b.telemetry_streams,
                 "store_identity": (self.b.store.identity.as_dict()
-                                   if self.b.store.identity is not None else None)}
+                                   if self.b.store.identity is not None else None),
+                "recovery_set_aside": self._recovery_set_aside()}
+
+    def _recovery_set_aside(self) -> dict[str, Any] | None:
+        report = getattr(self.b.store, "recovery", None)
+        if report is None or report.set_aside is None:
+            return None
+        return {"cut_offset": report.end_offset, "records": report.records_after_cut,
+                "path": report.set_aside}
 
     def _disk_policy_status(self) -> dict[str, Any]:
         """The disk-full mark, the policy, and what forced clean-up deleted unconsumed."""

@@ -37,6 +37,8 @@ stratamq_disk_full                          1 while puts are refused for a full 
 stratamq_unconsumed_deleted_files_total     CommitLog files forced clean-up deleted while
                                             they held unconsumed messages (DELETE_OLDEST)
 stratamq_unconsumed_deleted_messages_total  the unconsumed messages they held (per group)
+stratamq_recovery_records_set_aside         valid records this open's recovery cut out of the
+                                            CommitLog and kept under <store>/damaged/
 ==========================================  ===================================================
 
 Thread-safety: every ``on_*`` method may be called from any thread (prometheus-client locks).
@@ -217,6 +219,11 @@ class _StoreCollector(Collector):
         usage = shutil.disk_usage(root)
         yield self._gauge("stratamq_disk_used_ratio", "used fraction of the store's file system",
                           (usage.total - usage.free) / usage.total)
+        recovery = getattr(store, "recovery", None)
+        yield self._gauge("stratamq_recovery_records_set_aside",
+                          "valid records the last recovery cut out of the CommitLog and kept "
+                          "under <store>/damaged/",
+                          recovery.records_after_cut if recovery and recovery.set_aside else 0)
         cleanup = store.cleanup
         if cleanup is not None:
             yield self._gauge("stratamq_disk_full", "1 while puts are refused for a full disk",

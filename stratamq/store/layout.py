@@ -16,6 +16,7 @@ The directory is RocketMQ's, so either system can open the other's store::
     <root>/timerdb/  <root>/timercheck                DELAY messages by delivery time
     <root>/epochFileCheckpoint                        replication epochs (storePathEpochFile)
     <root>/storeIdentity.json                         the store's id and its log's lineage
+    <root>/damaged/<time>-<offset>/                   what a recovery cut set aside (salvage.py)
     <root>/compaction/                                compaction topics' logs (stratamq.compaction;
                                                       its layout.py names what is inside)
 
@@ -54,6 +55,11 @@ class StoreLayout:
     @property
     def commitlog_dir(self) -> Path:
         return self.root / "commitlog"
+
+    @property
+    def damaged_dir(self) -> Path:
+        """CommitLog bytes a recovery cut set aside instead of deleting (``salvage.py``)."""
+        return self.root / "damaged"
 
     @property
     def consumequeue_dir(self) -> Path:

@@ -188,7 +188,8 @@ class MessageStore:
             force=self.force_store_type)
         self.consume_queues = self.cq_stores[0]
 
-        report = recover_commitlog(files, abnormal, self.checkpoint, cfg.check_crc_on_recover)
+        report = recover_commitlog(files, abnormal, self.checkpoint, cfg.check_crc_on_recover,
+                                   damaged_root=self.layout.damaged_dir)
         dropped = []
         for cq_store in self.cq_stores:
             cq_store.recover()

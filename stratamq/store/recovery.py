@@ -9,7 +9,9 @@
 
 Before cutting, it counts the valid records the cut throws away (``count_records_after``): none
 after a torn tail, but a corrupt record or a lost write in the middle of the log has valid
-records behind it, and the report says so instead of passing the cut off as a clean end.
+records behind it, and the report says so instead of passing the cut off as a clean end. Where
+RocketMQ would then delete them, a read-write open first sets every byte after the cut aside
+under ``<store>/damaged/`` (``salvage.py``) and logs it at ERROR.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import mmap
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import cast
 
 from stratamq import record as codec
@@ -24,6 +27,7 @@ from stratamq.message import RecordCorrupt
 from stratamq.store.checkpoint import StoreCheckpoint
 from stratamq.store.mapped_file import MappedFile
 from stratamq.store.mapped_file_queue import MappedFileQueue
+from stratamq.store.salvage import set_aside_after_cut
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,9 @@ class RecoveryReport:
     # cut throws away. 0 for a torn tail; more means damage in the middle of the log.
     records_after_cut: int = 0
     first_record_after_cut: int | None = None
+    # Where the bytes after the cut were kept (``<store>/damaged/...``) when valid records
+    # followed it; None when nothing valid was cut (or on a read-only open).
+    set_aside: str | None = None
     # A read-only open changes nothing on disk: deleted_segments and dropped_units then say
     # what a read-write open would remove.
     read_only: bool = False
@@ -86,6 +93,7 @@ class RecoveryReport:
             "dropped_units": self.dropped_units,
             "records_after_cut": self.records_after_cut,
             "first_record_after_cut": self.first_record_after_cut,
+            "set_aside": self.set_aside,
             "read_only": self.read_only,
             **extra,
         }
@@ -156,8 +164,11 @@ def count_records_after(files: list[MappedFile], cut: int,
 
 
 def recover_commitlog(
-    queue: MappedFileQueue, abnormal: bool, checkpoint: StoreCheckpoint, check_crc: bool
+    queue: MappedFileQueue, abnormal: bool, checkpoint: StoreCheckpoint, check_crc: bool,
+    damaged_root: Path | None = None,
 ) -> RecoveryReport:
+    """Scan and cut the CommitLog; with ``damaged_root`` (a read-write open), valid records
+    behind the cut are set aside there first (an ``OSError`` from that leaves the log uncut)."""
     report = RecoveryReport(abnormal=abnormal, read_only=queue.read_only)
     files = queue.files
     if not files:
@@ -188,8 +199,16 @@ def recover_commitlog(
                 report.problem = str(RecordCorrupt(
                     end, f"zero bytes where a record should be, but valid records follow "
                          f"from {first}"))
-            log.warning("CommitLog recovery cuts at %d: %d valid records after it are lost",
-                        end, lost)
+            if damaged_root is not None and not queue.read_only:
+                kept = set_aside_after_cut(files[index:], end, damaged_root)
+                report.set_aside = str(kept) if kept is not None else None
+                log.error("CommitLog recovery cuts the log at %d (%s): %d valid records after "
+                          "it, the first at %s, are no longer in the log; every byte after the "
+                          "cut is kept in %s (see docs/formats/damaged-commitlog.md)",
+                          end, report.problem, lost, first, kept)
+            else:
+                log.warning("CommitLog recovery cuts at %d: %d valid records after it are lost",
+                            end, lost)
     old_names = {mf.path.name for mf in files}
     queue.truncate_dirty_files(end)
     report.deleted_segments = sorted(old_names - {mf.path.name for mf in queue.files})
