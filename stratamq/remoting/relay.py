@@ -35,6 +35,7 @@ class _Side(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.early: list[bytes] = []  # read before the peer was connected
         self.eof = False
+        self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -46,6 +47,8 @@ class _Side(asyncio.Protocol):
             self.peer.early.clear()
         if self.peer.eof and transport.can_write_eof():
             transport.write_eof()
+        if self.peer.lost:  # (the other end went before this one was connected)
+            transport.close()
 
     def data_received(self, data: bytes) -> None:
         assert self.peer is not None
@@ -59,9 +62,14 @@ class _Side(asyncio.Protocol):
         peer = self.peer.transport if self.peer is not None else None
         if peer is not None and peer.can_write_eof():
             peer.write_eof()
+        if self.peer is not None and self.peer.eof:  # both directions ended: close both
+            if peer is not None:
+                peer.close()
+            return False  # (this transport closes itself)
         return True  # keep the other direction open (HTTP/2 half-closes are rare, but legal)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         self.relay.sides.discard(self)
         peer = self.peer.transport if self.peer is not None else None
         if peer is not None:
