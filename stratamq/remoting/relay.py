@@ -6,7 +6,8 @@ what it receives straight into the other's transport: one callback and one ``sen
 chunk, no streams, tasks or futures in between (the stream pumps this replaces cost a task
 wake-up and a buffer copy per chunk). Flow control is the transports' own: a side whose
 writes back up past the high-water mark stops the other side reading until it drains.
-An EOF passes through as a half-close; a side that closes or breaks closes the other.
+An EOF passes through as a half-close (both directions ended: both sockets closed); a side
+that closes or breaks closes the other.
 
 (Relay threads moving the bytes with ``splice(2)`` were measured too, and cost the broker
 more CPU per gRPC call than this: every chunk woke a thread that then had to take the GIL
