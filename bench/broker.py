@@ -78,7 +78,9 @@ def emit(obj: dict) -> None:
 class Server:
     """A server subprocess that prints ``listening on HOST:PORT`` once serving."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None,
+                 wait_for: str = "") -> None:
+        """``wait_for``: also read on to the first line holding this text (``self.waited``)."""
         env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=env)
@@ -90,6 +92,11 @@ class Server:
             if "listening on" in line:
                 self.endpoint = line.split("listening on", 1)[1].split()[0]
                 break
+        self.waited = ""
+        while wait_for and wait_for not in self.waited:
+            self.waited = self.proc.stdout.readline()
+            if not self.waited:
+                raise RuntimeError(f"{cmd} exited before printing {wait_for!r}")
         # Drain the rest: a full pipe would stall the server on a log line mid-run.
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()
 

@@ -931,10 +931,11 @@ class BrokerConfig:
     )  # fmt: skip
     # -- RocketMQ 4.x remoting (stratamq/remoting/) --
     remoting_listen_port: int = _setting(
-        "remotingListenPort", -1, "port",
-        "port serving RocketMQ 4.x remoting clients (StrataMQ's own key; -1: off, 0: any free "
-        "port; the broker's listen port: one port for both, gRPC relayed to loopback); the "
-        "address registered with namesrvAddr",
+        "remotingListenPort", 0, "port",
+        "port serving RocketMQ 4.x remoting clients (StrataMQ's own key), the address "
+        "registered with namesrvAddr; 0 (or the listen port): the listen port, one port for "
+        "both protocols (gRPC relayed to a loopback port); another port: remoting there alone "
+        "and gRPC alone on the listen port; -1: no remoting",
         minimum=-1, maximum=65535,
     )  # fmt: skip
     namesrv_addr: str = _setting(
@@ -1048,6 +1049,24 @@ def _from_props(cls: type, props: dict[str, str], **overrides: Any) -> Any:
         raise UnknownSettings("unknown settings: " + ", ".join(unknown))
     values = {by_key[k].name: _convert(by_key[k], v.strip()) for k, v in props.items()}
     return cls(**{**values, **overrides})
+
+
+# Settings never shown to a client asking for the broker's config (mqadmin getBrokerConfig).
+_SECRET_KEYS = frozenset({"aclSecretKey"})
+
+
+def as_properties(*configs: Any) -> dict[str, str]:
+    """Every setting of ``configs`` (StoreConfig, BrokerConfig) as broker.conf text by key
+    (booleans as Java writes them), secrets left out: what ``GET_BROKER_CONFIG`` answers."""
+    out: dict[str, str] = {}
+    for config in configs:
+        for f in dataclasses.fields(config):
+            key, value = f.metadata["key"], getattr(config, f.name)
+            if key in _SECRET_KEYS:
+                continue
+            out[key] = (str(value).lower() if isinstance(value, bool)
+                        else str(value.value if isinstance(value, Enum) else value))
+    return out
 
 
 def broker_settings_table() -> list[dict[str, str]]:

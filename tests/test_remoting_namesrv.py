@@ -97,6 +97,9 @@ def test_broker_registers_its_remoting_address_and_new_topics(tmp_path, namesrv)
         assert route["queueDatas"][0]["readQueueNums"] == 3
         info = invoke(namesrv.address, RequestCode.GET_BROKER_CLUSTER_INFO)
         assert json.loads(info.body)["clusterAddrTable"] == {"DefaultCluster": ["broker-a"]}
+        # The Dashboard's system topics: cluster and broker names, with a broker's address.
+        system = json.loads(invoke(namesrv.address, 304).body)
+        assert system == {"topicList": ["DefaultCluster", "broker-a"], "brokerAddr": remoting}
         topics = invoke(namesrv.address, RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
         assert "Orders" in json.loads(topics.body)["topicList"]
 
@@ -194,5 +197,13 @@ def test_auto_created_topics_through_tbw102(tmp_path, namesrv) -> None:
         assert sent.code == ResponseCode.SUCCESS, sent.remark
         wait_until(lambda: _route(namesrv.address, "AutoMade") is not None, 20,
                    "the new topic routed")
+        # With the queues the producer asked for (defaultTopicQueueNums, "d"), up to the
+        # broker's defaultTopicQueueNums (TBW102's), as RocketMQ's createTopicInSendMessageMethod.
+        assert _route(namesrv.address, "AutoMade")["queueDatas"][0]["writeQueueNums"] == 4
+        assert invoke(remoting, RequestCode.SEND_MESSAGE_V2, {
+            "a": "P", "b": "AutoWide", "c": "TBW102", "d": "64", "e": "0"}, b"x").code \
+            == ResponseCode.SUCCESS
+        wait_until(lambda: _route(namesrv.address, "AutoWide") is not None, 20, "AutoWide")
+        assert _route(namesrv.address, "AutoWide")["queueDatas"][0]["writeQueueNums"] == 8
     finally:
         broker.terminate()

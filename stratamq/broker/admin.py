@@ -75,6 +75,7 @@ from stratamq.broker.metadata import (
     retry_topic,
 )
 from stratamq.broker.ports import Call
+from stratamq.broker.pulling import reset_offsets
 from stratamq.broker.receiving import Run
 from stratamq.broker.rpc import call_of
 from stratamq.client.admin import SERVICE
@@ -361,13 +362,9 @@ class AdminService:
         store, state = self.b.store, self.b.state
         offsets = {q: store.get_offset_in_queue_by_time(t.name, q, timestamp)
                    for q in range(t.queue_count)}
-        inflight = list(state.entries(group, t.name))
-        state.apply(group, t.name, cursors=offsets, delete=inflight)
-        for q, offset in offsets.items():
-            state.set_offset(group, t.name, q, offset)
-        self.b.polls.notify(t.name)
+        dropped = reset_offsets(state, self.b.polls, group, t.name, offsets)
         return {"group": group, "topic": t.name, "timestamp": timestamp,
-                "dropped_inflight": len(inflight),
+                "dropped_inflight": dropped,
                 "queues": [{"queue_id": q, "offset": o} for q, o in offsets.items()]}
 
     def BrokerStatus(self, req: dict[str, Any]) -> dict[str, Any]:

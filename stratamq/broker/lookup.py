@@ -38,7 +38,8 @@ class Lookup:
         if self.acl is not None:
             self.acl.authorize(call.metadata, resource, action)
 
-    def topic(self, name: str, *, create: bool = False) -> TopicConfig:
+    def topic(self, name: str, *, create: bool = False, queues: int | None = None
+              ) -> TopicConfig:
         # System topics (e.g. the timer's rmq_sys_wheel_timer, holding not-yet-due DELAY
         # messages) are internal: neither routed, written, read nor auto-created for clients.
         # A topic loaded from stored data under a name today's rule refuses is served as it is.
@@ -46,7 +47,8 @@ class Lookup:
         if cfg is None or not cfg.stored_name:
             check_topic(name)
         if cfg is None and create and self.config.auto_create_topic_enable:
-            cfg = self.meta.create_topic(name, self.config.default_topic_queue_nums,
+            # (queues: the count a remoting producer asked for, else defaultTopicQueueNums)
+            cfg = self.meta.create_topic(name, queues or self.config.default_topic_queue_nums,
                                          exist_ok=True)
         if cfg is None:
             raise BrokerError(Code.TOPIC_NOT_FOUND, f"topic {name!r} does not exist")

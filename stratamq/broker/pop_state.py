@@ -38,7 +38,7 @@ import heapq
 import os
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -284,16 +284,24 @@ class PopState:
 
     def drop_topic(self, topic: str) -> None:
         """Forget every group's state for a deleted topic."""
+        self._drop(lambda group, t: t == topic)
+
+    def drop_group(self, group: str) -> None:
+        """Forget a group's offsets and in-flight messages on every topic (RocketMQ's
+        ``removeOffset`` of a deleted subscription group)."""
+        self._drop(lambda g, topic: g == group)
+
+    def _drop(self, which: Callable[[str, str], bool]) -> None:
         batch = WriteBatch(raw_mode=True)
         for key in list(self.db.keys()):
-            kind, _group, t, _rest = _split(bytes(key))  # type: ignore[arg-type]
-            if t == topic and kind != b"S":
+            kind, g, t, _rest = _split(bytes(key))  # type: ignore[arg-type]
+            if which(g, t) and kind != b"S":
                 batch.delete(key)
         self.db.write(batch, self.write_opts)
         with self._mutex:
             for table in (self.cursors, self.offsets):
-                for k in [k for k in table if k[1] == topic]:
+                for k in [k for k in table if which(k[0], k[1])]:
                     del table[k]
-            for pair in [p for p in self.inflight if p[1] == topic]:
+            for pair in [p for p in self.inflight if which(p[0], p[1])]:
                 del self.inflight[pair]
                 self._heaps.pop(pair, None)

@@ -52,6 +52,20 @@ def consumer_offset(state: PopState, group: str, topic: str, qid: int) -> int | 
     return state.committed(group, topic, qid) if offset is None else offset
 
 
+def reset_offsets(state: PopState, polls: LongPolls, group: str, topic: str,
+                  offsets: dict[int, int]) -> int:
+    """Move a group's position in the given queues (queue id -> offset), whichever protocol
+    it consumes by: its pull offsets and pop cursors, its in-flight messages of the topic
+    dropped; waiting polls woken. Returns how many in-flight messages were dropped. The gRPC
+    admin's ``ResetOffset`` and remoting's ``INVOKE_BROKER_TO_RESET_OFFSET`` both reset here."""
+    inflight = [k for k in state.entries(group, topic) if k[0] in offsets]
+    state.apply(group, topic, cursors=offsets, delete=inflight)
+    for q, offset in offsets.items():
+        state.set_offset(group, topic, q, offset)
+    polls.notify(topic)
+    return len(inflight)
+
+
 def _record_message(record: object, topic: str, qid: int) -> pb.Message:
     out = pb.Message(body=bytes(record.buffer))  # type: ignore[attr-defined]
     out.topic.name = topic

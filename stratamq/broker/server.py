@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -61,6 +62,7 @@ from stratamq.broker.writer import GroupWriter
 from stratamq.compaction.service import CompactionStore
 from stratamq.config import BrokerConfig, BrokerRole, StoreConfig
 from stratamq.message import DispatchInfo
+from stratamq.remoting.transport import listen_socket
 from stratamq.store.layout import StoreLayout
 from stratamq.store.message_store import MessageStore
 
@@ -128,6 +130,7 @@ class Broker:
         self.remoting: Any = None  # remoting.broker.RemotingFrontend when remotingListenPort
         self.admin: Any = None  # broker.admin.AdminService, made in _build
         self.grpc_port = 0  # where gRPC listens: the listen port, unless remoting shares it
+        self._shared_listener: socket.socket | None = None  # that shared port, bound at start
 
     @property
     def endpoint(self) -> str:
@@ -290,20 +293,30 @@ class Broker:
                    else f"{self.listen_host}:{self.listen_port}")
         self.server_credentials = self._tls_credentials()
         loop = self._start_loop()
-        # remotingListenPort = the listen port: one port for both protocols. The remoting
-        # front door takes it and relays gRPC's connections to gRPC on a loopback port.
-        shared = 0 < cfg.remoting_listen_port == self.listen_port
+        # remotingListenPort 0 (the default) or the listen port: one port for both protocols.
+        # The remoting front door takes it (bound here, so a listen port of 0 is known now)
+        # and relays gRPC's connections to gRPC on a loopback port.
+        shared = cfg.remoting_listen_port in (0, self.listen_port)
         try:
+            if shared:
+                try:
+                    self._shared_listener = listen_socket(self.listen_host, self.listen_port)
+                except OSError as exc:  # (no errno: the CLI names the reason, as for gRPC's)
+                    raise OSError(f"cannot listen on {address}: {exc.strerror or exc}"
+                                  ) from None
             port = self._on_loop(self._bind("127.0.0.1:0" if shared else address))
             if not port:
                 raise OSError(f"cannot listen on {address}")
         except BaseException:
             self.server = None
+            if self._shared_listener is not None:
+                self._shared_listener.close()
+                self._shared_listener = None
             self._stop_loop()
             raise
         self.grpc_port = port
-        if shared:
-            port = self.listen_port
+        if self._shared_listener is not None:
+            port = int(self._shared_listener.getsockname()[1])
         advertised = self.listen_host
         if advertised in ("0.0.0.0", "::", ""):
             advertised = self.store_config.broker_ip
@@ -463,7 +476,7 @@ class Broker:
             lambda: self.telemetry_streams, self.compaction, lambda: self.advertised)
 
     async def _start_remoting(self, timer: Any) -> None:
-        from stratamq.config import parse_delay_levels
+        from stratamq.config import as_properties, parse_delay_levels
         from stratamq.remoting.broker import RemotingFrontend, registered_host
 
         cfg = self.config
@@ -481,15 +494,18 @@ class Broker:
             metrics=lambda: self.metrics, producers=self.remoting_producers,
             transactions=lambda: self.transactions,
             is_slave=lambda: self.replication.is_slave, delete_topic=self.admin.DeleteTopic,
-            refusal=self.replication.refusal)
-        shared = self.grpc_port != self.advertised[1]
+            refusal=self.replication.refusal,
+            settings=lambda: as_properties(self.store_config, cfg),
+            status=self.admin.BrokerStatus,
+            channel_expired_ms=cfg.channel_expired_timeout)
+        shared, self._shared_listener = self._shared_listener, None
         try:
             await self.remoting.start(
                 self.listen_host, cfg.remoting_listen_port,
-                ("127.0.0.1", self.grpc_port) if shared else None,
+                ("127.0.0.1", self.grpc_port) if shared is not None else None,
                 registered_host(self.store_config.broker_ip, self.listen_host),
                 cfg.namesrv_addr, cfg.register_name_server_period,
-                self.store_config.max_message_size)
+                self.store_config.max_message_size, listener=shared)
         except OSError as exc:  # (no errno: the CLI prints it as it is)
             raise OSError(f"cannot listen on {self.listen_host}:{cfg.remoting_listen_port} "
                           f"(remotingListenPort): {exc.strerror or exc}") from None
@@ -561,6 +577,13 @@ class Broker:
             with _suppress_all():
                 self._on_loop(self.server.stop(0))
             self.server = None
+        if self._shared_listener is not None:  # (bound, not yet handed to remoting)
+            self._shared_listener.close()
+            self._shared_listener = None
+        if self.remoting is not None:
+            with _suppress_all():
+                self._on_loop(self.remoting.close(), 30.0)
+                self._on_loop(self.remoting.close_relays(), 10.0)
         if self.transaction_checks is not None:
             self.transaction_checks.close()
         if self.writer is not None:
@@ -647,6 +670,9 @@ class Broker:
         if self.remoting is not None:  # unregisters from the NameServers first
             step("stopping remoting", lambda: self._on_loop(self.remoting.close(), 30.0))
         step("stopping the gRPC server", stop_server)
+        if self.remoting is not None:  # a shared port's gRPC connections: after gRPC's grace
+            step("closing relayed gRPC connections",
+                 lambda: self._on_loop(self.remoting.close_relays(), 10.0))
         self.server = None
         if self.replication is not None:
             step("stopping replication", self.replication.stop)

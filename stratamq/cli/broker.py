@@ -142,7 +142,10 @@ def broker_start(config_file: str | None, store_dir: str | None, listen: str | N
         if b.replication is not None:
             click.echo(f"replication: {b.replication.describe()}")
         if b.remoting is not None:
-            click.echo(f"remoting (RocketMQ 4.x clients) on port {b.remoting.port}")
+            shared = (f", shared with gRPC (relayed to 127.0.0.1:{b.grpc_port})"
+                      if b.grpc_port != b.advertised[1]
+                      else "")
+            click.echo(f"remoting (RocketMQ 4.x clients) on port {b.remoting.port}{shared}")
         sys.stdout.flush()
         stop_signals.wait()
         click.echo("stopping: finishing in-flight requests, flushing, writing the checkpoint")

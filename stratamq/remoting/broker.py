@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ from stratamq.broker.writer import GroupWriter
 from stratamq.message import StoredMessage
 from stratamq.remoting.acl import VERIFIED_KEY, RemotingAcl
 from stratamq.remoting.broker_admin import AdminHandlers
+from stratamq.remoting.broker_admin_clients import ClientAdminHandlers
 from stratamq.remoting.broker_consume import ConsumeHandlers
 from stratamq.remoting.broker_lookup import LookupHandlers, Query
 from stratamq.remoting.broker_retry import SendBackHandler
@@ -68,14 +70,18 @@ class RemotingFrontend:
                  transactions: Callable[[], Any] = lambda: None,
                  is_slave: Callable[[], bool] = lambda: False,
                  delete_topic: Callable[[dict[str, Any]], Any] | None = None,
-                 refusal: Callable[[str], str | None] = lambda method: None) -> None:
+                 refusal: Callable[[str], str | None] = lambda method: None,
+                 settings: Callable[[], dict[str, str]] = dict,
+                 status: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 channel_expired_ms: int = 120_000) -> None:
         # With ACL on, the remoting adapter verifies RocketMQ 4 signatures itself and checks
         # permissions through the same accounts (its own Lookup over the same metadata).
         self.acl = RemotingAcl(acl) if acl is not None else None
         if self.acl is not None:
             lookup = Lookup(lookup.meta, lookup.config, self.acl)
         self.lookup = lookup
-        self.consumers = ConsumerTable()
+        # Consumers without a heartbeat for channelExpiredTimeout are dropped (ConsumerManager).
+        self.consumers = ConsumerTable(channel_expired_ms / 1000)
         self.identity = identity  # clusterName, brokerName, brokerId, haServerAddr
         self.send = SendHandlers(lookup, writer, max_message_size, timer, self.call_of, run,
                                  delay_levels_ms, metrics)
@@ -94,9 +100,15 @@ class RemotingFrontend:
         self.registrar: BrokerRegistrar | None = None
         self.port = 0
         self._started_ms = int(time.time() * 1000)
+        self.advertised = ""  # host:port registered with the NameServers, once started
         self.admin = AdminHandlers(lookup, reader, state, self.consumers,
                                    identity.get("brokerName", ""), self._started_ms,
-                                   self.call_of, run, delete_topic, refusal)
+                                   self.call_of, run, delete_topic, refusal, settings,
+                                   status)
+        self.client_admin = ClientAdminHandlers(
+            lookup, reader, state, polls, self.consumers, self.producers.table,
+            identity.get("brokerName", ""), lambda: self.advertised, self.lookups.record_at,
+            self.call_of, run, refusal)
         self._housekeeping: asyncio.Task[None] | None = None
 
     def call_of(self, request: RemotingCommand, conn: Connection) -> Call:
@@ -125,7 +137,8 @@ class RemotingFrontend:
     @property
     def handlers(self) -> dict[int, Handler]:
         return {code: self._guarded(h)
-                for code, h in {**self.admin.handlers(), **self._handlers()}.items()}
+                for code, h in {**self.admin.handlers(), **self.client_admin.handlers(),
+                                **self._handlers()}.items()}
 
     def _handlers(self) -> dict[int, Handler]:
         s, c = self.send, self.consume
@@ -170,19 +183,20 @@ class RemotingFrontend:
 
     async def start(self, host: str, port: int, forward: tuple[str, int] | None,
                     advertised_host: str, namesrv_addr: str, register_period_ms: int,
-                    max_message_size: int) -> int:
-        """Serve remoting on ``host:port``; ``forward``: the port is the broker's listen port,
-        shared with gRPC, which listens at ``forward`` (connections not speaking remoting are
-        relayed there)."""
+                    max_message_size: int, listener: socket.socket | None = None) -> int:
+        """Serve remoting on ``host:port`` (or on ``listener``, bound already); ``forward``:
+        the port is the broker's listen port, shared with gRPC, which listens at ``forward``
+        (connections not speaking remoting are relayed there)."""
         self.server = RemotingServer(self.handlers,
                                      max(DEFAULT_MAX_FRAME, max_message_size + (1 << 20)),
                                      on_close=self.consume.connection_closed)
-        self.port = await self.server.start(host, port, forward)
+        self.port = await self.server.start(host, port, forward, listener)
         self.producers.loop = asyncio.get_running_loop()
         self._housekeeping = asyncio.get_running_loop().create_task(self._expire_clients())
         addresses = parse_namesrv_addr(namesrv_addr)
+        self.advertised = f"{advertised_host}:{self.port}"
         if addresses:
-            identity = dict(self.identity, brokerAddr=f"{advertised_host}:{self.port}")
+            identity = dict(self.identity, brokerAddr=self.advertised)
             self.registrar = BrokerRegistrar(addresses, identity, self.topic_table,
                                              register_period_ms / 1000)
             self.lookup.meta.add_topics_listener(self._topics_changed)
@@ -195,6 +209,12 @@ class RemotingFrontend:
             for group in self.consumers.expire():
                 self.consume.notify_changed(group)
             self.producers.table.expire()
+
+    async def close_relays(self) -> None:
+        """End the gRPC connections a shared port relays (after gRPC's own stop: ``close``
+        leaves them to finish their calls)."""
+        if self.server is not None:
+            self.server.close_relays()
 
     async def close(self) -> None:
         if self._housekeeping is not None:

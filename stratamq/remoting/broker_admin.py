@@ -8,6 +8,11 @@ RocketMQ's ``AdminBrokerProcessor``:
 * ``GET_BROKER_RUNTIME_INFO`` (28, ``brokerStatus``/``clusterList``): a ``KVTable``.
 * ``GET_TOPIC_STATS_INFO`` (202, ``topicStatus``), ``GET_CONSUME_STATS`` (208,
   ``consumerProgress``), ``GET_CONSUMER_CONNECTION_LIST`` (203).
+* ``GET_TOPIC_CONFIG`` (351) and ``GET_SUBSCRIPTIONGROUP_CONFIG`` (352): one topic's or
+  group's config (the Dashboard's topic and group pages); ``DELETE_SUBSCRIPTIONGROUP`` (207,
+  ``mqadmin deleteSubGroup``): the group goes, its consumer offsets too with ``cleanOffset``;
+  ``GET_BROKER_CONFIG`` (26, ``mqadmin getBrokerConfig``): every setting as ``key=value``
+  lines, the data version in the ``version`` header field.
 * ``DELETE_TOPIC_IN_BROKER`` (215, ``mqadmin deleteTopic``): the gRPC admin's ``DeleteTopic``
   (metadata, consumer state and messages); a blank or system topic is refused with
   RocketMQ's remarks, a topic the broker does not have answers SUCCESS (as RocketMQ's does),
@@ -46,11 +51,12 @@ __all__ = ["AdminHandlers", "fastjson_queue_map"]
 
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 200, 201
 GET_TOPIC_STATS_INFO, GET_CONSUMER_CONNECTION_LIST, GET_CONSUME_STATS = 202, 203, 208
-DELETE_TOPIC_IN_BROKER = 215
+DELETE_TOPIC_IN_BROKER, DELETE_SUBSCRIPTIONGROUP, GET_BROKER_CONFIG = 215, 207, 26
+GET_TOPIC_CONFIG, GET_SUBSCRIPTIONGROUP_CONFIG = 351, 352
 _VERSION_DESC, _VERSION = "V4_9_4", 395  # the remoting generation StrataMQ speaks
 
 
-def fastjson_queue_map(entries: list[tuple[str, str, int, dict[str, Any]]]) -> str:
+def fastjson_queue_map(entries: list[tuple[str, str, int, Any]]) -> str:
     """``{MessageQueue: value}`` as fastjson writes a map with object keys."""
     items = []
     for topic, broker, qid, value in entries:
@@ -66,11 +72,17 @@ class AdminHandlers:
                  call_of: Callable[[RemotingCommand, Connection], Call],
                  run: Callable[..., Any],
                  delete_topic: Callable[[dict[str, Any]], Any] | None = None,
-                 refusal: Callable[[str], str | None] = lambda method: None) -> None:
+                 refusal: Callable[[str], str | None] = lambda method: None,
+                 settings: Callable[[], dict[str, str]] = dict,
+                 status: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         # delete_topic: the gRPC admin's DeleteTopic; refusal: why an admin write may not
-        # run here (a slave), as the gRPC admin asks.
+        # run here (a slave), as the gRPC admin asks; settings: every broker and store
+        # setting by key (GET_BROKER_CONFIG); status: the gRPC admin's BrokerStatus (the
+        # store's part of GET_BROKER_RUNTIME_INFO).
         self.delete_topic = delete_topic
         self.refusal = refusal
+        self.settings = settings
+        self.status = status
         self.lookup = lookup
         self.reader = reader
         self.state = state
@@ -99,7 +111,11 @@ class AdminHandlers:
                 GET_TOPIC_STATS_INFO: guarded(self._topic_stats),
                 GET_CONSUME_STATS: guarded(self._consume_stats),
                 GET_CONSUMER_CONNECTION_LIST: guarded(self._connections),
-                DELETE_TOPIC_IN_BROKER: guarded(self._delete_topic)}
+                DELETE_TOPIC_IN_BROKER: guarded(self._delete_topic),
+                GET_TOPIC_CONFIG: guarded(self._topic_config),
+                GET_SUBSCRIPTIONGROUP_CONFIG: guarded(self._group_config),
+                DELETE_SUBSCRIPTIONGROUP: guarded(self._delete_group),
+                GET_BROKER_CONFIG: guarded(self._broker_config)}
 
     # -- topics and groups ----------------------------------------------------------------------
 
@@ -173,6 +189,48 @@ class AdminHandlers:
             "subscriptionGroupTable": {g.name: g.to_json() for g in self.lookup.meta.groups()},
             "dataVersion": {"counter": 0, "stateVersion": 0, "timestamp": self.started_ms}}))
 
+    def _topic_config(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        name = request.ext_fields.get("topic", "")
+        self.lookup.authorize(self.call_of(request, conn), f"Topic:{name}", "Get")
+        topic = self.lookup.meta.topic(name)
+        if topic is None:
+            return request.response(ResponseCode.TOPIC_NOT_EXIST,
+                                    f"No topic in this broker. topic: {name}")
+        # TopicConfigAndQueueMapping: the TopicConfig, no static-topic mapping (null, omitted).
+        return request.response(ResponseCode.SUCCESS, body=to_json(topic.to_json()))
+
+    def _group_config(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        name = request.ext_fields.get("group", "")
+        self.lookup.authorize(self.call_of(request, conn), f"Group:{name}", "Get")
+        group = self.lookup.meta.group(name)
+        if group is None:
+            return request.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                                    "No group in this broker")
+        return request.response(ResponseCode.SUCCESS, body=to_json(group.to_json()))
+
+    def _delete_group(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        h = request.ext_fields
+        name = h.get("groupName", "")
+        self.lookup.authorize(self.call_of(request, conn), "Cluster", "Delete")
+        refused = self.refusal("DeleteGroup")
+        if refused is not None:
+            return request.response(ResponseCode.SYSTEM_ERROR, refused)
+        # As RocketMQ's deleteSubscriptionGroup: a group it does not have is no error.
+        if self.lookup.meta.group(name) is not None:
+            self.lookup.meta.delete_group(name)
+        if h.get("cleanOffset") == "true":
+            self.state.drop_group(name)
+        return request.response(ResponseCode.SUCCESS)
+
+    def _broker_config(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        self.lookup.authorize(self.call_of(request, conn), "Cluster", "Get")
+        # Configuration.getAllConfigsFormatString: "key=value" lines.
+        text = "".join(f"{k}={v}\n" for k, v in sorted(self.settings().items()))
+        version = to_json({"counter": self.lookup.meta.topics_version, "stateVersion": 0,
+                           "timestamp": self.started_ms}).decode()
+        return request.response(ResponseCode.SUCCESS, None, {"version": version},
+                                text.encode())
+
     # -- status ---------------------------------------------------------------------------------
 
     def _runtime_info(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
@@ -188,6 +246,13 @@ class AdminHandlers:
                  "sendThreadPoolQueueSize": "0", "pullThreadPoolQueueSize": "0",
                  "earliestMessageTimeStamp": "0", "commitLogDiskRatio": "0.0",
                  "pageCacheLockTimeMills": "0", "dispatchBehindBytes": "0"}
+        if self.status is not None:  # the store's figures, as DefaultMessageStore's runtime info
+            st = self.status({})
+            table.update({
+                "brokerActive": "true", "commitLogMinOffset": str(st["commitlog"]["min_offset"]),
+                "commitLogMaxOffset": str(st["commitlog"]["max_offset"]),
+                "commitLogDiskRatio": str(st["disk"]["used_ratio"] or 0.0),
+                "dispatchBehindBytes": str(st["dispatch_behind_bytes"])})
         return request.response(ResponseCode.SUCCESS, body=to_json({"table": table}))
 
     def _queues(self, topic: str) -> list[tuple[int, int, int]]:

@@ -51,6 +51,11 @@ class LookupHandlers:
                     return bytes(r.buffer)
         return None
 
+    def record_at(self, offset: int) -> bytes | None:
+        """The stored record starting at a CommitLog offset, None where none starts."""
+        msg = self.look_up(offset)
+        return self._record(msg) if msg is not None and msg.physical_offset == offset else None
+
     def _view(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         offset = _int(request.ext_fields, "offset")
         msg = self.look_up(offset)

@@ -2,7 +2,8 @@
 ``ConsumerManager``): per group, each client id's connection and subscriptions.
 
 A client leaves on ``UNREGISTER_CLIENT``, when its connection closes, or (``expire``) after
-120 s without a heartbeat (RocketMQ's ``channelExpiredTimeout``). Register, unregister and
+``expiry_s`` without a heartbeat (consumers: the broker's ``channelExpiredTimeout``, 120 s by
+default; producers: RocketMQ's fixed 120 s). Register, unregister and
 drop say whether the group's client set changed: the broker then tells the group's
 consumers (``NOTIFY_CONSUMER_IDS_CHANGED``) so they rebalance at once.
 
@@ -18,7 +19,7 @@ from typing import Any
 
 __all__ = ["ConsumerTable"]
 
-CHANNEL_EXPIRED_S = 120.0
+CHANNEL_EXPIRED_S = 120.0  # RocketMQ's default channelExpiredTimeout, and ProducerManager's
 
 
 @dataclass
@@ -30,7 +31,8 @@ class _Client:
 
 
 class ConsumerTable:
-    def __init__(self) -> None:
+    def __init__(self, expiry_s: float = CHANNEL_EXPIRED_S) -> None:
+        self.expiry_s = expiry_s
         self._groups: dict[str, dict[str, _Client]] = {}
         self._lock = threading.Lock()
 
@@ -46,6 +48,18 @@ class ConsumerTable:
         """Each client id of the group with what its heartbeat said (admin listings)."""
         with self._lock:
             return sorted((cid, dict(c.info)) for cid, c in self._groups.get(group, {}).items())
+
+    def find(self, group: str, client_id: str) -> tuple[Any, dict[str, Any]] | None:
+        """A client's connection and what its heartbeat said (RocketMQ's ``findChannel``)."""
+        with self._lock:
+            client = self._groups.get(group, {}).get(client_id)
+            return None if client is None else (client.connection, dict(client.info))
+
+    def groups_subscribed_to(self, topic: str) -> set[str]:
+        """The groups with a client subscribed to ``topic`` (``queryTopicConsumeByWho``)."""
+        with self._lock:
+            return {g for g, clients in self._groups.items()
+                    if any(topic in c.subscriptions for c in clients.values())}
 
     def unregister(self, group: str, client_id: str) -> bool:
         with self._lock:
@@ -68,7 +82,7 @@ class ConsumerTable:
         with self._lock:
             for group, clients in self._groups.items():
                 for client_id in [c for c, v in clients.items()
-                                  if now - v.last_seen > CHANNEL_EXPIRED_S]:
+                                  if now - v.last_seen > self.expiry_s]:
                     del clients[client_id]
                     changed.append(group)
         return sorted(set(changed))

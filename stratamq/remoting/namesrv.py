@@ -44,6 +44,7 @@ DEFAULT_NAMESRV_PORT = 9876
 _SCAN_INTERVAL_S = 5.0  # RocketMQ's scanNotActiveBroker period
 PUT_KV_CONFIG, DELETE_KV_CONFIG = 100, 102
 DELETE_TOPIC_IN_NAMESRV, GET_KVLIST_BY_NAMESPACE, GET_TOPICS_BY_CLUSTER = 216, 219, 224
+GET_SYSTEM_TOPIC_LIST_FROM_NS = 304
 _APPLY_TOPIC_URL = "\nSee http://rocketmq.apache.org/docs/faq/ for further details."
 
 
@@ -79,7 +80,8 @@ class NameServer:
                 PUT_KV_CONFIG: self.put_kv, DELETE_KV_CONFIG: self.delete_kv,
                 GET_KVLIST_BY_NAMESPACE: self.kv_list,
                 DELETE_TOPIC_IN_NAMESRV: self.delete_topic,
-                GET_TOPICS_BY_CLUSTER: self.topics_of_cluster}
+                GET_TOPICS_BY_CLUSTER: self.topics_of_cluster,
+                GET_SYSTEM_TOPIC_LIST_FROM_NS: self.system_topics}
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -225,3 +227,19 @@ class NameServer:
         if self.cluster is not None and cluster == self.cluster.cluster:
             topics = {"topicList": sorted(set(topics["topicList"]) | self.cluster.topics())}
         return request.response(ResponseCode.SUCCESS, body=to_json(topics))
+
+    async def system_topics(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        """RouteInfoManager.getSystemTopicList: every cluster name and broker name (each is a
+        topic RocketMQ's brokers create), with one broker's address; the Dashboard marks the
+        topics listed here as system topics."""
+        info = self.routes.cluster_info()
+        if self.cluster is not None:
+            info = self.cluster.merge_cluster_info(info)
+        names = [n for cluster, brokers in info["clusterAddrTable"].items()
+                 for n in (cluster, *brokers)]
+        doc: dict[str, Any] = {"topicList": names}
+        for data in info["brokerAddrTable"].values():
+            if data.get("brokerAddrs"):
+                doc["brokerAddr"] = next(iter(data["brokerAddrs"].values()))
+                break
+        return request.response(ResponseCode.SUCCESS, body=to_json(doc))

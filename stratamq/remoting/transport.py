@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -33,11 +34,12 @@ from stratamq.remoting.codec import (
     encode,
 )
 from stratamq.remoting.codes import ResponseCode
+from stratamq.remoting.relay import SocketRelay
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Connection", "Handler", "RemotingClient", "RemotingServer", "RemotingTimeout",
-           "is_remoting"]
+           "is_remoting", "listen_socket"]
 
 Handler = Callable[[RemotingCommand, "Connection"], Awaitable[RemotingCommand | None]]
 
@@ -59,15 +61,13 @@ def is_remoting(first: bytes) -> bool:
     return first[:1] == b"\x00"
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(_READ_CHUNK):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (ConnectionError, OSError):
-        writer.close()
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: any free one), as a shared port's."""
+    if ":" in host:  # "::" listens on IPv4 too, as gRPC's [::] does
+        return socket.create_server((host.strip("[]"), port), family=socket.AF_INET6,
+                                    backlog=1024, dualstack_ipv6=host.strip("[]") == "::"
+                                    and socket.has_dualstack_ipv6())
+    return socket.create_server((host, port), backlog=1024)
 
 
 class RemotingTimeout(TimeoutError):
@@ -215,43 +215,74 @@ class RemotingServer:
         self.on_close = on_close
         self.connections: set[Connection] = set()
         self._server: asyncio.Server | None = None
+        # A shared port (start's forward): its listener, accept task and relay.
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._routing: set[asyncio.Task[None]] = set()
+        self._relay: SocketRelay | None = None
 
-    async def start(self, host: str, port: int,
-                    forward: tuple[str, int] | None = None) -> int:
+    async def start(self, host: str, port: int, forward: tuple[str, int] | None = None,
+                    listener: socket.socket | None = None) -> int:
         """Listen; returns the port bound (``port`` 0: any free one). ``forward``: the port
         is shared, and connections that do not start with a remoting frame (gRPC's HTTP/2 or
-        TLS) are relayed to this address, byte for byte."""
-        serve = self.serve if forward is None else self._sharing(forward)
-        self._server = await asyncio.start_server(serve, host, port, reuse_address=True)
-        return int(self._server.sockets[0].getsockname()[1])
+        TLS) are relayed to this address, byte for byte (``relay.SocketRelay``); then
+        ``listener``, if given, is the port's socket, bound already (``listen_socket``)."""
+        if forward is None:
+            self._server = await asyncio.start_server(self.serve, host, port,
+                                                      reuse_address=True)
+            return int(self._server.sockets[0].getsockname()[1])
+        # Shared: accept here and peek at each connection's first byte before anything
+        # reads it, so a gRPC connection is handed to the relay untouched.
+        listener = listener if listener is not None else listen_socket(host, port)
+        listener.setblocking(False)
+        self._listener = listener
+        self._relay = SocketRelay(forward)
+        self._accepting = asyncio.get_running_loop().create_task(self._accept(listener))
+        return int(listener.getsockname()[1])
 
-    def _sharing(self, forward: tuple[str, int]) -> Callable[..., Awaitable[None]]:
-        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
             try:
-                first = await reader.read(1)
-            except (ConnectionError, OSError):
-                first = b""
-            if not first:
-                writer.close()
-                return
-            if is_remoting(first):
-                await self.serve(reader, writer, first)
-                return
-            try:
-                up_reader, up_writer = await asyncio.open_connection(*forward)
+                sock, _ = await loop.sock_accept(listener)
             except OSError as exc:
-                log.error("remoting: cannot relay %s to gRPC at %s:%d: %s",
-                          writer.get_extra_info("peername"), *forward, exc)
-                writer.close()
-                return
-            up_writer.write(first)
-            try:
-                await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
-            finally:
-                up_writer.close()
-                writer.close()
+                if listener.fileno() == -1:
+                    return
+                log.warning("remoting: accept failed: %s", exc)
+                await asyncio.sleep(0.1)  # (out of file descriptors: let some close)
+                continue
+            task = loop.create_task(self._route(sock))
+            self._routing.add(task)
+            task.add_done_callback(self._routing.discard)
 
-        return accept
+    async def _route(self, sock: socket.socket) -> None:
+        """Serve ``sock`` as remoting or relay it to gRPC, by its first byte (peeked)."""
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(sock.fileno(), ready)
+        try:
+            await readable
+            first = sock.recv(1, socket.MSG_PEEK)
+        except (ConnectionError, OSError):
+            first = b""
+        except BaseException:  # (cancelled: the server is closing)
+            loop.remove_reader(sock.fileno())
+            sock.close()
+            raise
+        loop.remove_reader(sock.fileno())
+        if not first:
+            sock.close()
+        elif is_remoting(first):
+            reader, writer = await asyncio.open_connection(sock=sock)
+            await self.serve(reader, writer)
+        else:
+            assert self._relay is not None
+            await self._relay.start(sock)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     first: bytes = b"") -> None:
@@ -270,11 +301,25 @@ class RemotingServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._listener is not None:
+            self._listener.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._accepting
+        for task in list(self._routing):
+            task.cancel()
         for conn in list(self.connections):
             await conn.close()
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+
+
+    def close_relays(self) -> None:
+        """End the relayed connections (``close`` leaves them: gRPC finishes its calls)."""
+        if self._relay is not None:
+            self._relay.close()
 
 
 class RemotingClient:
