@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import struct
 import urllib.request
 import zlib
+from pathlib import Path
 
 import grpc
 import pytest
@@ -23,6 +25,7 @@ from waiting import wait_until
 
 from stratamq import record
 from stratamq.broker.metadata import MetadataStore
+from stratamq.client.admin import AdminClient
 from stratamq.remoting.codec import RemotingCommand
 from stratamq.remoting.codes import RequestCode, ResponseCode, SerializeType
 from stratamq.remoting.locks import QueueLocks
@@ -364,8 +367,37 @@ def test_one_port_serves_both_protocols_by_default(tmp_path):
         # gRPC (HTTP/2) on the same port reads what remoting wrote.
         got = pull_queue(b.endpoint, "Shared", 0)
         assert [(m.body, m.system_properties.tag) for m in got] == [(b"one port", "One")]
+        # A gRPC client through the shared port is listed by its own address (a socket of
+        # this process connected to the listen port), not by the relay's loopback socket.
+        channel = grpc.insecure_channel(b.endpoint)
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        stub.Heartbeat(svc.HeartbeatRequest(group=pb.Resource(name="SharedGroup"),
+                                            client_type=pb.SIMPLE_CONSUMER),
+                       metadata=[("x-mq-client-id", "shared-port-client")], timeout=10)
+        with AdminClient(b.endpoint) as admin:
+            clients = admin.call("GroupProgress", group="SharedGroup")["clients"]
+        peer = next(c["peer"] for c in clients if c["client_id"] == "shared-port-client")
+        port = int(b.endpoint.rsplit(":", 1)[1])
+        assert int(peer.rsplit(":", 1)[1]) in _local_ports_connected_to(port), peer
+        channel.close()
     finally:
         b.terminate()
+
+
+def _local_ports_connected_to(port: int) -> set[int]:
+    """Local ports of this process's TCP sockets connected to ``port`` (gRPC's are IPv6
+    sockets with IPv4-mapped addresses: /proc/net/tcp6 as well as tcp)."""
+    mine = {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")}
+    found = set()
+    lines = [line for table in ("tcp", "tcp6")
+             for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]]
+    for line in lines:
+        fields = line.split()
+        local, remote, inode = fields[1], fields[2], fields[9]
+        if int(remote.split(":")[1], 16) == port and f"socket:[{inode}]" in mine:
+            found.add(int(local.split(":")[1], 16))
+    return found
 
 
 def test_admin_codes_for_mqadmin(broker):

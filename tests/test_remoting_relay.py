@@ -80,3 +80,39 @@ def test_relay_passes_bytes_both_ways_and_remoting_is_served_on_the_same_port():
     assert got["left_after_eof"] == 0
     assert got["active"] == 1
     assert got["after_close"] == b""
+
+
+async def _who_is_behind() -> dict:
+    seen: asyncio.Queue = asyncio.Queue()
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.put_nowait(writer.get_extra_info("peername"))  # the relay's socket, as gRPC sees
+        await reader.read(-1)
+        writer.close()
+
+    up = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    server = RemotingServer({})
+    port = await server.start("127.0.0.1", 0, ("127.0.0.1", up.sockets[0].getsockname()[1]))
+    try:
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"PRI * HTTP/2.0\r\n")
+        await writer.drain()
+        relay_host, relay_port = (await asyncio.wait_for(seen.get(), 10))[:2]
+        client_port = writer.get_extra_info("sockname")[1]
+        out = {"behind": server.relayed_peer(f"ipv4:{relay_host}:{relay_port}"),
+               "client": f"ipv4:127.0.0.1:{client_port}",
+               "relay": f"ipv4:{relay_host}:{relay_port}",
+               "direct": server.relayed_peer("ipv4:10.1.2.3:4567")}
+        writer.close()
+    finally:
+        await server.close()
+        up.close()
+        await up.wait_closed()
+    return out
+
+
+def test_grpc_sees_the_client_behind_the_relay_not_the_relays_own_socket():
+    got = asyncio.run(_who_is_behind())
+    assert got["relay"] != got["client"]  # what gRPC's context.peer() says: the relay
+    assert got["behind"] == got["client"]  # what the broker shows: the client
+    assert got["direct"] == "ipv4:10.1.2.3:4567"

@@ -112,9 +112,13 @@ Code = pb.Code
 __all__ = ["MessagingServicer", "Services", "call_of", "messaging_handler", "subject_of"]
 
 
-def call_of(context: grpc.aio.ServicerContext) -> Call:
-    """The logic's view of an RPC."""
-    return Call(dict(context.invocation_metadata() or ()), context.peer() or "",
+def call_of(context: grpc.aio.ServicerContext,
+            peer_names: Callable[[str], str] | None = None) -> Call:
+    """The logic's view of an RPC. ``peer_names``: who is behind gRPC's peer (a connection
+    the shared port relays comes from the relay's loopback socket)."""
+    peer = context.peer() or ""
+    return Call(dict(context.invocation_metadata() or ()),
+                peer_names(peer) if peer_names is not None else peer,
                 context.time_remaining())
 
 
@@ -284,6 +288,8 @@ class Services:
     # broker/transactions.py: EndTransaction, and the producers' streams checks go down.
     transactions: Any = None
     producers: Any = None
+    # The client behind gRPC's peer (remoting's shared-port relay), None: gRPC's peer as is.
+    peer_names: Callable[[str], str] | None = None
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
@@ -310,7 +316,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     def _blocking(self, name: str, response_cls: type, fn: Callable[..., Any],
                   request: Any, context: grpc.aio.ServicerContext) -> Awaitable[Any]:
-        call = call_of(context)
+        call = call_of(context, self.s.peer_names)
         return self._answer(name, response_cls, lambda: self.run(fn, request, call), request)
 
     async def _stream(self, name: str, response_cls: type,
@@ -349,7 +355,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         task = asyncio.current_task()
         if task is not None:
             self.telemetry_tasks.add(task)
-        call = call_of(context)
+        call = call_of(context, self.s.peer_names)
         # Answers to the client's commands and commands of the broker's own (a transaction
         # check) share the stream: both go through this outbox, read in one place.
         outbox: asyncio.Queue[Any] = asyncio.Queue()
@@ -403,7 +409,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
         # ``_answer``'s steps written out: the most frequent RPC, and its layers (a coroutine
         # and a closure per call) were a measurable share of a 1-message send. The send's
         # logic runs here on the loop, so its metadata can be read on demand.
-        call = Call(_MetadataOnDemand(context), context.peer() or "", context.time_remaining())
+        peer = context.peer() or ""
+        if names := self.s.peer_names:
+            peer = names(peer)
+        call = Call(_MetadataOnDemand(context), peer, context.time_remaining())
         s = self.s
         started = time.perf_counter()
         try:
@@ -424,14 +433,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
     # -- pop consumption ------------------------------------------------------------------------
 
     async def ReceiveMessage(self, request, context):
-        call = call_of(context)
+        call = call_of(context, self.s.peer_names)
         async for response in self._stream(
                 "ReceiveMessage", svc.ReceiveMessageResponse,
                 lambda: self.s.receiving.receive(request, call, self.run), request):
             yield response
 
     async def AckMessage(self, request, context):
-        call = call_of(context)
+        call = call_of(context, self.s.peer_names)
         return await self._answer("AckMessage", svc.AckMessageResponse,
                                   lambda: self.s.receiving.ack_queued(request, call, self.run),
                                   request)
@@ -453,7 +462,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
                                     self.s.pulling.query_offset, request, context)
 
     async def PullMessage(self, request, context):
-        call = call_of(context)
+        call = call_of(context, self.s.peer_names)
 
         async def work() -> list[svc.PullMessageResponse]:
             responses = await self.s.pulling.pull(request, call, self.run)

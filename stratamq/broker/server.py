@@ -449,7 +449,7 @@ class Broker:
             pulling=PullService(self.lookup, self.store, self.state, self.polls),
             writer=self.writer, run=self.run, metrics=lambda: self.metrics,
             transactions=EndTransactionService(self.lookup, self.transactions),
-            producers=self.producer_streams)
+            producers=self.producer_streams, peer_names=self._relayed_peer)
         self.servicer = MessagingServicer(services)
         from stratamq.broker.admin import AdminService, admin_handler
         from stratamq.broker.message_admin import message_admin_handler
@@ -554,6 +554,11 @@ class Broker:
             return ""
         host = registered_host(self.store_config.broker_ip, self.listen_host)
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def _relayed_peer(self, grpc_peer: str) -> str:
+        """gRPC's peer, or the client behind it when the shared port relayed the connection."""
+        remoting = self.remoting
+        return remoting.relayed_peer(grpc_peer) if remoting is not None else grpc_peer
 
     def _cluster_routes(self) -> Any:
         """Routes across every group of the cluster (controller mode), else None."""

@@ -210,6 +210,11 @@ class RemotingFrontend:
                 self.consume.notify_changed(group)
             self.producers.table.expire()
 
+    def relayed_peer(self, grpc_peer: str) -> str:
+        """The client behind a gRPC connection the shared port relays (else the peer as is)."""
+        server = self.server
+        return server.relayed_peer(grpc_peer) if server is not None else grpc_peer
+
     async def close_relays(self) -> None:
         """End the gRPC connections a shared port relays (after gRPC's own stop: ``close``
         leaves them to finish their calls)."""

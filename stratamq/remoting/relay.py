@@ -13,7 +13,12 @@ that closes or breaks closes the other.
 more CPU per gRPC call than this: every chunk woke a thread that then had to take the GIL
 from the busy event loop.)
 
-Thread-safety: everything on the broker's event loop.
+gRPC sees every relayed connection come from the relay's own loopback socket; ``client_of``
+names the client behind it (``origins``: the relay's upstream port -> the client's address, in
+gRPC's peer format), so client lists and born hosts show the client, not 127.0.0.1.
+
+Thread-safety: everything on the broker's event loop, but ``client_of``, a dict read, which
+gRPC's threads may call.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class _Side(asyncio.Protocol):
         self.early: list[bytes] = []  # read before the peer was connected
         self.eof = False
         self.lost = False
+        self.origin_port: int | None = None  # the upstream side: its key in relay.origins
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -70,6 +76,8 @@ class _Side(asyncio.Protocol):
         return True  # keep the other direction open (HTTP/2 half-closes are rare, but legal)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.origin_port is not None:
+            self.relay.origins.pop(self.origin_port, None)
         self.lost = True
         self.relay.sides.discard(self)
         peer = self.peer.transport if self.peer is not None else None
@@ -94,6 +102,7 @@ class SocketRelay:
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
         self.sides: set[_Side] = set()
+        self.origins: dict[int, str] = {}
 
     async def start(self, client: socket.socket) -> None:
         """Relay ``client`` (an accepted, connected socket; the relay owns it from now on)."""
@@ -107,12 +116,24 @@ class SocketRelay:
                       _peer(client), *self.upstream, exc)
             client.close()
             return
+        # Before the client's side is connected, so before gRPC can read a byte of it.
+        if inner.transport is not None:
+            inner.origin_port = int(inner.transport.get_extra_info("sockname")[1])
+            self.origins[inner.origin_port] = _grpc_peer(client)
         try:
             await loop.connect_accepted_socket(lambda: outer, client)
         except OSError:
             client.close()
             if inner.transport is not None:
                 inner.transport.close()
+
+    def client_of(self, grpc_peer: str) -> str:
+        """The client behind a relayed connection, given gRPC's peer for it
+        (``ipv4:127.0.0.1:<relay port>``); any other peer as it is."""
+        host, _, port = grpc_peer.rpartition(":")
+        if host != f"ipv4:{self.upstream[0]}" or not port.isdigit():
+            return grpc_peer
+        return self.origins.get(int(port), grpc_peer)
 
     @property
     def active(self) -> int:
@@ -123,6 +144,17 @@ class SocketRelay:
         for side in list(self.sides):
             if side.transport is not None:
                 side.transport.abort()
+
+
+def _grpc_peer(sock: socket.socket) -> str:
+    """A socket's peer written as gRPC writes ``context.peer()``."""
+    try:
+        address = sock.getpeername()
+    except OSError:
+        return "unknown"
+    if sock.family == socket.AF_INET6:
+        return f"ipv6:[{address[0]}]:{address[1]}"
+    return f"ipv4:{address[0]}:{address[1]}"
 
 
 def _peer(sock: socket.socket) -> object:

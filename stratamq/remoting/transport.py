@@ -316,6 +316,10 @@ class RemotingServer:
             self._server = None
 
 
+    def relayed_peer(self, grpc_peer: str) -> str:
+        """The client behind a connection this port relays to gRPC (``SocketRelay.client_of``)."""
+        return self._relay.client_of(grpc_peer) if self._relay is not None else grpc_peer
+
     def close_relays(self) -> None:
         """End the relayed connections (``close`` leaves them: gRPC finishes its calls)."""
         if self._relay is not None:
