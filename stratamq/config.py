@@ -929,6 +929,11 @@ class BrokerConfig:
         "whether clients must present a certificate signed by tls.server.trustCertPath",
         check=_one_of("none", "optional", "require", fold_case=True),
     )  # fmt: skip
+    tls_client_trust_cert_path: str = _setting(
+        "tls.client.trustCertPath", "", "path",
+        "PEM CA bundle the broker's own console verifies tls.server.certPath against "
+        "(consoleListenPort with tlsEnable); empty: tls.server.certPath itself, pinned",
+    )  # fmt: skip
     # -- RocketMQ 4.x remoting (stratamq/remoting/) --
     remoting_listen_port: int = _setting(
         "remotingListenPort", 0, "port",

@@ -237,16 +237,15 @@ class Broker:
 
     def _start_console(self) -> None:
         """The web console on loopback when ``consoleListenPort`` is set: a client of this
-        broker's admin RPCs like any other (signed with aclAccessKey when ACL is on)."""
+        broker's admin RPCs like any other (signed with aclAccessKey when ACL is on, over TLS
+        when tlsEnable); ValueError when it cannot reach the broker."""
         cfg = self.config
         if not cfg.console_listen_port:
             return
-        from stratamq.client.connection import BrokerEndpoint
+        from stratamq.broker.tls import console_endpoint
         from stratamq.console.server import ConsoleServer, ConsoleThread
 
-        endpoint = BrokerEndpoint(self.endpoint,
-                                  access_key=cfg.acl_access_key or None,
-                                  secret_key=cfg.acl_secret_key or None)
+        endpoint = console_endpoint(self.endpoint, cfg)
         server = ConsoleServer(endpoint, f"127.0.0.1:{cfg.console_listen_port}")
         self.console = ConsoleThread(server).start()
         log.info("web console on %s", server.url)

@@ -20,10 +20,10 @@ import grpc
 from starlette.concurrency import run_in_threadpool
 
 from stratamq.client.admin import SERVICE, AdminClient, AdminError, refusal, request_body
-from stratamq.client.connection import BrokerEndpoint
+from stratamq.client.connection import BrokerEndpoint, broker_answered
 from stratamq.client.messaging import MessagingClient, MessagingError
 
-__all__ = ["AdminError", "ConsoleBroker", "DLQ_PREFIX"]
+__all__ = ["AdminError", "ConsoleBroker", "DLQ_PREFIX", "unreachable"]
 
 DLQ_PREFIX = "%DLQ%"
 # A point past any store time: ResetOffset to it puts a group at the end of every queue.
@@ -42,6 +42,22 @@ def message_view(m: Any) -> dict[str, Any]:
             "body": bytes(m.body),
             "dlq_origin_topic": (sp.dead_letter_queue.topic
                                  if sp.HasField("dead_letter_queue") else None)}
+
+
+def unreachable(endpoint: BrokerEndpoint, timeout: float = 10.0) -> str | None:
+    """Why no broker answers a call at ``endpoint``, in gRPC's words (a TLS handshake that
+    failed, nothing listening), or None when one answers: a refusal (ACL) is an answer too."""
+    channel = endpoint.channel()
+    try:
+        channel.unary_unary(f"/{SERVICE}/BrokerStatus")(
+            request_body({}), timeout=timeout, metadata=endpoint.metadata() or None)
+    except grpc.RpcError as exc:
+        if not broker_answered(exc):
+            code = exc.code()
+            return exc.details() or (code.name if code is not None else "UNKNOWN")
+    finally:
+        channel.close()
+    return None
 
 
 class ConsoleBroker:
