@@ -195,3 +195,35 @@ def test_a_queue_whose_files_went_missing_after_the_close_is_refilled_from_its_c
         assert bodies(store, "Kept", 2) == [body("Kept", 2, n) for n in range(10, 15)]
     with MessageStore(cfg).open() as store:  # written back: the next open reads the same
         assert bodies(store, "Gone", 2) == [body("Gone", 2, n) for n in range(10, 15)]
+
+
+def test_a_reopen_from_the_snapshot_starts_queues_where_the_commitlog_now_starts(tmp_path):
+    """CommitLog files deleted while the store ran (as `tier clean` deletes) leave a queue's
+    first units pointing at records that are gone while its ConsumeQueue file stays: a reopen
+    from the snapshot must put the queue's min offset past them, as an open that reads the
+    files does (reads below it belong to the tier, not to the first local record)."""
+    cfg = StoreConfig(store_path_root_dir=str(tmp_path / "store"),
+                      mapped_file_size_commit_log=64 * 1024, message_index_enable=False)
+    layout = StoreLayout(cfg.root)
+    with MessageStore(cfg).open() as store:
+        for _ in range(12):
+            fill(store, TOPICS[:2], 0, 20)
+        segments = sorted(layout.commitlog_dir.iterdir())
+        assert len(segments) >= 4, "the CommitLog should span several segments"
+        # The two oldest go as `tier clean` deletes what the tier holds: CommitLog files only
+        # (the ConsumeQueues are corrected at the next regular clean-up, or at an open).
+        gone = store.commitlog.files.delete_below(int(segments[2].name))
+        assert len(gone) == 2
+        assert store.min_physical_offset > 0
+    assert layout.cq_snapshot.exists()
+
+    with MessageStore(cfg).open() as store:
+        assert not any(cq.loaded for cq in store.consume_queues), "not opened from the snapshot"
+        from_snapshot = {(t, q): (store.get_min_offset_in_queue(t, q), bodies(store, t, q))
+                         for t in TOPICS[:2] for q in range(QUEUES)}
+    layout.cq_snapshot.unlink()
+    with MessageStore(cfg).open() as store:  # the files read, every queue corrected at open
+        from_files = {(t, q): (store.get_min_offset_in_queue(t, q), bodies(store, t, q))
+                      for t in TOPICS[:2] for q in range(QUEUES)}
+    assert all(low > 0 for low, _ in from_files.values())
+    assert from_snapshot == from_files

@@ -57,6 +57,8 @@ class FileConsumeQueueStore:
         # (CommitLog min, end) the snapshot loaded from was saved with: checked once recovery
         # knows them (``truncate_dirty``, ``correct_min_offsets``); None when none is in use.
         self._snapshot_span: tuple[int, int] | None = None
+        # The CommitLog min offset the unloaded queues' saved min offsets were corrected for.
+        self._lazy_as_of_min: int | None = None
         # The CommitLog's segments and the deleted topics' cutoffs, set by the opener: a queue
         # opened from a snapshot whose files turn out short is refilled from them (``_refill``).
         self.refill_source: tuple[MappedFileQueue, DeletedTopics] | None = None
@@ -110,6 +112,7 @@ class FileConsumeQueueStore:
                 positions=positions, topic_dir=topic_dir)
             cq.refill = self._refill
         self._snapshot_span = (snapshot.commitlog_min, snapshot.commitlog_end)
+        self._lazy_as_of_min = snapshot.commitlog_min
         log.info("ConsumeQueues: %d queues opened from the snapshot of the last clean close",
                  len(queues))
 
@@ -149,6 +152,15 @@ class FileConsumeQueueStore:
             return False
         self.commit_dispatch()
         self.flush(0)
+        # The saved min offsets must hold for the CommitLog as it is now, which the next open
+        # checks the snapshot against and then trusts (it corrects no queue): records deleted
+        # while the broker ran (clean-up, `tier clean`) may leave a queue's first units
+        # pointing below the CommitLog's min, read from the tier, not from local files. A queue
+        # still unloaded keeps the min offset of the snapshot it came from: right if the
+        # CommitLog's min has not moved since, else it is loaded and corrected too.
+        for cq in self.queues():
+            if cq.loaded or self._lazy_as_of_min != commitlog_min:
+                cq.correct_min_offset(commitlog_min)
         queues = {}
         for key, cq in list(self._queues.items()):
             positions = cq.positions()
