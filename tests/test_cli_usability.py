@@ -23,6 +23,7 @@ from pathlib import Path
 
 import grpc
 from broker_proc import start_broker
+from pulling import pull_queue
 from rocketmq import Producer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
@@ -143,9 +144,13 @@ def test_online_clean_and_lookups_reach_the_tier_and_the_store_remembers_it(tmp_
                      "--config", str(broker.conf))
         assert locked.returncode == 1 and "open in another process" in locked.stderr
         assert "stratamq tier clean --endpoint" in locked.stderr
+        served = {q: [m.body for m in pull_queue(ep, "Hist", q)] for q in (0, 1)}
         cleaned = lines(cli("tier", "clean", "--endpoint", ep))[0]
         assert cleaned["deleted"]["commitlog"] >= 2, cleaned
         assert cleaned["min_offset"] > cleaned["min_offset_before"] == 0
+        # A reader from offset 0 still gets every message, the deleted ones from the tier
+        # (not the first local record in their place), at once, with no restart.
+        assert {q: [m.body for m in pull_queue(ep, "Hist", q)] for q in (0, 1)} == served
 
         # key-0 is in a deleted CommitLog file: found in the tier, by key and by id.
         by_key = lines(cli("message", "query", "--endpoint", ep, "--topic", "Hist",

@@ -289,6 +289,17 @@ class CleanupService:
                 log.info("clean-up %s: %s", report.triggers, report.as_dict())
             return report
 
+    def after_commitlog_deleted(self) -> CleanupReport:
+        """The ConsumeQueue and index part of a pass, now: for a caller that deleted CommitLog
+        files itself (``tier clean``). Each queue's min offset moves past the records that are
+        gone, so reads below it go to the next source of the read chain (the tier) at once,
+        instead of the queue skipping to its first local record until the next pass."""
+        with self._pass_lock:
+            report = CleanupReport(min_offset_before=self.commitlog_files.min_offset())
+            self._clean_logics(report)
+            report.min_offset = self.commitlog_files.min_offset()
+            return report
+
     def _clean_commitlog(self, report: CleanupReport, now: int, *, force: bool,
                          manual: bool) -> None:
         cfg = self.config

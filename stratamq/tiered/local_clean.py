@@ -3,8 +3,9 @@ clean``, ``stratamq store clean --tiered-only``), on a running broker or offline
 
 Only whole files below the offset under which everything is in the tier, flushed and
 dispatched go, and never the file being written; a file a reader still holds is unmapped once
-it lets go (``MappedFile.destroy``). The ConsumeQueue files below go at the next regular
-clean-up; their messages are read from the tier meanwhile.
+it lets go (``MappedFile.destroy``). The ConsumeQueues are corrected at once (the clean-up's
+ConsumeQueue pass): their min offsets move past the deleted records, which are then read from
+the tier.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def delete_tiered_commitlog(store: MessageStore, tier: TieredStore) -> dict[str,
     before = files.min_offset()
     sizes = {mf.path: mf.file_size for mf in files.files}
     gone = files.delete_below(tiered, store.config.destroy_mapped_file_interval_forcibly)
+    if gone and store.cleanup is not None:
+        store.cleanup.after_commitlog_deleted()  # queues start past them: reads go to the tier
     return {"tiered_offset": tiered,
             "commitlog_files": [f"commitlog/{mf.path.name}" for mf in gone],
             "deleted": {"commitlog": len(gone)},
