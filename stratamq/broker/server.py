@@ -58,6 +58,7 @@ from stratamq.broker.pulling import PullService
 from stratamq.broker.receiving import ReceiveService
 from stratamq.broker.rpc import MessagingServicer, Services, messaging_handler
 from stratamq.broker.sending import SendService
+from stratamq.broker.stats_window import BrokerStatsWindow, StatsTee
 from stratamq.broker.writer import GroupWriter
 from stratamq.compaction.service import CompactionStore
 from stratamq.config import BrokerConfig, BrokerRole, StoreConfig
@@ -107,6 +108,7 @@ class Broker:
         # Hook points (see the module docstring); set before start() or by _install_extensions.
         self.acl: Any = None
         self.metrics: Any = NullMetrics()
+        self.stats: BrokerStatsWindow | None = None  # made in _build
         self.timer: Any = None
         self.replication: Any = None  # broker/replication.py, made in _build
         self.cluster: Any = None  # cluster/node.py in controller mode, made in _build
@@ -258,6 +260,8 @@ class Broker:
             self.timer.close()
         if hasattr(self.metrics, "close"):
             self.metrics.close()
+        if self.stats is not None:
+            self.stats.stop()
 
     # -- start and stop -------------------------------------------------------------------------
 
@@ -415,6 +419,10 @@ class Broker:
         if cfg.enable_controller_mode:
             self.cluster = self._join_cluster()
         timer = self.timer if cfg.timer_enable else None
+        # VIEW_BROKER_STATS_DATA's windows: counted wherever the metrics see sends and gets.
+        self.stats = BrokerStatsWindow(cfg.broker_cluster_name)
+        self.stats.start()
+        self.counted = StatsTee(self.stats, lambda: self.metrics)
         from stratamq.broker.transactions import (
             AnyProducer,
             EndTransactionService,
@@ -442,9 +450,9 @@ class Broker:
                                   route=self.replication.route,
                                   cluster=self._cluster_routes()),
             sending=SendService(self.lookup, self.store_config.max_message_size, timer,
-                                lambda: self.metrics),
+                                lambda: self.counted),
             receiving=ReceiveService(self.lookup, self.engine, self.polls,
-                                     lambda: self.metrics),
+                                     lambda: self.counted),
             pulling=PullService(self.lookup, self.store, self.state, self.polls),
             writer=self.writer, run=self.run, metrics=lambda: self.metrics,
             transactions=EndTransactionService(self.lookup, self.transactions),
@@ -490,7 +498,8 @@ class Broker:
                       # RocketMQ's ids: 0 the master, a slave's above (clients send to 0).
                       "brokerId": "1" if self.store_config.broker_role is BrokerRole.SLAVE
                       else "0", "haServerAddr": ""}, acl=self.acl,
-            metrics=lambda: self.metrics, producers=self.remoting_producers,
+            metrics=lambda: self.counted, producers=self.remoting_producers,
+            stats=self.stats,
             transactions=lambda: self.transactions,
             is_slave=lambda: self.replication.is_slave, delete_topic=self.admin.DeleteTopic,
             refusal=self.replication.refusal,

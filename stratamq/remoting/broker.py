@@ -25,6 +25,7 @@ from stratamq.broker.lookup import Lookup
 from stratamq.broker.polling import LongPolls
 from stratamq.broker.pop_state import PopState
 from stratamq.broker.ports import Call, MessageReader
+from stratamq.broker.stats_window import BrokerStatsWindow
 from stratamq.broker.writer import GroupWriter
 from stratamq.message import StoredMessage
 from stratamq.remoting.acl import VERIFIED_KEY, RemotingAcl
@@ -73,7 +74,8 @@ class RemotingFrontend:
                  refusal: Callable[[str], str | None] = lambda method: None,
                  settings: Callable[[], dict[str, str]] = dict,
                  status: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                 channel_expired_ms: int = 120_000) -> None:
+                 channel_expired_ms: int = 120_000,
+                 stats: BrokerStatsWindow | None = None) -> None:
         # With ACL on, the remoting adapter verifies RocketMQ 4 signatures itself and checks
         # permissions through the same accounts (its own Lookup over the same metadata).
         self.acl = RemotingAcl(acl) if acl is not None else None
@@ -92,8 +94,11 @@ class RemotingFrontend:
         self.lookups = LookupHandlers(lookup, reader, look_up, query, self.call_of, run)
         # 4.x producers (HEART_BEAT's producerDataSet): where transaction checks go.
         self.producers = producers if producers is not None else RemotingProducers()
-        self.consume = ConsumeHandlers(lookup, reader, state, polls, self.consumers, self.call_of,
-                                       run, self.producers.table)
+        self.consume = ConsumeHandlers(
+            lookup, reader, state, polls, self.consumers, self.call_of, run,
+            self.producers.table,
+            (lambda group, topic, n, nbytes: metrics().on_receive(group, topic, n, nbytes))
+            if metrics else None)
         self.transactions = TransactionHandlers(lookup, transactions, look_up, is_slave,
                                                 self.call_of, run)
         self.server: RemotingServer | None = None
@@ -104,7 +109,7 @@ class RemotingFrontend:
         self.admin = AdminHandlers(lookup, reader, state, self.consumers,
                                    identity.get("brokerName", ""), self._started_ms,
                                    self.call_of, run, delete_topic, refusal, settings,
-                                   status)
+                                   status, stats)
         self.client_admin = ClientAdminHandlers(
             lookup, reader, state, polls, self.consumers, self.producers.table,
             identity.get("brokerName", ""), lambda: self.advertised, self.lookups.record_at,

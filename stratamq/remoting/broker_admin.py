@@ -13,6 +13,10 @@ RocketMQ's ``AdminBrokerProcessor``:
   ``mqadmin deleteSubGroup``): the group goes, its consumer offsets too with ``cleanOffset``;
   ``GET_BROKER_CONFIG`` (26, ``mqadmin getBrokerConfig``): every setting as ``key=value``
   lines, the data version in the ``version`` header field.
+* ``VIEW_BROKER_STATS_DATA`` (315, the Dashboard's charts): one item of the broker's stats
+  windows (``broker/stats_window.py``) as ``BrokerStatsData`` (``statsMinute``, ``statsHour``,
+  ``statsDay``: ``sum``, ``tps``, ``avgpt``); an item never counted answers SYSTEM_ERROR
+  ``The stats <name> <key> not exist``, as RocketMQ's.
 * ``DELETE_TOPIC_IN_BROKER`` (215, ``mqadmin deleteTopic``): the gRPC admin's ``DeleteTopic``
   (metadata, consumer state and messages); a blank or system topic is refused with
   RocketMQ's remarks, a topic the broker does not have answers SUCCESS (as RocketMQ's does),
@@ -39,6 +43,7 @@ from stratamq.broker.metadata import MetadataError, is_system_topic
 from stratamq.broker.pop_state import PopState
 from stratamq.broker.ports import Call, MessageReader
 from stratamq.broker.pulling import consumer_offset
+from stratamq.broker.stats_window import BrokerStatsWindow
 from stratamq.remoting.broker_send import _int
 from stratamq.remoting.clients import ConsumerTable
 from stratamq.remoting.codec import RemotingCommand
@@ -52,7 +57,7 @@ __all__ = ["AdminHandlers", "fastjson_queue_map"]
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 200, 201
 GET_TOPIC_STATS_INFO, GET_CONSUMER_CONNECTION_LIST, GET_CONSUME_STATS = 202, 203, 208
 DELETE_TOPIC_IN_BROKER, DELETE_SUBSCRIPTIONGROUP, GET_BROKER_CONFIG = 215, 207, 26
-GET_TOPIC_CONFIG, GET_SUBSCRIPTIONGROUP_CONFIG = 351, 352
+GET_TOPIC_CONFIG, GET_SUBSCRIPTIONGROUP_CONFIG, VIEW_BROKER_STATS_DATA = 351, 352, 315
 _VERSION_DESC, _VERSION = "V4_9_4", 395  # the remoting generation StrataMQ speaks
 
 
@@ -74,11 +79,13 @@ class AdminHandlers:
                  delete_topic: Callable[[dict[str, Any]], Any] | None = None,
                  refusal: Callable[[str], str | None] = lambda method: None,
                  settings: Callable[[], dict[str, str]] = dict,
-                 status: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+                 status: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 stats: BrokerStatsWindow | None = None) -> None:
         # delete_topic: the gRPC admin's DeleteTopic; refusal: why an admin write may not
         # run here (a slave), as the gRPC admin asks; settings: every broker and store
         # setting by key (GET_BROKER_CONFIG); status: the gRPC admin's BrokerStatus (the
-        # store's part of GET_BROKER_RUNTIME_INFO).
+        # store's part of GET_BROKER_RUNTIME_INFO); stats: the put/get windows.
+        self.stats = stats
         self.delete_topic = delete_topic
         self.refusal = refusal
         self.settings = settings
@@ -115,7 +122,8 @@ class AdminHandlers:
                 GET_TOPIC_CONFIG: guarded(self._topic_config),
                 GET_SUBSCRIPTIONGROUP_CONFIG: guarded(self._group_config),
                 DELETE_SUBSCRIPTIONGROUP: guarded(self._delete_group),
-                GET_BROKER_CONFIG: guarded(self._broker_config)}
+                GET_BROKER_CONFIG: guarded(self._broker_config),
+                VIEW_BROKER_STATS_DATA: guarded(self._stats_data)}
 
     # -- topics and groups ----------------------------------------------------------------------
 
@@ -246,6 +254,8 @@ class AdminHandlers:
                  "sendThreadPoolQueueSize": "0", "pullThreadPoolQueueSize": "0",
                  "earliestMessageTimeStamp": "0", "commitLogDiskRatio": "0.0",
                  "pageCacheLockTimeMills": "0", "dispatchBehindBytes": "0"}
+        if self.stats is not None:  # BrokerStats: counts now and at the last two midnights
+            table.update(self.stats.runtime_fields())
         if self.status is not None:  # the store's figures, as DefaultMessageStore's runtime info
             st = self.status({})
             table.update({
@@ -254,6 +264,16 @@ class AdminHandlers:
                 "commitLogDiskRatio": str(st["disk"]["used_ratio"] or 0.0),
                 "dispatchBehindBytes": str(st["dispatch_behind_bytes"])})
         return request.response(ResponseCode.SUCCESS, body=to_json({"table": table}))
+
+    def _stats_data(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
+        h = request.ext_fields
+        name, key = h.get("statsName", ""), h.get("statsKey", "")
+        self.lookup.authorize(self.call_of(request, conn), "Cluster", "Get")
+        data = self.stats.stats_data(name, key) if self.stats is not None else None
+        if data is None:
+            return request.response(ResponseCode.SYSTEM_ERROR,
+                                    f"The stats <{name}> <{key}> not exist")
+        return request.response(ResponseCode.SUCCESS, body=to_json(data))
 
     def _queues(self, topic: str) -> list[tuple[int, int, int]]:
         cfg = self.lookup.topic(topic)

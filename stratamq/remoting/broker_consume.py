@@ -68,7 +68,9 @@ class ConsumeHandlers:
     def __init__(self, lookup: Lookup, reader: MessageReader, state: PopState,
                  polls: LongPolls, consumers: ConsumerTable,
                  call_of: Callable[[RemotingCommand, Connection], Call],
-                 run: Callable[..., Any], producers: ConsumerTable | None = None) -> None:
+                 run: Callable[..., Any], producers: ConsumerTable | None = None,
+                 on_pulled: Callable[[str, str, int, int], None] | None = None) -> None:
+        self.on_pulled = on_pulled  # the metrics' receive count (group, topic, count, bytes)
         self.lookup = lookup
         self.reader = reader
         self.state = state
@@ -119,6 +121,8 @@ class ConsumeHandlers:
         with got:
             code = _pull_code(got.status, offset)
             body = b"".join(bytes(r.buffer) for r in got.records) if code == 0 else b""
+            if code == 0 and self.on_pulled is not None:
+                self.on_pulled(group, name, len(got.records), len(body))
             header = {"nextBeginOffset": str(got.next_begin_offset),
                       "minOffset": str(got.min_offset), "maxOffset": str(got.max_offset),
                       "suggestWhichBrokerId": "0"}
