@@ -161,16 +161,23 @@ def _start(group: list[Member]) -> tuple[Member, Member]:
     return master, slave
 
 
-def test_a_killed_masters_slave_is_elected_and_keeps_every_acknowledged_message(group):
-    master, slave = _start(group)
-    epoch = master.cluster()["epoch"]
-    # The official client produces and consumes throughout, entering through either broker.
+def _traffic(master: Member, slave: Member, group: str
+             ) -> tuple[OfficialProducer, OfficialConsumer]:
+    """The official client producing and consuming, entering through either broker (a failed
+    call moves it to a fresh client, which queries the route again); 100 sends acknowledged."""
     endpoints = [master.endpoint, slave.endpoint]
     producer = OfficialProducer(endpoints, TOPIC)
-    consumer = OfficialConsumer(endpoints, TOPIC, "cg-failover", invisible_s=3)
+    consumer = OfficialConsumer(endpoints, TOPIC, group, invisible_s=3)
     producer.start()
     consumer.start()
     wait_until(lambda: len(producer.acked) >= 100, timeout=60, what="100 acknowledged sends")
+    return producer, consumer
+
+
+def test_a_killed_masters_slave_is_elected_and_keeps_every_acknowledged_message(group):
+    master, slave = _start(group)
+    epoch = master.cluster()["epoch"]
+    producer, consumer = _traffic(master, slave, "cg-failover")
     # One etcd member of three dies (the first, which every broker asks first): nothing
     # changes, the master keeps its lease through the others.
     assert master.etcd is not None
@@ -251,14 +258,7 @@ def test_status_lines_and_a_planned_switch_under_load(group, tmp_path):
     assert [(g["masterBrokerId"], g["masterEpoch"]) for g in by_broker] == [
         (line["masterBrokerId"], line["masterEpoch"])]
 
-    # The official client produces and consumes throughout the switch, entering through
-    # either broker; a failed call moves it to a fresh client, which queries the route again.
-    endpoints = [master.endpoint, slave.endpoint]
-    producer = OfficialProducer(endpoints, TOPIC)
-    consumer = OfficialConsumer(endpoints, TOPIC, "cg-switch", invisible_s=3)
-    producer.start()
-    consumer.start()
-    wait_until(lambda: len(producer.acked) >= 100, timeout=60, what="100 acknowledged sends")
+    producer, consumer = _traffic(master, slave, "cg-switch")
     wait_until(lambda: consumer.received, timeout=60, what="the consumer to receive")
     switched = _cli("elect", "--broker-name", "g", "--broker-id", str(slave.broker_id),
                     "--etcd", etcd, "--cluster", "c1")
