@@ -1,15 +1,14 @@
 """A broker group in controller mode between real processes: 3 etcd members (Debian's
 etcd-server on loopback), a master and a slave broker (``enableControllerMode``); one etcd
-member killed, the master SIGKILLed or SIGSTOPped past its lease (the official client
-producing, and consuming through the kill), a planned switch: every acknowledged message stays
-readable and no two brokers acknowledge writes as master. Partitions and failsafe mode:
-test_cluster_partition.py."""
+member killed, the master SIGKILLed or SIGSTOPped past its lease, a planned switch (the
+official client producing throughout, and consuming through the kill and the switch): every
+acknowledged message stays readable and no two brokers acknowledge writes as master.
+Partitions and failsafe mode: test_cluster_partition.py."""
 
 from __future__ import annotations
 
 import os
 import signal
-import threading
 import uuid
 from pathlib import Path
 
@@ -133,30 +132,6 @@ def assert_all_readable(endpoint: str, acked: dict[bytes, str]) -> None:
                              f"{sorted(missing)[:10]}") from None
 
 
-class Producer:
-    """Sends to whichever member is master, as a client re-querying routes would."""
-
-    def __init__(self, members: list[Member]) -> None:
-        self.members = members
-        self.acked: dict[bytes, str] = {}  # body -> the endpoint that acknowledged it
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        i = 0
-        while not self.stop.is_set():
-            for m in self.members:
-                bodies = [b"m-%06d-%d" % (i, j) for j in range(5)]
-                i += 1
-                try:
-                    codes = send(m.endpoint, bodies)
-                except grpc.RpcError:
-                    continue
-                for body, code in zip(bodies, codes):
-                    if code == pb.OK:
-                        self.acked[body] = m.endpoint
-
-
 @pytest.fixture
 def group(tmp_path):
     etcd = EtcdCluster(tmp_path, size=3)
@@ -186,16 +161,23 @@ def _start(group: list[Member]) -> tuple[Member, Member]:
     return master, slave
 
 
-def test_a_killed_masters_slave_is_elected_and_keeps_every_acknowledged_message(group):
-    master, slave = _start(group)
-    epoch = master.cluster()["epoch"]
-    # The official client produces and consumes throughout, entering through either broker.
+def _traffic(master: Member, slave: Member, group: str
+             ) -> tuple[OfficialProducer, OfficialConsumer]:
+    """The official client producing and consuming, entering through either broker (a failed
+    call moves it to a fresh client, which queries the route again); 100 sends acknowledged."""
     endpoints = [master.endpoint, slave.endpoint]
     producer = OfficialProducer(endpoints, TOPIC)
-    consumer = OfficialConsumer(endpoints, TOPIC, "cg-failover", invisible_s=3)
+    consumer = OfficialConsumer(endpoints, TOPIC, group, invisible_s=3)
     producer.start()
     consumer.start()
     wait_until(lambda: len(producer.acked) >= 100, timeout=60, what="100 acknowledged sends")
+    return producer, consumer
+
+
+def test_a_killed_masters_slave_is_elected_and_keeps_every_acknowledged_message(group):
+    master, slave = _start(group)
+    epoch = master.cluster()["epoch"]
+    producer, consumer = _traffic(master, slave, "cg-failover")
     # One etcd member of three dies (the first, which every broker asks first): nothing
     # changes, the master keeps its lease through the others.
     assert master.etcd is not None
@@ -276,22 +258,28 @@ def test_status_lines_and_a_planned_switch_under_load(group, tmp_path):
     assert [(g["masterBrokerId"], g["masterEpoch"]) for g in by_broker] == [
         (line["masterBrokerId"], line["masterEpoch"])]
 
-    producer = Producer(group)
-    producer.thread.start()
-    wait_until(lambda: len(producer.acked) >= 200, timeout=60, what="200 acknowledged sends")
+    producer, consumer = _traffic(master, slave, "cg-switch")
+    wait_until(lambda: consumer.received, timeout=60, what="the consumer to receive")
     switched = _cli("elect", "--broker-name", "g", "--broker-id", str(slave.broker_id),
                     "--etcd", etcd, "--cluster", "c1")
     assert switched[0]["masterBrokerId"] == slave.broker_id
     assert switched[0]["masterEpoch"] > line["masterEpoch"]
+    # The old master refuses writes from the switch on: what is acknowledged now, the new
+    # master acknowledged.
+    assert not master.cluster()["writable"]
     count = len(producer.acked)
     wait_until(lambda: len(producer.acked) > count + 100, timeout=60,
                what="sends acknowledged after the switch")
-    producer.stop.set()
-    producer.thread.join(30)
-    assert_all_readable(slave.endpoint, producer.acked)
+    producer.finish()
+    # Each acknowledged id at its receipt's offset on the new master and, once it follows,
+    # on the old one: nothing acknowledged was lost, no offset was given by both masters.
+    assert_readable_where_acked(slave.endpoint, producer.acked)
     wait_until(lambda: master.cluster()["masterBrokerId"] == slave.broker_id, timeout=60,
                what="the old master to follow the new one")
-    assert_all_readable(master.endpoint, producer.acked)
+    assert_readable_where_acked(master.endpoint, producer.acked)
+    wait_until(lambda: not set(producer.acked) - consumer.received, timeout=45,
+               what="the consumer to receive every acknowledged message")
+    consumer.finish()
 
 
 def test_all_of_etcd_down_stops_writes_not_reads_and_no_election(group):
