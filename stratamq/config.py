@@ -6,10 +6,11 @@ Settings use RocketMQ's ``broker.conf`` key names where RocketMQ has the setting
 ignoring them. Nothing else in the project reads the environment or hard-codes a default.
 
 Each numeric setting declares its range with the setting (``minimum``/``maximum`` on
-``settings.setting``), and text settings with a fixed shape a ``check``. Building a ``StoreConfig`` or
-``BrokerConfig`` (directly, through ``dataclasses.replace`` or from ``broker.conf``) refuses a
-value outside them with :class:`InvalidSetting` naming the key, the value and the valid range,
-so a bad value stops the broker before it listens instead of failing puts or dispatch later.
+``settings.setting``), and text settings with a fixed shape a ``check``. Building a
+``StoreConfig`` or ``BrokerConfig`` (directly, through ``dataclasses.replace`` or from
+``broker.conf``) refuses a value outside them with :class:`InvalidSetting` naming the key,
+the value and the valid range, so a bad value stops the broker before it listens instead of
+failing puts or dispatch later.
 """
 
 from __future__ import annotations
