@@ -535,7 +535,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin_of = {q: begin.get(q, queues.get(q, (0, 0))[0]) for q in latest}
         end = {q: max(begin_of[q], latest[q]) for q in latest}
         if isinstance(limit, ReadMaxRows):
-            end = _limit(begin_of, end, limit.max_rows)
+            end = planning.share_rows(begin_of, end, limit.max_rows)
         if self.min_per_trigger and self.target is None:
             waited_ms = (time.monotonic() - self._last_trigger) * 1000
             if (sum(end[q] - begin_of[q] for q in end) < self.min_per_trigger
@@ -572,27 +572,6 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(partition, planning.bool_option(self.options, "includeHeaders", False))
-
-
-def _limit(begin: dict[Queue, int], end: dict[Queue, int], max_rows: int) -> dict[Queue, int]:
-    """Share ``max_rows`` among queues in proportion to what each has (as spark-sql-kafka)."""
-    available = {q: end[q] - begin[q] for q in end}
-    total = sum(available.values())
-    if total <= max_rows:
-        return end
-    out = {}
-    given = 0
-    for q, n in sorted(available.items()):
-        take = n * max_rows // total
-        out[q] = begin[q] + take
-        given += take
-    for q, _n in sorted(available.items(), key=lambda kv: -kv[1]):  # hand out the remainder
-        if given >= max_rows:
-            break
-        if out[q] < end[q]:
-            out[q] += 1
-            given += 1
-    return out
 
 
 # -- writes -------------------------------------------------------------------------------------
