@@ -73,6 +73,11 @@ def test_one_endpoint_reads_every_group(spark, two_groups):  # noqa: F811
     # A group that left the cluster: failOnDataLoss says.
     with pytest.raises(DataLoss, match="broker group.s. c left"):
         reader.latestOffset({TOPIC: {**end[TOPIC], "c/0": 3}}, ReadAllAvailable())
+    # Offsets past a group master's end: its log was cut at a failover after the stream read
+    # what the old master had not replicated; new messages there would be skipped.
+    ahead = {TOPIC: {**end[TOPIC], "a/0": end[TOPIC]["a/0"] + 3}}
+    with pytest.raises(DataLoss, match="log was cut"):
+        reader.latestOffset(ahead, ReadAllAvailable())
     lenient = StreamReader({"endpoints": b.endpoint, "topics": TOPIC,
                             "failOnDataLoss": "false"})
     assert lenient.latestOffset({TOPIC: {**end[TOPIC], "c/0": 3}}, ReadAllAvailable()) == {

@@ -216,6 +216,7 @@ class BrokerCatalog:
         self._stub = grpc_mod.MessagingServiceStub(self._channel)
         self._queue_counts: dict[str, int] | None = None
         self.cluster_endpoints: list[str] = []
+        self.cluster_mastered: set[str] = set()  # groups whose chosen broker is their master
 
     def __enter__(self) -> BrokerCatalog:
         return self
@@ -292,6 +293,8 @@ class BrokerCatalog:
                 raise OptionError(f"option 'endpoints': broker group {group.get('brokerName')!r} "
                                   f"of {self.endpoint}'s cluster has no live broker: its queues "
                                   "cannot be read now")
+            if chosen.get("brokerId") == group.get("masterBrokerId"):
+                self.cluster_mastered.add(str(group.get("brokerName")))
             c = self.connection
             out.append((str(group.get("brokerName")), BrokerConnection(
                 str(chosen["endpoint"]), access_key=c.access_key, secret_key=c.secret_key,

@@ -144,14 +144,16 @@ def _like(template: BrokerConnection, endpoint: str) -> BrokerConnection:
 
 
 def _status(entry: BrokerConnection, peers: list[str], options: Mapping[str, str]
-            ) -> tuple[list[tuple[str, BrokerConnection]] | None, list[str]]:
-    """The cluster's groups (``cluster_groups``) and every broker it names, asked of ``entry``
-    or, when it does not answer, of the other brokers last named (``peers``)."""
+            ) -> tuple[list[tuple[str, BrokerConnection]] | None, list[str], set[str]]:
+    """The cluster's groups (``cluster_groups``), every broker it names and the groups read at
+    their master, asked of ``entry`` or, when it does not answer, of the other brokers last
+    named (``peers``)."""
     failed: OptionError | None = None
     for endpoint in dict.fromkeys([entry.endpoint, *peers]):
         try:
             with BrokerCatalog(_like(entry, endpoint), options) as broker:
-                return broker.cluster_groups(), broker.cluster_endpoints
+                groups = broker.cluster_groups()
+                return groups, broker.cluster_endpoints, broker.cluster_mastered
         except OptionError as exc:
             if "did not answer" not in str(exc):
                 raise
@@ -171,6 +173,7 @@ class ClusterStream:
                  groups: list[tuple[str, BrokerConnection]], peers: list[str]) -> None:
         self.options, self.entry, self.peers = options, entry, peers
         self.connections: dict[str, BrokerConnection] = {}
+        self.mastered: set[str] = set()  # groups read at their master (not a slave) now
         self.sole_group: str | None = None  # the group of a one-group cluster, once seen
         self.fail = planning.bool_option(options, "failOnDataLoss", True)
         self._warned: set[str] = set()
@@ -180,7 +183,7 @@ class ClusterStream:
     def of(cls, options: dict[str, str]) -> ClusterStream | None:
         """For a broker in controller mode (the endpoint's cluster); None for one outside."""
         entry = connection_of(options)
-        groups, peers = _status(entry, [], options)
+        groups, peers, _mastered = _status(entry, [], options)
         return None if groups is None else cls(options, entry, groups, peers)
 
     def _take(self, groups: list[tuple[str, BrokerConnection]]) -> None:
@@ -190,7 +193,7 @@ class ClusterStream:
 
     def refresh(self) -> None:
         """Each group's broker now (a failover moves a group to its new master)."""
-        groups, peers = _status(self.entry, self.peers, self.options)
+        groups, peers, self.mastered = _status(self.entry, self.peers, self.options)
         if groups is None:
             raise OptionError(f"option 'endpoints': {self.entry.endpoint} is no longer a broker "
                               "of a cluster (enableControllerMode): its stream's offsets name "
@@ -263,6 +266,27 @@ class ClusterStream:
         if missing:
             raise OptionError(f"option 'assign': no such queue: {', '.join(missing[:5])}")
         return {q: b for q, b in queues.items() if q in named}
+
+    def check(self, begin: Mapping[Any, int], queues: Mapping[Any, tuple[int, int]]) -> None:
+        """What the offsets read so far say was lost, per failOnDataLoss (DataLoss, or a
+        warning): a group the cluster no longer has (``check_groups``), or a queue whose
+        group's master now ends before the offset read (the stream read messages its old
+        master had written but its SyncStateSet had not: the new master writes other messages
+        at those offsets, which the stream would skip). Read at a slave (no master now), a
+        queue that ends early is only behind."""
+        self.check_groups(begin)
+        cut = sorted(f"{t}/{key} (read to {o}, ends at {queues[(t, key)][1]})"
+                     for (t, key), o in begin.items() if (t, key) in queues
+                     and key.rpartition("/")[0] in self.mastered and queues[(t, key)][1] < o)
+        if not cut:
+            return
+        text = (f"queue(s) {', '.join(cut[:5])}: the group's master ends before the offsets this "
+                "stream read (its log was cut at a failover: the old master had written "
+                "messages the new one never got); new messages at those offsets would be "
+                "skipped")
+        if self.fail:
+            raise DataLoss(text + "; set failOnDataLoss=false to read on from the offsets read")
+        log.warning("%s (failOnDataLoss=false)", text)
 
     def check_groups(self, begin: Mapping[Any, int]) -> None:
         """A group whose queues the offsets name but the cluster no longer has: DataLoss, or

@@ -528,7 +528,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = self._decode(start)
         queues = self._queues()
         if self.cluster is not None:
-            self.cluster.check_groups(begin)
+            self.cluster.check(begin, queues)
         latest = self.target if self.target is not None else {q: b[1] for q, b in
                                                              queues.items()}
         # A queue that appeared after the query started is read from its beginning.
