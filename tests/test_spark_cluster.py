@@ -26,6 +26,8 @@ from test_cluster_routes import (  # noqa: F401
 )
 from waiting import wait_until
 
+from stratamq.spark.broker_io import BrokerConnection
+from stratamq.spark.cluster_read import GroupSplit, read_group_split
 from stratamq.spark.datasource import StreamReader
 from stratamq.spark.export import planned_rows, run_export, source_options
 from stratamq.spark.planning import OptionError
@@ -158,6 +160,14 @@ def test_stream_of_a_cluster_exactly_once_across_a_failover(spark, failover_clus
                what="the acknowledged messages in the groups' queues")
     assert planned_rows(source_options(None, b.endpoint, TOPIC),
                         os.path.join(out, "_checkpoint")) == 20
+    # A split planned before the kill (at a's old master) and run after it: it asks the
+    # cluster status and reads its whole range at the new master.
+    a0 = StreamReader({"endpoints": b.endpoint, "topics": TOPIC}).queue_bounds()[(TOPIC, "a/0")]
+    planned = GroupSplit(BrokerConnection(a_master.endpoint), TOPIC, 0, a0[0], a0[1], True,
+                         "stratamq-spark", broker_group="a", peers=[BrokerConnection(b.endpoint)])
+    got = [bytes(v) for batch in read_group_split(planned)
+           for v in batch.column("body").to_pylist()]
+    assert len(got) == a0[1] - a0[0] > 0 and set(got) <= set(bodies)
     # The next run continues from the checkpoint, reading group a at its new master (with
     # what that one took since): nothing lost, nothing read twice.
     second = export(10)
