@@ -117,9 +117,18 @@ def failover_cluster(tmp_path, etcd):  # noqa: F811
 
 def test_stream_of_a_cluster_exactly_once_across_a_failover(spark, failover_cluster, tmp_path):
     a1, a2, b = failover_cluster
-    start(failover_cluster)
+    start([a1, a2])  # a cluster of one group first
     a_master = next(m for m in (a1, a2) if m.is_writable_master())
     a_slave = a2 if a_master is a1 else a1
+    # Offsets without a group (a checkpoint of a one-group cluster from before groups were
+    # named) are its group's; the next offsets name the group.
+    one = StreamReader({"endpoints": a_master.endpoint, "topics": TOPIC})
+    assert one.latestOffset({TOPIC: {"0": 0, "1": 0}}, ReadAllAvailable()) == {
+        TOPIC: {"a/0": 0, "a/1": 0}}
+    start([b])  # the cluster grows: group b's queues are read from their beginnings
+    wait_until(lambda: len(one.latestOffset({TOPIC: {"a/0": 0, "a/1": 0}},
+                                            ReadAllAvailable())[TOPIC]) == 4,
+               timeout=30, what="the stream to see group b's queues")
     wait_until(lambda: a_master.cluster()["syncStateSet"] == [1, 2], timeout=60,
                what="group a's slave to join its SyncStateSet")
     wait_until(lambda: masters(route(b.endpoint)) == {"a": a_master.endpoint, "b": b.endpoint},
