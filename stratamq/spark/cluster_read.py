@@ -17,9 +17,10 @@ asks again and goes on from the offset it reached (``read_group_split``), so a f
 between or during micro-batches repeats and loses nothing. A group that registers later is
 read from its queues' beginnings (as spark-sql-kafka reads new partitions); a group that
 leaves the status fails the query (``failOnDataLoss=true``) or is skipped with a warning, its
-offsets kept. Offsets without a group (``"queueId"``: a checkpoint written before this, or by
-a broker outside a cluster) are taken as the group's while the cluster has one group, and
-refused, naming the fix, once it has several.
+offsets kept; so does a queue whose group's master ends before the offsets read (a log cut at
+a failover under messages the stream had read). Offsets without a group (``"queueId"``: a
+checkpoint written before this, or by a broker outside a cluster) are taken as the group's
+while the cluster has one group, and refused, naming the fix, once it has several.
 """
 
 from __future__ import annotations
