@@ -307,6 +307,7 @@ class BrokerReplication:
         self._stop_parts()
         store = self.b.store
         self.ha.forget_put_waiter(store.put_waiters)
+        store.set_dispatch_bound(None)
         if role is not BrokerRole.SLAVE and self.role is BrokerRole.SLAVE:
             store.recover_topic_queue_table()  # its copies assigned no queue offsets
         cfg = self.b.store_config  # the store's own object: its puts check the role
@@ -331,6 +332,18 @@ class BrokerReplication:
             waiters = store.put_waiters
             waiters[:] = [wait_for_sync_state_set if w == wait_for_slave else w
                           for w in waiters]
+            # RocketMQ's confirm offset (controller mode, allAckInSyncStateSet): dispatch stops
+            # where a put could have been acknowledged, so a consumer never reads a message a
+            # failover may cut (then skipping the message that takes its offset). A slave's
+            # dispatch is not bounded: it holds only what its master sent.
+            ha_server = server
+
+            def confirm_offset() -> int:
+                return (store.max_physical_offset if acks_alone()
+                        else ha_server.push2slave_max_offset)
+
+            store.set_dispatch_bound(confirm_offset)
+            ha_server.on_acked = store.wake_dispatch
         self._acks_alone = acks_alone
         if duties is not None and role is not BrokerRole.SLAVE:
             duties.start(epoch or 0)
@@ -461,6 +474,8 @@ class BrokerReplication:
         cluster = self.b.cluster
         if cluster is not None:  # controller mode (stratamq/cluster/node.py)
             info["cluster"] = cluster.status()
+            # Dispatch's progress and where it stops: a master's confirm offset (switch_role).
+            info["dispatchedOffset"], info["confirmOffset"] = self.b.store.dispatch_progress()
         return info
 
     def ClusterStatus(self, req: dict[str, Any]) -> dict[str, Any]:

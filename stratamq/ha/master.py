@@ -320,6 +320,9 @@ class HAServer:
         self._acked = threading.Condition()
         self._data = threading.Condition()
         self.data_seq = 0  # appends seen (wake_writers), so a writer never misses one
+        # Called when ``push2slave_max_offset`` grows (a controller-mode master's dispatch
+        # waits for it: ``BrokerReplication.switch_role``).
+        self.on_acked: Callable[[], None] | None = None
         self._listener: socket.socket | None = None
         self._stopped = threading.Event()
         self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
@@ -382,9 +385,13 @@ class HAServer:
 
     def notify_transfer_some(self, offset: int) -> None:
         with self._acked:
-            if offset > self.push2slave_max_offset:
-                self.push2slave_max_offset = offset
-                self._acked.notify_all()
+            if offset <= self.push2slave_max_offset:
+                return
+            self.push2slave_max_offset = offset
+            self._acked.notify_all()
+        on_acked = self.on_acked
+        if on_acked is not None:
+            on_acked()
 
     def wake_writers(self) -> None:
         """Something was appended: writers waiting for data look again."""

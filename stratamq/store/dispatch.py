@@ -89,6 +89,9 @@ class ReputService(ServiceThread):
         self.files = files
         self.dispatchers = dispatchers
         self.reput_from = reput_from
+        # Where dispatch stops: the log's end, or lower while a bound is set
+        # (``MessageStore.set_dispatch_bound``: a controller-mode master's confirm offset).
+        self.end: Callable[[], int] = files.max_offset
         # Everything before this is visible to readers: dispatchers that batch their writes
         # (the RocksDB ConsumeQueue store) commit at the end of each round, then it moves.
         self.committed_to = reput_from
@@ -210,7 +213,7 @@ class ReputService(ServiceThread):
         self._signal()
 
     def behind_bytes(self) -> int:
-        return max(0, self.files.max_offset() - self.reput_from)
+        return max(0, self.end() - self.reput_from)
 
     def replay(self, end: int | None = None, *, skip_covered: bool = False) -> int:
         """Dispatch every record from ``reput_from`` up to ``end`` (default: the end of the log)
@@ -219,7 +222,7 @@ class ReputService(ServiceThread):
         ``skip_covered`` (recovery): pass over records every dispatcher already has, judged by
         their ``replay_floor``, reading only topic and queue id; it has no effect unless every
         dispatcher has ``replay_floor`` and nobody listens."""
-        limit = self.files.max_offset() if end is None else end
+        limit = self.end() if end is None else end
         if self.reput_from >= limit and not self._deletions:
             return 0  # nothing new: the common case of the idle loop, kept cheap
         count = 0
@@ -412,7 +415,7 @@ class ReputService(ServiceThread):
         the dispatcher thread (a wake-up, then the GIL handed over and back) cost several
         times the dispatch itself."""
         if (not self._idle or self.error is not None or self._stop.is_set() or self._deletions
-                or self.files.max_offset() - self.reput_from > INLINE_DISPATCH_MAX_BYTES
+                or self.end() - self.reput_from > INLINE_DISPATCH_MAX_BYTES
                 or not self._round.acquire(blocking=False)):
             # A pending topic deletion goes to the thread: it waits for compaction rounds and
             # deletes tier objects, which must not hold an appender (the broker's event loop).
@@ -425,7 +428,7 @@ class ReputService(ServiceThread):
             self._failed(exc)
         finally:
             self._round.release()
-        if self._caught_up_waiters and self.reput_from >= self.files.max_offset():
+        if self._caught_up_waiters and self.reput_from >= self.end():
             with self._caught_up:
                 self._caught_up.notify_all()
         return True
@@ -439,7 +442,6 @@ class ReputService(ServiceThread):
             self._caught_up.notify_all()
 
     def run(self) -> None:
-        files = self.files
         wait = self.idle_wait
         while not self._stop.is_set() and self.error is None:
             try:
@@ -448,7 +450,7 @@ class ReputService(ServiceThread):
             except Exception as exc:
                 self._failed(exc)
                 return
-            caught_up = self.reput_from >= files.max_offset()
+            caught_up = self.reput_from >= self.end()
             if caught_up and self._caught_up_waiters:
                 with self._caught_up:
                     self._caught_up.notify_all()
@@ -459,7 +461,7 @@ class ReputService(ServiceThread):
             # Idle: raise the flag, then look once more, so an append either sees the flag
             # (and dispatches itself or wakes us) or is seen here.
             self._idle = True
-            if self.reput_from >= files.max_offset():
+            if self.reput_from >= self.end():
                 # Every append wakes us or dispatches itself (dispatch_now), so the timeout is
                 # only a safety net: after a round of our own it is dispatchIntervalMs, then it
                 # doubles while we find nothing, up to IDLE_BACKOFF times that. Each wake-up
@@ -475,7 +477,7 @@ class ReputService(ServiceThread):
 
     def wait_caught_up(self, timeout: float) -> bool:
         """Block until everything appended so far is dispatched (or ``timeout`` seconds)."""
-        target = self.files.max_offset()
+        target = self.end()
         with self._caught_up:
             self._caught_up_waiters += 1
             try:

@@ -785,6 +785,25 @@ class MessageStore:
     def dispatch_behind_bytes(self) -> int:
         return self.reput.behind_bytes()
 
+    def set_dispatch_bound(self, bound: Callable[[], int] | None) -> None:
+        """Dispatch (ConsumeQueues, index, dispatch listeners) goes no further than
+        ``bound()``, a record boundary (None: the log's end). A controller-mode master's bound
+        is RocketMQ's confirm offset: what its SyncStateSet holds, so no consumer reads a
+        message a failover may cut (it would then skip the message that takes its offset).
+        Call ``wake_dispatch`` when the bound moves."""
+        files = self.reput.files
+        self.reput.end = (files.max_offset if bound is None
+                          else lambda: min(files.max_offset(), bound()))
+        self.reput.wakeup()
+
+    def wake_dispatch(self) -> None:
+        """Dispatch looks again: its bound (``set_dispatch_bound``) moved."""
+        self.reput.wakeup()
+
+    def dispatch_progress(self) -> tuple[int, int]:
+        """(offset dispatch has reached, where it stops now: the log's end or its bound)."""
+        return self.reput.reput_from, self.reput.end()
+
 
 __all__ = ["MAX_TOPIC_NAME_BYTES", "MessageStore", "StoreDiskFull", "StoreLocked",
            "lock_store", "topic_name_problem"]
