@@ -326,7 +326,14 @@ class ConsumeQueueFlushService(ServiceThread):
     def flush_now(self, thorough: bool) -> None:
         # Sample before flushing: units dispatched up to the sample are covered by the flush.
         progress = self.sample_progress()
-        self.flush_queues(0 if thorough else self.least_pages)
+        try:
+            self.flush_queues(0 if thorough else self.least_pages)
+        except OSError as exc:
+            # Units that are not on disk (a ConsumeQueue file that could not be created or
+            # synced): the checkpoint keeps its last progress, so a crash re-dispatches them.
+            # The next round tries again; whoever raised has logged the cause.
+            log.debug("ConsumeQueue flush failed: %s", exc)
+            return
         if thorough:
             self.on_thorough_flush(progress)
 
