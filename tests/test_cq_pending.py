@@ -1,0 +1,163 @@
+"""New ConsumeQueue files created off the dispatch path (consume_queue_pending.py, issue 29):
+a new queue's units wait in memory, served as file units, until the flush thread creates its
+file; a SIGKILL with thousands of queues waiting loses no message; a full disk while their
+files are created is a clear error and loses nothing acknowledged."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import mounted_tmpfs
+from test_disk_full import take_all_space
+from waiting import wait_until
+
+from stratamq.config import StoreConfig
+from stratamq.message import Message
+from stratamq.store.layout import segment_name
+from stratamq.store.message_store import MessageStore
+from stratamq.store.results import GetMessageStatus, PutMessageStatus
+
+PROJECT = Path(__file__).resolve().parents[1]
+# The flush thread, which creates the waiting files, runs only when a test wakes it.
+IDLE_FLUSH = {"flush_interval_consume_queue": 3_600_000,
+              "flush_consume_queue_thorough_interval": 3_600_000}
+
+
+def body(topic: str, queue_id: int, i: int) -> bytes:
+    return b"%s/%d/%06d" % (topic.encode(), queue_id, i)
+
+
+def read_all(store: MessageStore, topic: str, queue_id: int) -> list[bytes]:
+    with store.get_messages("g", topic, queue_id, 0, max_count=1000) as got:
+        if got.status is not GetMessageStatus.FOUND:
+            return []
+        return [m.body for m in got.messages()]
+
+
+def first_file(store: MessageStore, topic: str, queue_id: int) -> Path:
+    return store.layout.consume_queue_dir(topic, queue_id) / segment_name(0)
+
+
+def test_units_of_a_waiting_queue_are_read_before_and_after_its_file_is_created(small_config):
+    cfg = dataclasses.replace(small_config, **IDLE_FLUSH)  # 100-unit files: rolls too
+    with MessageStore(cfg).open() as store:
+        sent = {q: [body("New", q, i) for i in range(150)] for q in range(3)}
+        for i in range(150):
+            assert store.put_messages([Message("New", sent[q][i], q) for q in range(3)]).ok
+        assert store.wait_dispatched()
+        assert not first_file(store, "New", 0).exists()  # in memory yet
+        for q in range(3):
+            assert read_all(store, "New", q) == sent[q]
+            cq = store.consume_queues.find("New", q)
+            assert (cq.min_offset(), cq.max_offset()) == (0, 150)
+            with store.get_messages("g", "New", q, 120, max_count=5) as got:
+                assert [m.body for m in got.messages()] == sent[q][120:125]
+        store.flush()  # the flush thread's step: creates the files, moves the units in
+        for q in range(3):
+            directory = store.layout.consume_queue_dir("New", q)
+            assert sorted(p.name for p in directory.iterdir()) == [segment_name(0),
+                                                                   segment_name(2000)]
+            assert read_all(store, "New", q) == sent[q]
+        # Writes after the move go to the file, at the next queue offset.
+        assert store.put_messages([Message("New", b"late", 0)]).messages[0].queue_offset == 150
+        assert store.wait_dispatched()
+        assert read_all(store, "New", 0) == [*sent[0], b"late"]
+    with MessageStore(cfg).open() as store:
+        assert read_all(store, "New", 0) == [*sent[0], b"late"]
+        assert read_all(store, "New", 2) == sent[2]
+
+
+WRITER = """
+import json, sys, time
+from stratamq.config import StoreConfig
+from stratamq.message import Message
+from stratamq.store.message_store import MessageStore
+root, queues = sys.argv[1], int(sys.argv[2])
+cfg = StoreConfig(store_path_root_dir=root, flush_interval_consume_queue=3_600_000,
+                  flush_consume_queue_thorough_interval=3_600_000)
+store = MessageStore(cfg).open()
+acks = []
+for start in range(0, queues, 64):
+    batch = [Message("K%04d" % (q // 4), b"m-%05d" % q, q % 4) for q in
+             range(start, min(queues, start + 64))]
+    result = store.put_messages(batch)
+    assert result.ok, result
+    acks.extend((m.topic, m.queue_id, a.queue_offset, m.body.decode())
+                for m, a in zip(batch, result.messages))
+assert store.wait_dispatched(60)
+print(json.dumps(acks), flush=True)
+time.sleep(600)  # killed here
+"""
+
+
+def test_a_sigkill_with_thousands_of_queues_waiting_for_their_files_loses_nothing(tmp_path):
+    root = tmp_path / "store"
+    queues = 3000
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(queues)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=PROJECT)
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read().decode()[-2000:]
+        acks = json.loads(line)
+        # The state this test is about: every queue's units in memory only, no file made.
+        made = [p for p in (root / "consumequeue").rglob("*") if p.is_file()]
+        assert made == [], f"{len(made)} ConsumeQueue files already created"
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        proc.stdout.close()
+        proc.stderr.close()
+    assert len(acks) == queues
+    with MessageStore(StoreConfig(store_path_root_dir=str(root))).open() as store:
+        for topic, queue_id, queue_offset, sent in acks:
+            with store.get_messages("g", topic, queue_id, queue_offset, 1) as got:
+                assert got.status is GetMessageStatus.FOUND, (topic, queue_id)
+                assert [m.body for m in got.messages()] == [sent.encode()]
+    # Reopened cleanly after that: the files were created at close and are read back.
+    with MessageStore(StoreConfig(store_path_root_dir=str(root))).open() as store:
+        assert read_all(store, "K0100", 3) == [b"m-00403"]
+        assert first_file(store, "K0100", 3).exists()
+
+
+def test_a_full_disk_while_waiting_files_are_created_is_an_error_and_loses_nothing(tmp_path):
+    with mounted_tmpfs(tmp_path / "fs", "8m") as fs:
+        cfg = StoreConfig(store_path_root_dir=str(fs / "store"),
+                          mapped_file_size_commit_log=1024 * 1024, **IDLE_FLUSH)
+        store = MessageStore(cfg).open()
+        sent = {}
+        try:
+            for start in range(0, 2000, 50):
+                batch = [Message("F%03d" % (q // 4), b"f-%05d" % q, q % 4)
+                         for q in range(start, start + 50)]
+                result = store.put_messages(batch)
+                assert result.ok, result
+                sent.update({(m.topic, m.queue_id): m.body for m in batch})
+            assert store.wait_dispatched()
+            # The disk fills before the flush thread creates the 2,000 files (a page each).
+            take_all_space(fs / "ballast")
+            store._cq_flusher.wakeup()
+            wait_until(lambda: store.reput.error is not None, 60, "dispatch to stop")
+            error = str(store.reput.error)
+            assert "No space left on device" in error and "CommitLog offset" in error, error
+            refused = store.put_messages([Message("F000", b"after", 0)])
+            assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE, refused
+            # Every acknowledged message is served: from the files made, or from memory.
+            for (topic, queue_id), sent_body in sent.items():
+                assert read_all(store, topic, queue_id) == [sent_body], (topic, queue_id)
+        finally:
+            store.close()
+        # Closed without the files it could not create: left for recovery, no snapshot.
+        assert (fs / "store" / "abort").exists()
+        (fs / "ballast").unlink()
+        with MessageStore(cfg).open() as store:
+            for (topic, queue_id), sent_body in sent.items():
+                assert read_all(store, topic, queue_id) == [sent_body], (topic, queue_id)
