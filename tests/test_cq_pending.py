@@ -136,7 +136,7 @@ def test_a_full_disk_while_waiting_files_are_created_is_an_error_and_loses_nothi
         sent = {}
         try:
             for start in range(0, 2000, 50):
-                batch = [Message("F%03d" % (q // 4), b"f-%05d" % q, q % 4)
+                batch = [Message(f"F{q // 4:03d}", f"f-{q:05d}".encode(), q % 4)
                          for q in range(start, start + 50)]
                 result = store.put_messages(batch)
                 assert result.ok, result

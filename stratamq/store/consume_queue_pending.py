@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from stratamq.store.consume_queue_format import UNIT, is_blank_unit
 from stratamq.store.layout import parse_segment_name
-from stratamq.store.mapped_file import MappedFile, MappedFileError
+from stratamq.store.mapped_file import MappedFile, MappedFileError, SegmentPositions
 
 if TYPE_CHECKING:
     from stratamq.store.mapped_file_queue import MappedFileQueue
@@ -46,7 +46,7 @@ PENDING_MAX_BYTES = 32 * 1024 * 1024
 NAME_MAX = 255  # bytes of one directory entry's name (Linux)
 
 
-class PendingFile:
+class PendingFile(SegmentPositions):
     """A ConsumeQueue file's units before the file exists; see the module docstring."""
 
     evictable = True
@@ -72,19 +72,8 @@ class PendingFile:
         self._owner = owner
 
     @property
-    def file_end_offset(self) -> int:
-        return self.file_from_offset + self.file_size
-
-    @property
-    def read_position(self) -> int:
-        return self.wrote_position
-
-    @property
     def available(self) -> bool:
         return not self.dropped
-
-    def is_full(self) -> bool:
-        return self.wrote_position >= self.file_size
 
     def hold(self) -> bool:
         return not self.dropped  # the buffer outlives the swap: nothing to keep mapped
