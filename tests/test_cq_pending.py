@@ -161,3 +161,77 @@ def test_a_full_disk_while_waiting_files_are_created_is_an_error_and_loses_nothi
         with MessageStore(cfg).open() as store:
             for (topic, queue_id), sent_body in sent.items():
                 assert read_all(store, topic, queue_id) == [sent_body], (topic, queue_id)
+
+
+CHECKPOINTED = """
+import json, sys, time
+from stratamq.config import StoreConfig
+from stratamq.message import Message
+from stratamq.store.checkpoint import StoreCheckpoint
+from stratamq.store.message_store import MessageStore
+root = sys.argv[1]
+cfg = StoreConfig(store_path_root_dir=root, mapped_file_size_commit_log=64 * 1024,
+                  flush_interval_consume_queue=3_600_000,
+                  flush_consume_queue_thorough_interval=0)
+store = MessageStore(cfg).open()
+assert store.put_messages([Message("Live", b"live-first", 0)]).ok
+assert store.wait_dispatched(60)
+store.flush()  # Live's file exists: the open after the kill knows how far it goes
+(store.layout.consumequeue_dir / "Blocked").write_bytes(b"its directory cannot be made")
+acks = []
+for i in range(5):
+    r = store.put_messages([Message("Blocked", b"blocked-%d" % i, 0)])
+    assert r.ok, r
+    acks.append(["Blocked", 0, r.messages[0].queue_offset, "blocked-%d" % i])
+assert store.wait_dispatched(60)
+# Later records, in later CommitLog segments and more than the checkpoint's safety margin
+# (3 s) later: a checkpoint taken now would put recovery's start past the Blocked records.
+started = time.monotonic()
+i = 0
+while time.monotonic() - started < 4.5 or len(store.commitlog.files.files) < 4:
+    r = store.put_messages([Message("Live", b"live-%04d-" % i + bytes(1500), 0)])
+    assert r.ok, r
+    acks.append(["Live", 0, r.messages[0].queue_offset, None])
+    i += 1
+    time.sleep(0.005)  # a steady producer, not a tight loop
+assert store.wait_dispatched(60)
+store.commitlog.files.flush_all()
+# The flush thread's thorough round, run here to know when it is over: Blocked's file
+# cannot be created.
+store._cq_flusher.flush_now(True)
+checkpoint = StoreCheckpoint.read(store.layout.checkpoint)
+print(json.dumps({"acks": acks, "error": str(store.reput.error),
+                  "logics": checkpoint.logics_msg_timestamp}), flush=True)
+time.sleep(600)  # killed here
+"""
+
+
+def test_the_checkpoint_never_passes_units_whose_files_are_not_created(tmp_path):
+    """A thorough ConsumeQueue flush that cannot create a waiting file writes no checkpoint:
+    after a SIGKILL, recovery still starts early enough to re-dispatch those units."""
+    root = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, "-c", CHECKPOINTED, str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=PROJECT)
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read().decode()[-2000:]
+        state = json.loads(line)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        proc.stdout.close()
+        proc.stderr.close()
+    assert "Not a directory" in state["error"], state["error"]
+    assert state["logics"] == 0  # the thorough round that failed wrote no ConsumeQueue progress
+    (root / "consumequeue" / "Blocked").unlink()  # the cause, fixed
+    with MessageStore(StoreConfig(store_path_root_dir=str(root),
+                                  mapped_file_size_commit_log=64 * 1024)).open() as store:
+        blocked = [a for a in state["acks"] if a[0] == "Blocked"]
+        assert read_all(store, "Blocked", 0) == [a[3].encode() for a in blocked]
+        last = max(a[2] for a in state["acks"] if a[0] == "Live")
+        assert store.consume_queues.find("Live", 0).max_offset() == last + 1
+        with store.get_messages("g", "Live", 0, last, 1) as got:
+            assert [m.body[:10] for m in got.messages()] == [b"live-%04d-" % (last - 1)]
