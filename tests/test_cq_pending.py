@@ -73,6 +73,25 @@ def test_units_of_a_waiting_queue_are_read_before_and_after_its_file_is_created(
         assert read_all(store, "New", 2) == sent[2]
 
 
+def test_past_the_memory_bound_new_files_are_created_on_the_dispatch_path(small_config):
+    cfg = dataclasses.replace(small_config, **IDLE_FLUSH)
+    with MessageStore(cfg).open() as store:
+        store.consume_queues.pending.max_bytes = 50 * 20  # 50 units in memory, at most
+        for i in range(60):  # one queue grows past the bound: its file is made at once
+            assert store.put_messages([Message("Big", body("Big", 0, i), 0)]).ok
+        assert store.wait_dispatched()
+        assert first_file(store, "Big", 0).exists()
+        # Room again: new queues wait in memory until the bound, then are made at once.
+        assert store.put_messages([Message("Many", body("Many", q, 0), q)
+                                   for q in range(80)]).ok
+        assert store.wait_dispatched()
+        made = [q for q in range(80) if first_file(store, "Many", q).exists()]
+        assert 0 < len(made) < 80 and store.consume_queues.in_memory_files() == 80 - len(made)
+        assert read_all(store, "Big", 0) == [body("Big", 0, i) for i in range(60)]
+        for q in range(80):
+            assert read_all(store, "Many", q) == [body("Many", q, 0)]
+
+
 WRITER = """
 import json, sys, time
 from stratamq.config import StoreConfig

@@ -94,7 +94,7 @@ class PendingFile(SegmentPositions):
                 self.wrote_position = self.committed_position = end
         if real is not None:  # created meanwhile: the file holds the same bytes below here
             real.write_at(position, data)
-        elif grown and self._owner.grew(grown):
+        elif grown and self._owner.grew(self, grown):
             self._owner.create(self)  # over the memory bound: create it now, on this thread
 
     def set_positions(self, position: int) -> None:
@@ -166,10 +166,11 @@ class PendingFiles:
             self._bytes += len(pf.buffer)
         return pf
 
-    def grew(self, n: int) -> bool:
-        """A pending file took ``n`` more bytes; True if memory is now over its bound."""
+    def grew(self, pf: PendingFile, n: int) -> bool:
+        """``pf`` took ``n`` more bytes; True if memory is now over its bound."""
         with self._lock:
-            self._bytes += n
+            if pf in self._files:  # not if it was created (and forgotten) meanwhile
+                self._bytes += n
             return self._bytes > self.max_bytes
 
     def forget(self, pf: PendingFile) -> None:
@@ -190,9 +191,12 @@ class PendingFiles:
                 real = None
             else:
                 try:
-                    os.mkdir(files.directory)
-                except FileExistsError:
-                    pass
+                    try:
+                        os.mkdir(files.directory)
+                    except FileExistsError:
+                        pass
+                    except FileNotFoundError:  # not through create_all: no topic directory
+                        os.makedirs(files.directory, exist_ok=True)
                 except OSError as exc:
                     raise MappedFileError(exc.errno, f"cannot create ConsumeQueue directory "
                                           f"{files.directory}: {exc.strerror}") from exc
@@ -215,6 +219,10 @@ class PendingFiles:
         failing = batch[0]
         try:
             for pf in batch:
+                failing = pf
+                if pf.dropped:  # its topic deleted meanwhile: make no directory for it
+                    self.forget(pf)
+                    continue
                 topic_dir = pf.files.directory.parent
                 if topic_dir not in topics:
                     try:
@@ -229,7 +237,6 @@ class PendingFiles:
                         raise MappedFileError(exc.errno, f"cannot create ConsumeQueue "
                                               f"directory {topic_dir}: {exc.strerror}") from exc
                     topics.add(topic_dir)
-                failing = pf
                 self.create(pf)
         except MappedFileError as exc:
             error = MappedFileError(exc.errno, f"{exc.strerror} (the ConsumeQueue file of "
