@@ -11,7 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from conftest import mounted_tmpfs
 from test_disk_full import take_all_space
@@ -38,6 +40,28 @@ def read_all(store: MessageStore, topic: str, queue_id: int) -> list[bytes]:
         if got.status is not GetMessageStatus.FOUND:
             return []
         return [m.body for m in got.messages()]
+
+
+def run_and_kill(script: str, args: list[str],
+                 before_kill: Callable[[], None] | None = None) -> Any:
+    """Run ``script`` until it prints its one JSON line, SIGKILL it, return what it printed
+    (``before_kill``: looks at the store while the process still holds it)."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=PROJECT)
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read().decode()[-2000:]
+        if before_kill is not None:
+            before_kill()
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        proc.stdout.close()
+        proc.stderr.close()
+    return json.loads(line)
 
 
 def first_file(store: MessageStore, topic: str, queue_id: int) -> Path:
@@ -118,23 +142,13 @@ time.sleep(600)  # killed here
 def test_a_sigkill_with_thousands_of_queues_waiting_for_their_files_loses_nothing(tmp_path):
     root = tmp_path / "store"
     queues = 3000
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(root), str(queues)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=PROJECT)
-    try:
-        line = proc.stdout.readline()
-        assert line, proc.stderr.read().decode()[-2000:]
-        acks = json.loads(line)
-        # The state this test is about: every queue's units in memory only, no file made.
-        made = [p for p in (root / "consumequeue").rglob("*") if p.is_file()]
-        assert made == [], f"{len(made)} ConsumeQueue files already created"
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=60) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
-        proc.stdout.close()
-        proc.stderr.close()
+    made: list[Path] = []
+
+    def look() -> None:  # the state this test is about: units in memory only, no file made
+        made.extend(p for p in (root / "consumequeue").rglob("*") if p.is_file())
+
+    acks = run_and_kill(WRITER, [str(root), str(queues)], before_kill=look)
+    assert made == [], f"{len(made)} ConsumeQueue files already created"
     assert len(acks) == queues
     with MessageStore(StoreConfig(store_path_root_dir=str(root))).open() as store:
         for topic, queue_id, queue_offset, sent in acks:
@@ -229,20 +243,7 @@ def test_the_checkpoint_never_passes_units_whose_files_are_not_created(tmp_path)
     """A thorough ConsumeQueue flush that cannot create a waiting file writes no checkpoint:
     after a SIGKILL, recovery still starts early enough to re-dispatch those units."""
     root = tmp_path / "store"
-    proc = subprocess.Popen([sys.executable, "-c", CHECKPOINTED, str(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=PROJECT)
-    try:
-        line = proc.stdout.readline()
-        assert line, proc.stderr.read().decode()[-2000:]
-        state = json.loads(line)
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=60) == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
-        proc.stdout.close()
-        proc.stderr.close()
+    state = run_and_kill(CHECKPOINTED, [str(root)])
     assert "Not a directory" in state["error"], state["error"]
     assert state["logics"] == 0  # the thorough round that failed wrote no ConsumeQueue progress
     (root / "consumequeue" / "Blocked").unlink()  # the cause, fixed
