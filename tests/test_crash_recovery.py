@@ -165,7 +165,7 @@ def run_writer_and_kill(cfg: StoreConfig, tmp_path: Path, *, pace_ms: int = 0,
         deadline = time.monotonic() + ACK_TIMEOUT
         while len(acks) < ACKS_BEFORE_KILL or (
             acks[-1]["store_timestamp"] - acks[0]["store_timestamp"] < min_span_ms
-        ) or (min_cq_files and len(acks) % 50 == 0 and _most_cq_files(cfg) < min_cq_files):
+        ) or (min_cq_files and (len(acks) % 50 or _most_cq_files(cfg) < min_cq_files)):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 pytest.fail(f"writer gave {len(acks)} acks in {ACK_TIMEOUT}s; stderr: "

@@ -324,8 +324,11 @@ def test_a_dispatcher_that_dies_wakes_its_waiters(tmp_path, python_exe):
     # A queue's directory cannot be created (a file stands where its topic's directory goes):
     # dispatch stops with an error that names the record and the cause, and wait_dispatched
     # returns False at once rather than at its (here ten-minute) timeout. (This test once ran
-    # the process out of descriptors; a new ConsumeQueue file no longer keeps one.)
+    # the process out of descriptors; a new ConsumeQueue file no longer keeps one.) New
+    # queues' files are created by the flush thread (consume_queue_pending.py): the error
+    # comes from there, within a flush interval, and stops dispatch the same way.
     script = f"""
+import time
 from stratamq.config import StoreConfig
 from stratamq.message import Message
 from stratamq.store.message_store import MessageStore
@@ -335,8 +338,12 @@ with MessageStore(cfg).open() as store:
     store.layout.consumequeue_dir.mkdir(parents=True, exist_ok=True)
     (store.layout.consumequeue_dir / "T").write_bytes(b"not a directory")
     assert store.put_messages([Message("T", b"x", q, {{}}) for q in range(200)]).ok
+    deadline = time.monotonic() + 60
+    while store.reput.error is None and time.monotonic() < deadline:
+        store.wait_dispatched(0.1)
     print("caught up:", store.wait_dispatched(600))
     print("error:", store.reput.error)
+    print("put after:", store.put_messages([Message("T", b"y", 0, {{}})]).status.value)
 """
     done = subprocess.run([python_exe, "-c", script], capture_output=True, text=True,
                           timeout=120)

@@ -23,6 +23,7 @@ from stratamq.store.consume_queue_format import (
     is_blank_unit,
     written_units,
 )
+from stratamq.store.consume_queue_pending import PendingFiles
 from stratamq.store.consume_queue_snapshot import QueuePositions
 from stratamq.store.layout import parse_segment_name
 from stratamq.store.mapped_file import MappedFile, MappedFileError
@@ -52,7 +53,7 @@ class ConsumeQueue:
 
     def __init__(self, topic: str, queue_id: int, directory: Path | None, file_size: int,
                  *, read_only: bool = False, positions: QueuePositions | None = None,
-                 topic_dir: Path | None = None) -> None:
+                 topic_dir: Path | None = None, pending: PendingFiles | None = None) -> None:
         self.topic = topic
         self.queue_id = queue_id
         # ``topic_dir`` instead of ``directory``: the path is built when first needed.
@@ -63,6 +64,9 @@ class ConsumeQueue:
         # until then it shares an empty, read-only list (opening 10,000 queues from a
         # snapshot cost ~10 us each, most of it building a list per queue).
         self.file_size = file_size
+        # New files wait in memory here until the flush thread creates them (see
+        # consume_queue_pending.py); None: a new file is created at once.
+        self._pending = pending
         self.files = _UNLOADED if positions is not None else self._file_queue()
         # End (offset + size) of the newest unit's record: re-dispatching a record at or below
         # it is a no-op, which makes recovery's replay idempotent.
@@ -159,7 +163,7 @@ class ConsumeQueue:
         # No read-ahead: see MappedFile._advise (a new file cost ~10 ms without it).
         return MappedFileQueue(self.directory, self.file_size, read_only=self.read_only,
                                allocate_ahead=CQ_ALLOCATE_AHEAD, evictable=True,
-                               readahead=False)
+                               readahead=False, pending=self._pending)
 
     @property
     def loaded(self) -> bool:
@@ -389,9 +393,10 @@ class ConsumeQueue:
             unit = UNIT.pack(commitlog_offset, size, tags_code)
             if current == 0 and self.files.last() is None and not self.files.read_only:
                 # A new queue's first file is created with its first unit in it (no map, see
-                # MappedFile._create_with). A queue whose earlier units are gone (or never
-                # existed here) starts mid-file: the head of its first file is filled with
-                # blank units, as RocketMQ does.
+                # MappedFile._create_with), or waits in memory with it until the flush
+                # thread creates it (consume_queue_pending.py). A queue whose earlier units
+                # are gone (or never existed here) starts mid-file: the head of its first
+                # file is filled with blank units, as RocketMQ does.
                 head = target % self.file_size
                 self.files.create_with(BLANK_UNIT * (head // UNIT_SIZE) + unit, target)
                 self.min_logic_offset = target

@@ -23,6 +23,7 @@ from stratamq.store.consume_queue import (
     segment_listing,
 )
 from stratamq.store.consume_queue_format import UNIT, UNIT_SIZE
+from stratamq.store.consume_queue_pending import PendingFiles
 from stratamq.store.consume_queue_snapshot import (
     ConsumeQueueSnapshot,
     directory_mtime_ns,
@@ -46,6 +47,9 @@ class FileConsumeQueueStore:
         self.layout = layout
         self.default_file_size = default_file_size
         self.read_only = read_only
+        # New queues' first files wait in memory until the flush thread creates them: 10,000
+        # new queues cost no file creation on the dispatch path (consume_queue_pending.py).
+        self.pending = None if read_only else PendingFiles()
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._lock = threading.Lock()
         # Queues holding staged units of the current dispatch round, and how many units.
@@ -93,7 +97,7 @@ class FileConsumeQueueStore:
                 if size % UNIT_SIZE:
                     raise ValueError(f"{queue_dir}: file size {size} is not a multiple of 20")
                 cq = ConsumeQueue(topic_dir.name, int(queue_entry.name), queue_dir, size,
-                                  read_only=self.read_only)
+                                  read_only=self.read_only, pending=self.pending)
                 cq.load(segments)
                 self._queues[(cq.topic, cq.queue_id)] = cq
 
@@ -109,7 +113,7 @@ class FileConsumeQueueStore:
                 topic_dir = topic_dirs[topic] = self.layout.consume_queue_topic_dir(topic, root)
             cq = queues[(topic, queue_id)] = ConsumeQueue(
                 topic, queue_id, None, positions.file_size, read_only=self.read_only,
-                positions=positions, topic_dir=topic_dir)
+                positions=positions, topic_dir=topic_dir, pending=self.pending)
             cq.refill = self._refill
         self._snapshot_span = (snapshot.commitlog_min, snapshot.commitlog_end)
         self._lazy_as_of_min = snapshot.commitlog_min
@@ -148,10 +152,8 @@ class FileConsumeQueueStore:
         """Save every queue's positions for the next open (a clean close, after the CommitLog
         and these queues are flushed); False if it could not be written (the next open reads
         every queue, as without one)."""
-        if self.read_only:
-            return False
-        self.commit_dispatch()
-        self.flush(0)
+        if self.read_only or not self.settle():
+            return False  # a snapshot never names files that do not exist
         # The saved min offsets must hold for the CommitLog as it is now, which the next open
         # checks the snapshot against and then trusts (it corrects no queue): records deleted
         # while the broker ran (clean-up, `tier clean`) may leave a queue's first units
@@ -198,7 +200,7 @@ class FileConsumeQueueStore:
                 if cq is None:
                     directory = self.layout.consume_queue_dir(topic, queue_id)
                     cq = ConsumeQueue(topic, queue_id, directory, self.default_file_size,
-                                      read_only=self.read_only)
+                                      read_only=self.read_only, pending=self.pending)
                     self._queues[key] = cq
         return cq
 
@@ -291,13 +293,38 @@ class FileConsumeQueueStore:
 
     def commit_dispatch(self) -> None:
         """Write the units staged this round (the dispatcher, end of each round): readers
-        see a round's units once it is committed, as with the RocksDB ConsumeQueue store."""
+        see a round's units once it is committed, as with the RocksDB ConsumeQueue store.
+        Raises the error that keeps new files from being created (a full disk): dispatch
+        stops on it, as on a file it could not create itself."""
+        self._write_staged()
+        pending = self.pending
+        if pending is not None and pending.error is not None:
+            pending.check()
+
+    def _write_staged(self) -> None:
         if not self._staged:
             return
         queues, self._staged = self._staged, {}
         self._staged_units = 0
         for cq in queues:
             cq.write_staged()
+
+    def in_memory_files(self) -> int:
+        """ConsumeQueue files whose units are in memory only (not created yet)."""
+        return len(self.pending) if self.pending is not None else 0
+
+    def settle(self) -> bool:
+        """Create every pending file and flush every queue (a close); False if units remain
+        in memory only (their files could not be created: the caller must leave the store
+        for recovery to re-dispatch them)."""
+        if self.read_only:
+            return True
+        self._write_staged()
+        try:
+            self.flush(0)
+        except OSError as exc:
+            log.error("ConsumeQueues not settled at close: %s", exc)
+        return not self.in_memory_files()
 
     def topics(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
@@ -320,12 +347,20 @@ class FileConsumeQueueStore:
         return sum(cq.disk_bytes() for cq in self.queues())
 
     def flush(self, least_pages: int) -> None:
+        """Create the pending files, then flush every queue (the flush thread). Raises
+        the creation's error after flushing the rest: the checkpoint's ConsumeQueue progress
+        must not pass units that are in memory only."""
+        failed = self.pending.create_all() if self.pending is not None else None
         for cq in list(self._queues.values()):
             cq.flush(least_pages)
+        if failed is not None:
+            raise failed
 
     def close(self) -> None:
         if not self.read_only:
-            self.commit_dispatch()  # normally nothing: every dispatch round commits
+            # Normally nothing left (a store's close settled it): units staged or waiting for
+            # their files are written and created, else logged (recovery re-dispatches them).
+            self.settle()
         for cq in self._queues.values():
             cq.close()
 

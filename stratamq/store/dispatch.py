@@ -433,6 +433,14 @@ class ReputService(ServiceThread):
                 self._caught_up.notify_all()
         return True
 
+    def fail(self, exc: Exception) -> None:
+        """Stop dispatch for good from another thread: a dispatcher's own background step
+        failed (a ConsumeQueue file the flush thread could not create)."""
+        if self.error is None:
+            self._failed(DispatchError(f"{exc}. Fix the cause (disk space, permissions, "
+                                       "open-file limit) and open the store again: its "
+                                       "records are dispatched again"))
+
     def _failed(self, exc: Exception) -> None:
         """Dispatch stopped for good (until the store is opened again): keep serving reads,
         refuse puts (``MessageStore.put_messages`` checks ``error``), report loudly."""

@@ -322,11 +322,23 @@ class ConsumeQueueFlushService(ServiceThread):
         self.sample_progress = sample_progress
         self.on_thorough_flush = on_thorough_flush
         self._last_thorough = time.monotonic()
+        self._last_error = ""  # of the last failed round, logged once
 
     def flush_now(self, thorough: bool) -> None:
         # Sample before flushing: units dispatched up to the sample are covered by the flush.
         progress = self.sample_progress()
-        self.flush_queues(0 if thorough else self.least_pages)
+        try:
+            self.flush_queues(0 if thorough else self.least_pages)
+        except OSError as exc:
+            # Units that are not on disk (a ConsumeQueue file that could not be created or
+            # synced): the checkpoint keeps its last progress, so a crash re-dispatches them.
+            # The next round tries again; the same error is logged once.
+            if str(exc) != self._last_error:
+                log.error("ConsumeQueue flush failed (the checkpoint keeps its last "
+                          "progress): %s", exc)
+            self._last_error = str(exc)
+            return
+        self._last_error = ""
         if thorough:
             self.on_thorough_flush(progress)
 

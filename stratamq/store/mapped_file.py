@@ -205,7 +205,27 @@ def populate_supported() -> bool:
     return _madvise is not None
 
 
-class MappedFile(RefCountedMap):
+class SegmentPositions:
+    """Where a segment lies in its queue's byte space and how much of it is written: a
+    ``MappedFile``, or a ConsumeQueue file still in memory (consume_queue_pending.py)."""
+
+    file_from_offset: int
+    file_size: int
+    wrote_position: int
+
+    @property
+    def file_end_offset(self) -> int:
+        return self.file_from_offset + self.file_size
+
+    @property
+    def read_position(self) -> int:
+        return self.wrote_position
+
+    def is_full(self) -> bool:
+        return self.wrote_position >= self.file_size
+
+
+class MappedFile(RefCountedMap, SegmentPositions):
     """One fixed-size segment file mapped into memory.
 
     Positions are relative to the file start: ``wrote_position`` is where the next append goes,
@@ -429,17 +449,6 @@ class MappedFile(RefCountedMap):
         self._allocated_until = target
 
     # -- positions ------------------------------------------------------------------------------
-
-    @property
-    def file_end_offset(self) -> int:
-        return self.file_from_offset + self.file_size
-
-    @property
-    def read_position(self) -> int:
-        return self.wrote_position
-
-    def is_full(self) -> bool:
-        return self.wrote_position >= self.file_size
 
     def set_positions(self, position: int) -> None:
         self.wrote_position = self.committed_position = self.flushed_position = position

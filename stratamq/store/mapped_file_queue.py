@@ -17,10 +17,14 @@ import queue
 import threading
 from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stratamq.store.layout import parse_segment_name, segment_name
 from stratamq.store.mapped_file import ALLOCATE_AHEAD, MappedFile, MappedFileError
 from stratamq.store.service import ServiceThread
+
+if TYPE_CHECKING:
+    from stratamq.store.consume_queue_pending import PendingFile, PendingFiles
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +106,7 @@ class MappedFileQueue:
         allocate_ahead: int = ALLOCATE_AHEAD,
         evictable: bool = False,
         readahead: bool = True,
+        pending: PendingFiles | None = None,
     ) -> None:
         self.directory = directory
         self.readahead = readahead  # False: the kernel reads no more than a fault's page
@@ -109,6 +114,9 @@ class MappedFileQueue:
         self.evictable = evictable  # files may be unmapped while idle (see map_budget)
         self.mapped_file_size = mapped_file_size
         self.allocator = allocator
+        # Where ``create_with`` leaves a new file's bytes in memory, to be created off the
+        # appender's path (ConsumeQueues; see consume_queue_pending.py); None: created at once.
+        self.pending = pending
         self.read_only = read_only
         self._files: list[MappedFile] = []
         # Serialises list replacements: the appender adds at the tail while the clean-up
@@ -246,10 +254,12 @@ class MappedFileQueue:
             self._files = [*self._files, mf]
         return mf
 
-    def create_with(self, data: bytes | bytearray, start_offset: int = 0) -> MappedFile:
+    def create_with(self, data: bytes | bytearray,
+                    start_offset: int = 0) -> MappedFile | PendingFile:
         """Create the next file (for an empty queue: the one holding ``start_offset``) with
         ``data`` at its start, written without mapping it (evictable files only; see
-        ``MappedFile._create_with``). The last file must be full."""
+        ``MappedFile._create_with``), or, with ``pending``, a pending file in its place that
+        is created later. The last file must be full."""
         if not self.evictable:
             raise ValueError(f"{self.directory}: only evictable files are created unmapped")
         last = self.last()
@@ -259,8 +269,15 @@ class MappedFileQueue:
             create_offset = start_offset - start_offset % self.mapped_file_size
         else:
             create_offset = last.file_end_offset
+        path = self.directory / segment_name(create_offset)
+        if self.pending is not None:
+            pf = self.pending.start(self, path, data)
+            if pf is not None:
+                with self._files_lock:
+                    self._files = [*self._files, pf]  # type: ignore[list-item]
+                return pf
         self.directory.mkdir(parents=True, exist_ok=True)
-        mf = MappedFile(self.directory / segment_name(create_offset), self.mapped_file_size,
+        mf = MappedFile(path, self.mapped_file_size,
                         allocate_ahead=self.allocate_ahead, evictable=True,
                         readahead=self.readahead, initial=data)
         with self._files_lock:
@@ -298,6 +315,10 @@ class MappedFileQueue:
         cut and its tail zeroed, so stale records or units behind the cut can never be taken
         for live ones by a later recovery (a read-only queue only stops short of them).
         ``zero_tail=False``: the caller read the tail and found only zeros."""
+        with self._files_lock:  # a pending file is not created meanwhile (PendingFiles.create)
+            self._truncate_dirty_files(offset, zero_tail)
+
+    def _truncate_dirty_files(self, offset: int, zero_tail: bool) -> None:
         keep: list[MappedFile] = []
         for mf in self._files:
             if mf.file_end_offset <= offset:
@@ -330,12 +351,14 @@ class MappedFileQueue:
 
     def destroy(self) -> None:
         """Delete every file (a queue removed with its topic)."""
-        files, self._files = self._files, []
+        with self._files_lock:
+            files, self._files = self._files, []
         for mf in files:
             mf.destroy()
         self.flushed_where = self.committed_where = 0
 
     def close(self) -> None:
-        files, self._files = self._files, []
+        with self._files_lock:
+            files, self._files = self._files, []
         for mf in files:
             mf.close()

@@ -223,6 +223,9 @@ class MessageStore:
         for cq_store in self.cq_stores:
             if hasattr(cq_store, "refill_source"):  # files: refills a queue found short
                 cq_store.refill_source = (files, self.deleted_topics)
+            pending = getattr(cq_store, "pending", None)
+            if pending is not None:  # files: a new file the flush thread could not create
+                pending.on_error = self.reput.fail
         # A slave's raw appends and cuts (stratamq/ha drives them; see replica.py).
         self.replica = ReplicaLog(self.commitlog, self.cq_stores, self.reput, self._plugged,
                                   cfg.check_crc_on_recover)
@@ -486,14 +489,26 @@ class MessageStore:
                 self._allocator.shutdown()
             self.commitlog.files.flush_all()
             self._note_commitlog_flushed()
-            self._write_checkpoint(self.reput.last_store_timestamp)
-            for cq_store in self.cq_stores:
-                # Positions for the next open, which then reads no queue it does not use
-                # (file ConsumeQueues, consume_queue_snapshot.py); saved before ``abort`` goes.
-                save = getattr(cq_store, "save_snapshot", None)
-                if save is not None:
-                    save(self.commitlog.min_offset, self.commitlog.max_offset)
-            self.layout.abort.unlink(missing_ok=True)
+            # File ConsumeQueues create the files still waiting in memory; where they cannot
+            # (a full disk) the store is left as after a crash: ConsumeQueue progress not
+            # advanced, no snapshot, the abort marker kept, so the next open re-dispatches
+            # those units from the CommitLog.
+            settled = all([settle() for s in self.cq_stores
+                           if (settle := getattr(s, "settle", None)) is not None])
+            self._write_checkpoint(self.reput.last_store_timestamp if settled else 0)
+            if settled:
+                for cq_store in self.cq_stores:
+                    # Positions for the next open, which then reads no queue it does not use
+                    # (file ConsumeQueues, consume_queue_snapshot.py); saved before ``abort``
+                    # goes.
+                    save = getattr(cq_store, "save_snapshot", None)
+                    if save is not None:
+                        save(self.commitlog.min_offset, self.commitlog.max_offset)
+                self.layout.abort.unlink(missing_ok=True)
+            else:
+                log.error("store closed with ConsumeQueue units in memory only (their files "
+                          "could not be created): the next open re-dispatches them from the "
+                          "CommitLog")
         self._close_cq_stores()
         if self.index is not None:
             self.index.close()
