@@ -129,6 +129,7 @@ class Broker:
         self._executor: ThreadPoolExecutor | None = None
         self.writer: GroupWriter | None = None
         self.servicer: MessagingServicer | None = None
+        self.forwarding: Any = None  # controller mode: broker/forwarding.py, made in _build
         self.remoting: Any = None  # remoting.broker.RemotingFrontend when remotingListenPort
         self.admin: Any = None  # broker.admin.AdminService, made in _build
         self.grpc_port = 0  # where gRPC listens: the listen port, unless remoting shares it
@@ -456,7 +457,8 @@ class Broker:
             pulling=PullService(self.lookup, self.store, self.state, self.polls),
             writer=self.writer, run=self.run, metrics=lambda: self.metrics,
             transactions=EndTransactionService(self.lookup, self.transactions),
-            producers=self.producer_streams, peer_names=self._relayed_peer)
+            producers=self.producer_streams, peer_names=self._relayed_peer,
+            forwarding=self._master_forwarding())
         self.servicer = MessagingServicer(services)
         from stratamq.broker.admin import AdminService, admin_handler
         from stratamq.broker.message_admin import message_admin_handler
@@ -568,6 +570,16 @@ class Broker:
         remoting = self.remoting
         return remoting.relayed_peer(grpc_peer) if remoting is not None else grpc_peer
 
+    def _master_forwarding(self) -> Any:
+        """Controller mode: a slave's pop RPCs sent to its group's master; else None."""
+        if not self.config.enable_controller_mode:
+            return None  # a static slave serves them while its master is away
+        from stratamq.broker.forwarding import for_broker
+
+        replication = self.replication
+        return for_broker(self.config, self.store_config.max_message_size + 1024 * 1024,
+                          lambda: replication.master_endpoint if replication.is_slave else None)
+
     def _cluster_routes(self) -> Any:
         """Routes across every group of the cluster (controller mode), else None."""
         if self.cluster is None:
@@ -627,6 +639,8 @@ class Broker:
             for task in list(self.servicer.telemetry_tasks):
                 task.cancel()  # idle clients would otherwise hold the whole grace period
         await stopping
+        if self.forwarding is not None:
+            await self.forwarding.close()
 
     def stop(self, grace: float | None = None) -> bool:
         """Stop serving, then write queued sends and close the timer, metrics, pop state and
