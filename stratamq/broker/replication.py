@@ -160,9 +160,13 @@ _EAGER_FIRST_SYNC_S = 10.0  # how long a slave retries its first state copy ever
 class StateSync:
     """A slave's copy of its master's topics, groups and pop state, every interval."""
 
-    def __init__(self, broker: ReplicationParts, endpoint: str, interval_ms: int) -> None:
+    def __init__(self, broker: ReplicationParts, endpoint: str, interval_ms: int,
+                 applying: threading.Lock | None = None) -> None:
         self.b = broker
         self.endpoint = endpoint
+        # Held from asking to applying: a planned switch's last copy (take_over_state) is
+        # never overwritten by an older snapshot this thread fetched before it.
+        self.applying = applying if applying is not None else threading.Lock()
         self.interval = interval_ms / 1000
         self.last_sync_ms = 0
         self.last_change_ms = 0
@@ -213,6 +217,10 @@ class StateSync:
         return self.interval
 
     def sync_once(self, client: AdminClient) -> None:
+        with self.applying:
+            self._sync_once(client)
+
+    def _sync_once(self, client: AdminClient) -> None:
         snap = client.call_service(SERVICE, "SyncState")
         own = self.b.store.identity.lineage if self.b.store.identity is not None else None
         if snap.get("lineage") != own or own is None:
@@ -275,6 +283,7 @@ class BrokerReplication:
         self.error = ""
         self.master_endpoint = (master_endpoint(cfg.ha_master_endpoint, cfg.ha_master_address)
                                 if self.is_slave and cfg.ha_master_address else "")
+        self._applying = threading.Lock()  # one copy of a master's state applied at a time
 
     @property
     def is_slave(self) -> bool:
@@ -337,6 +346,29 @@ class BrokerReplication:
 
     _acks_alone: Callable[[], bool] | None = None
 
+    def take_over_state(self, old_master_endpoint: str) -> None:
+        """Controller mode, a planned switch to this broker (``cluster/member.py``): copy the
+        old master's state once more, now that it has stepped down and serves no pops (they
+        go to the group's master: ``forwarding.py``), before this broker takes the master key.
+        Acknowledgements made there after this broker's last periodic copy then stay
+        acknowledged. Bounded by a sixth of the lease TTL; a failure is logged and leaves the
+        failover's window (docs/CLUSTER.md)."""
+        cfg = self.b.config
+        copy = StateSync(self.b, old_master_endpoint,
+                         self.b.store_config.ha_state_sync_interval, self._applying)
+        try:
+            with AdminClient(old_master_endpoint, timeout=max(0.5, cfg.etcd_lease_ttl_ms / 6000),
+                             access_key=cfg.acl_access_key or None,
+                             secret_key=cfg.acl_secret_key or None) as client:
+                copy.sync_once(client)
+        except Exception as exc:  # noqa: BLE001 (the election goes on: the window stays)
+            log.warning("planned switch: the old master's last state (%s) was not copied: %s; "
+                        "acknowledgements made there since the last copy may be delivered "
+                        "again", old_master_endpoint, exc)
+        else:
+            log.info("planned switch: copied the old master's state from %s",
+                     old_master_endpoint)
+
     def confirmed_offset(self) -> int:
         """The CommitLog offset below which every record is held by the whole SyncStateSet
         (RocketMQ's confirm offset in controller mode): the log's end while the master
@@ -374,7 +406,7 @@ class BrokerReplication:
             self.ha.shutdown()
         if self.is_slave:
             self.sync = StateSync(self.b, self.master_endpoint,
-                                  self.b.store_config.ha_state_sync_interval)
+                                  self.b.store_config.ha_state_sync_interval, self._applying)
             self.sync.start()
             gate = self.b.compaction_gate
             if gate is not None and self.b.compaction is not None:
@@ -492,7 +524,9 @@ class BrokerReplication:
         return cluster
 
     def SyncState(self, req: dict[str, Any]) -> dict[str, Any]:
-        if self.is_slave:
+        # A controller-mode slave with no master yet answers too: the old master of a
+        # planned switch, asked once by the broker taking over (``take_over_state``).
+        if self.is_slave and not (self.waiting_for_election and self.b.cluster is not None):
             raise MetadataError("precondition", "this broker is a SLAVE: ask its master for "
                                 "state")
         snap = {"metadata": self.b.meta.export(), "popState": self.b.state.snapshot(),

@@ -541,7 +541,8 @@ class Broker:
                            put_guards=store.put_guards, progress=replication.slave_progress,
                            max_gap=self.store_config.ha_max_gap_not_in_sync,
                            topics=self._topic_entries,
-                           remoting_address=self._remoting_address())
+                           remoting_address=self._remoting_address(),
+                           take_over_state=replication.take_over_state)
         if node.publisher is not None:
             self.meta.add_topics_listener(node.publisher.changed)
         node.start()
@@ -576,9 +577,17 @@ class Broker:
             return None  # a static slave serves them while its master is away
         from stratamq.broker.forwarding import for_broker
 
-        replication = self.replication
+        replication, fence = self.replication, self.cluster.member.fence
+
+        def master() -> str | None:  # None: served here; "": the group has no master now
+            if replication.is_slave:
+                return replication.master_endpoint
+            # Stepping down (a planned switch) drops the key before the role changes: from
+            # then on nothing more is popped here, so the next master's last copy holds it all.
+            return None if fence.elected() else ""
+
         return for_broker(self.config, self.store_config.max_message_size + 1024 * 1024,
-                          lambda: replication.master_endpoint if replication.is_slave else None)
+                          master)
 
     def _cluster_routes(self) -> Any:
         """Routes across every group of the cluster (controller mode), else None."""
