@@ -18,7 +18,8 @@ and ``ForwardMessageToDeadLetterQueue`` to its master:
   proxy answers a ``RemotingConnectException``; no answer within the client's deadline:
   ``PROXY_TIMEOUT``, as it answers a ``RemotingTimeoutException``; any other gRPC failure of
   the call: ``INTERNAL_SERVER_ERROR`` naming it. Never a pop from the slave's own state;
-* the group has no master (an election under way): ``ReceiveMessage`` is answered
+* the group has no master (an election under way, or this broker is a master stepping down:
+  it dropped the master key, its role has not switched yet): ``ReceiveMessage`` is answered
   ``FORBIDDEN`` "no readable queue" (the proxy's ``ConsumerProcessor`` answer when it finds no
   queue to pop from), the other three ``INTERNAL_SERVER_ERROR`` (the proxy has no master
   address to send them to). The client retries; nothing is acknowledged.
@@ -84,7 +85,6 @@ class MasterForwarding:
         self._endpoint = ""
         self._channel: grpc.aio.Channel | None = None
         self._closing: set[asyncio.Task[Any]] = set()
-        self.forwarded = 0  # calls sent to a master (HaStatus shows it)
 
     def target(self) -> str | None:
         """Where this broker's pop RPCs go now: None (served here), "" (no master), else
@@ -125,7 +125,6 @@ class MasterForwarding:
         call = self._channel_to(endpoint).unary_stream(
             _SERVICE + "ReceiveMessage", request_serializer=_serialize,
             response_deserializer=svc.ReceiveMessageResponse.FromString)
-        self.forwarded += 1
         got: list[svc.ReceiveMessageResponse] = []
         try:
             async for response in call(request, **_call_options(context)):
@@ -148,7 +147,6 @@ class MasterForwarding:
         call = self._channel_to(endpoint).unary_unary(
             _SERVICE + name, request_serializer=_serialize,
             response_deserializer=FORWARDED[name].FromString)
-        self.forwarded += 1
         try:
             return await call(request, **_call_options(context))
         except grpc.RpcError as exc:

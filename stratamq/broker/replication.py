@@ -31,7 +31,9 @@ the master returns those messages may be delivered once more.
 ``HaStatus {}`` (ACL: Cluster Get) -> the ``HAService`` runtime info, plus ``"stateSync"``
 on a slave; ``SyncState {}`` (ACL: Cluster Update, it carries the receipt-handle key) ->
 ``{"metadata": {"topics", "groups"}, "popState": {...}, "deletedTopics": {topic: cutoff},
-"lineage": ...}`` (a master's). A slave deletes a topic's queues only when its master lists
+"lineage": ...}`` (a master's; in controller mode also a slave's
+waiting for an election: a planned switch's old master, copied once more by the broker
+taking over, ``take_over_state``). A slave deletes a topic's queues only when its master lists
 the deletion, never because the topic is missing from the master's configuration, and copies
 nothing from a master whose CommitLog is not of its own lineage (a wiped or replaced master:
 ``stratamq.ha.protocol.judge_lineage``; ``stratamq ha reseed`` is the way to follow it).
