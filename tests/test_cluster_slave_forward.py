@@ -6,21 +6,28 @@ acknowledgement sent through it holds on the master."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
+from pathlib import Path
 
 import grpc
 import pytest
+from rocketmq import ClientConfiguration, Credentials, Producer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
+from test_broker_harness import message
 from test_cluster_failover import TOPIC, Member, _cli, _start, send
 from waiting import wait_until
 
 from stratamq.benchmarks.etcd_members import EtcdCluster
 from stratamq.broker.errors import BrokerError
 from stratamq.broker.forwarding import MasterForwarding
+from stratamq.broker.metadata import MetadataStore
+from stratamq.client.admin import AdminClient
+from stratamq.signature import auth_metadata
 
 GROUP = "ForwardGroup"
 
@@ -37,8 +44,8 @@ def pair(tmp_path):
     etcd.stop()
 
 
-def receive(endpoint: str, batch: int, invisible_s: int, poll_s: float = 1.0
-            ) -> tuple[int, list[pb.Message]]:
+def receive(endpoint: str, batch: int, invisible_s: int, poll_s: float = 1.0,
+            metadata: tuple[tuple[str, str], ...] = ()) -> tuple[int, list[pb.Message]]:
     """One ReceiveMessage at ``endpoint``: its status code and messages."""
     req = svc.ReceiveMessageRequest(
         group=pb.Resource(name=GROUP), message_queue=pb.MessageQueue(
@@ -48,18 +55,19 @@ def receive(endpoint: str, batch: int, invisible_s: int, poll_s: float = 1.0
     req.long_polling_timeout.FromMilliseconds(int(poll_s * 1000))
     with grpc.insecure_channel(endpoint) as channel:
         stub = service_pb2_grpc.MessagingServiceStub(channel)
-        replies = list(stub.ReceiveMessage(req, timeout=poll_s + 30))
+        replies = list(stub.ReceiveMessage(req, timeout=poll_s + 30, metadata=metadata))
     code = next(r.status.code for r in replies if r.HasField("status"))
     return code, [r.message for r in replies if r.HasField("message")]
 
 
-def ack(endpoint: str, msgs: list[pb.Message]) -> svc.AckMessageResponse:
+def ack(endpoint: str, msgs: list[pb.Message],
+        metadata: tuple[tuple[str, str], ...] = ()) -> svc.AckMessageResponse:
     with grpc.insecure_channel(endpoint) as channel:
         return service_pb2_grpc.MessagingServiceStub(channel).AckMessage(svc.AckMessageRequest(
             group=pb.Resource(name=GROUP), topic=pb.Resource(name=TOPIC),
             entries=[svc.AckMessageEntry(message_id=m.system_properties.message_id,
                                          receipt_handle=m.system_properties.receipt_handle)
-                     for m in msgs]), timeout=30)
+                     for m in msgs]), timeout=30, metadata=metadata)
 
 
 def take(endpoint: str, count: int, invisible_s: int) -> list[pb.Message]:
@@ -111,6 +119,75 @@ def test_receives_and_acks_at_the_old_master_after_a_switch_reach_the_new_one(pa
     assert again == {m.body for m in kept}
     code, late = receive(new.endpoint, 32, invisible_s=120, poll_s=3)
     assert (pb.Code.Name(code), [m.body for m in late]) == ("MESSAGE_NOT_FOUND", [])
+
+
+ROOT = ("root", "rootsecret")  # the brokers' own account (aclAccessKey), admin
+READER = ("reader", "readersecret")
+
+
+class SecuredMember(Member):
+    def __init__(self, root: Path, etcd: str, broker_id: int, acl: Path) -> None:
+        super().__init__(root, etcd, broker_id, extra={
+            "aclEnable": "true", "aclFile": str(acl), "aclAccessKey": ROOT[0],
+            "aclSecretKey": ROOT[1]})
+        MetadataStore(self.store).create_group(GROUP)  # as an admin would
+
+    def cluster(self) -> dict:
+        with AdminClient(self.endpoint, timeout=5, access_key=ROOT[0],
+                         secret_key=ROOT[1]) as client:
+            return client.call_service("stratamq.admin.v1.Replication", "HaStatus")["cluster"]
+
+
+def signed(account: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    return (*auth_metadata(*account), ("x-mq-client-id", "forward-test-client"))
+
+
+def test_the_clients_signature_goes_with_a_forwarded_call_and_the_masters_answer_back(
+        tmp_path):
+    acl = tmp_path / "acl.json"
+    acl.write_text(json.dumps({"accounts": [
+        {"accessKey": READER[0], "secretKey": READER[1], "defaultTopicPerm": "SUB",
+         "defaultGroupPerm": "SUB"}]}))
+    etcd = EtcdCluster(tmp_path, size=1)
+    group = [SecuredMember(tmp_path, etcd.endpoints, i, acl) for i in (1, 2)]
+    try:
+        old, new = _start(group)
+        switched(etcd.endpoints, old, new)
+        producer = Producer(ClientConfiguration(new.endpoint, Credentials(*ROOT)), (TOPIC,))
+        producer.startup()
+        try:
+            for i in range(5):
+                producer.send(message(TOPIC, b"s-%d" % i))
+        finally:
+            producer.shutdown()
+        # The reader's signature reaches the master, which checks it: a receive through the
+        # old master is served, and the master's refusal of a wrong one comes back as it is.
+        code, msgs = receive(old.endpoint, 5, 120, metadata=signed(("reader", "wrong")))
+        assert pb.Code.Name(code) == "UNAUTHORIZED"
+        msgs = take_signed(old.endpoint, 5)
+        assert sorted(m.body for m in msgs) == [b"s-%d" % i for i in range(5)]
+        reply = ack(old.endpoint, msgs, metadata=signed(READER))
+        assert reply.status.code == pb.OK, reply
+        code, late = receive(new.endpoint, 32, 120, poll_s=2, metadata=signed(READER))
+        assert (pb.Code.Name(code), late) == ("MESSAGE_NOT_FOUND", [])
+    finally:
+        for m in group:
+            if m.proc is not None and m.proc.poll() is None:
+                m.terminate()
+        etcd.stop()
+
+
+def take_signed(endpoint: str, count: int) -> list[pb.Message]:
+    got: list[pb.Message] = []
+
+    def enough() -> bool:
+        code, msgs = receive(endpoint, count - len(got), 120, metadata=signed(READER))
+        assert code in (pb.OK, pb.MESSAGE_NOT_FOUND), pb.Code.Name(code)
+        got.extend(msgs)
+        return len(got) >= count
+
+    wait_until(enough, timeout=60, what=f"{count} messages received")
+    return got
 
 
 def _closed_port() -> int:
