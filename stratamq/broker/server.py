@@ -577,14 +577,14 @@ class Broker:
             return None  # a static slave serves them while its master is away
         from stratamq.broker.forwarding import for_broker
 
-        replication, fence = self.replication, self.cluster.member.fence
+        replication, member = self.replication, self.cluster.member
 
         def master() -> str | None:  # None: served here; "": the group has no master now
             if replication.is_slave:
                 return replication.master_endpoint
-            # Stepping down (a planned switch) drops the key before the role changes: from
-            # then on nothing more is popped here, so the next master's last copy holds it all.
-            return None if fence.elected() else ""
+            # Stepping down (a planned switch) stops pops before the key goes and the role
+            # changes: nothing more is popped here, so the next master's last copy holds it all.
+            return None if member.serves_pops else ""
 
         return for_broker(self.config, self.store_config.max_message_size + 1024 * 1024,
                           master)

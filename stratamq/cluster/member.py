@@ -142,11 +142,6 @@ class Fence:
     def writable(self) -> bool:
         return self._master and time.monotonic() < self._until
 
-    def elected(self) -> bool:
-        """Whether this broker holds its group's master key, however old its last renewal:
-        it serves pop consumption only while it does (dropped first when it steps down)."""
-        return self._master
-
     def refusal(self) -> str | None:
         """Why a put must be refused now (None: it may go on)."""
         if not self._master:
@@ -190,6 +185,10 @@ class ClusterMember:
         self.lease = 0
         self.master: MasterInfo | None = None  # the group's, as last read
         self.is_master = False
+        # Whether this broker, once its role is master, serves pops and acks itself: set
+        # before it switches to master, cleared before anything else when it steps down (a
+        # planned switch's target then copies a state nothing changes any more).
+        self.serves_pops = False
         self.epoch = 0  # of this broker's mastership, while it is master
         self.last_error = ""
         self._registered = b""
@@ -228,6 +227,7 @@ class ClusterMember:
         self._stop.set()
         self._wake.set()
         self._thread.join(self.ttl_ms / 1000 + 5)
+        self.serves_pops = False
         self.fence.drop()
         if self._unwatch is not None:
             self._unwatch()
@@ -537,6 +537,7 @@ class ClusterMember:
         self.sync = SyncStateSet(self.coord, self.keys["syncStateSet"], self.keys["master"],
                                  self.me.broker_id, epoch, self.progress, self.max_gap,
                                  self.not_catchup_ms)
+        self.serves_pops = True
         self.on_master(epoch)  # the store is a master (epoch recorded) before any write
         self.is_master = True
         self.epoch = epoch
@@ -544,6 +545,7 @@ class ClusterMember:
         self._registered = b""
 
     def _step_down(self, master: MasterInfo | None) -> None:
+        self.serves_pops = False
         self.fence.drop()  # first: no write is acknowledged from here on
         was = self.is_master
         self.is_master = False
@@ -567,6 +569,7 @@ class ClusterMember:
             return  # not alive, or may lack acknowledged messages (the CLI said so already)
         log.info("cluster: planned switch of %s to broker %d: stepping down", self.me.group,
                  target)
+        self.serves_pops = False
         self.fence.drop()
         if self.coord.delete_if(self.keys["master"], master_revision):
             self._step_down(None)
