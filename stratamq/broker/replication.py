@@ -218,9 +218,15 @@ class StateSync:
             return min(self.interval, 0.2)
         return self.interval
 
-    def sync_once(self, client: AdminClient) -> None:
-        with self.applying:
+    def sync_once(self, client: AdminClient, wait: float = -1) -> None:
+        """One copy; ``wait``: how long to wait for a copy under way (-1: as long as it
+        takes), TimeoutError past it."""
+        if not self.applying.acquire(timeout=wait):
+            raise TimeoutError("another copy of the master's state is under way")
+        try:
             self._sync_once(client)
+        finally:
+            self.applying.release()
 
     def _sync_once(self, client: AdminClient) -> None:
         snap = client.call_service(SERVICE, "SyncState")
@@ -358,11 +364,12 @@ class BrokerReplication:
         cfg = self.b.config
         copy = StateSync(self.b, old_master_endpoint,
                          self.b.store_config.ha_state_sync_interval, self._applying)
+        bound = max(0.5, cfg.etcd_lease_ttl_ms / 6000)  # the member's loop waits meanwhile
         try:
-            with AdminClient(old_master_endpoint, timeout=max(0.5, cfg.etcd_lease_ttl_ms / 6000),
+            with AdminClient(old_master_endpoint, timeout=bound,
                              access_key=cfg.acl_access_key or None,
                              secret_key=cfg.acl_secret_key or None) as client:
-                copy.sync_once(client)
+                copy.sync_once(client, wait=bound)
         except Exception as exc:  # noqa: BLE001 (the election goes on: the window stays)
             log.warning("planned switch: the old master's last state (%s) was not copied: %s; "
                         "acknowledgements made there since the last copy may be delivered "

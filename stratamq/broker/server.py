@@ -444,6 +444,7 @@ class Broker:
             may_check=lambda: not self.replication.is_slave)
         if hasattr(self.metrics, "registry"):
             register_metrics(self.transactions, self.metrics.registry, self.metrics.node)
+        self.forwarding = self._master_forwarding()
         services = Services(
             lookup=self.lookup,
             clients=ClientService(self.lookup, self.clients, cfg.broker_name, self.advertised,
@@ -458,7 +459,7 @@ class Broker:
             writer=self.writer, run=self.run, metrics=lambda: self.metrics,
             transactions=EndTransactionService(self.lookup, self.transactions),
             producers=self.producer_streams, peer_names=self._relayed_peer,
-            forwarding=self._master_forwarding())
+            forwarding=self.forwarding)
         self.servicer = MessagingServicer(services)
         from stratamq.broker.admin import AdminService, admin_handler
         from stratamq.broker.message_admin import message_admin_handler
