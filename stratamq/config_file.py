@@ -27,7 +27,7 @@ from pathlib import Path
 
 from jproperties import Properties
 
-from stratamq.config import BrokerConfig, StoreConfig, _from_props
+from stratamq.config import BrokerConfig, StoreConfig, from_props
 
 __all__ = ["ALIASES", "BrokerConf", "load_broker_conf", "read_broker_conf",
            "rocketmq_broker_keys"]
@@ -111,7 +111,7 @@ def read_broker_conf(path: str | Path | None = None, text: str | None = None) ->
         from_file["metricsExporterType"] = alias
     try:
         store, broker = (StoreConfig.from_properties(store_props),
-                         _from_props(BrokerConfig, broker_props))
+                         from_props(BrokerConfig, broker_props))
     except ValueError as exc:
         if not warnings:
             raise

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from stratamq import record as codec
 from stratamq.config import StoreConfig
 from stratamq.message import Message, Prop
-from stratamq.record import codec
 from stratamq.store.message_store import MessageStore
 from stratamq.tiered.batch import (
     Batch,

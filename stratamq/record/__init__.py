@@ -29,9 +29,6 @@ from stratamq.record.codec import (
     STAMP_TIMESTAMP,
     EncodedRecord,
     body_crc,
-    check_record,
-    decode,
-    decode_dispatch_info,
     decode_properties,
     decompress_body,
     encode,
@@ -41,14 +38,19 @@ from stratamq.record.codec import (
     encode_records,
     offset_msg_id,
     parse_offset_msg_id,
+    stamp,
+    tags_hash_code,
+)
+from stratamq.record.decoding import (
+    check_record,
+    decode,
+    decode_dispatch_info,
     read_size_and_magic,
     record_body_length,
     record_positions,
     record_property,
     record_store_timestamp,
     record_tags,
-    stamp,
-    tags_hash_code,
 )
 from stratamq.record.layout import (
     BLANK_MAGIC_CODE,

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from stratamq.message import Host, RecordCorrupt, _ip_text
-from stratamq.record.codec import _HOST_FLAGS, check_record
+from stratamq.record.codec import _HOST_FLAGS
+from stratamq.record.decoding import check_record
 from stratamq.record.layout import (
     _SIZE_MAGIC,
     _V4,

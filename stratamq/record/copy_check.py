@@ -18,13 +18,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stratamq.message import RecordCorrupt
-from stratamq.record.codec import (
-    _HOST_FLAGS,
-    _crc32,
-    check_record,
-    decode_dispatch_info,
-    record_topic,
-)
+from stratamq.record.codec import _HOST_FLAGS, _crc32
+from stratamq.record.decoding import check_record, decode_dispatch_info, record_topic
 from stratamq.record.layout import (
     _INT,
     _POSITIONS,

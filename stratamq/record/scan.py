@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from stratamq.message import RecordCorrupt
-from stratamq.record.codec import _HOST_FLAGS, _crc32, _topic_name, check_record
+from stratamq.record.codec import _HOST_FLAGS, _crc32
+from stratamq.record.decoding import check_record, topic_name
 from stratamq.record.layout import (
     _INT,
     _SIZE_MAGIC,
@@ -133,7 +134,7 @@ def skip_covered(
             key = (bytes(buf[p + 2 : p + 2 + ((buf[p] << 8) | buf[p + 1])]), queue_id)
         floor = floors.get(key)
         if floor is None:
-            floor = floors[key] = floor_of(_topic_name(key[0]), queue_id)
+            floor = floors[key] = floor_of(topic_name(key[0]), queue_id)
         if base + pos >= floor:
             break
         last = pos

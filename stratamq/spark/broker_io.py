@@ -68,6 +68,11 @@ class BrokerReadError(RuntimeError):
     """The broker answered a read with an error status."""
 
 
+class BrokerUnreachable(BrokerReadError):
+    """A pull's call to the broker failed (not an answer): a cluster read asks the group's
+    current broker and goes on there (``cluster_read.read_group_split``)."""
+
+
 def _pb():
     # Imported lazily: ``rocketmq`` sets up its client logging when imported.
     from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
@@ -210,6 +215,8 @@ class BrokerCatalog:
         self._channel = connection.channel()
         self._stub = grpc_mod.MessagingServiceStub(self._channel)
         self._queue_counts: dict[str, int] | None = None
+        self.cluster_endpoints: list[str] = []
+        self.cluster_mastered: set[str] = set()  # groups whose chosen broker is their master
 
     def __enter__(self) -> BrokerCatalog:
         return self
@@ -275,6 +282,9 @@ class BrokerCatalog:
                 return None
             raise self._unreachable(exc, "ClusterStatus") from None
         out = []
+        # Every broker the status names: where a cluster read asks again when this one fails.
+        self.cluster_endpoints = [str(b["endpoint"]) for g in reply.get("groups") or []
+                                  for b in g.get("brokers") or [] if b.get("endpoint")]
         for group in reply.get("groups") or []:
             brokers = group.get("brokers") or []
             chosen = next((b for b in brokers if b.get("brokerId") == group.get("masterBrokerId")),
@@ -283,6 +293,8 @@ class BrokerCatalog:
                 raise OptionError(f"option 'endpoints': broker group {group.get('brokerName')!r} "
                                   f"of {self.endpoint}'s cluster has no live broker: its queues "
                                   "cannot be read now")
+            if chosen.get("brokerId") == group.get("masterBrokerId"):
+                self.cluster_mastered.add(str(group.get("brokerName")))
             c = self.connection
             out.append((str(group.get("brokerName")), BrokerConnection(
                 str(chosen["endpoint"]), access_key=c.access_key, secret_key=c.secret_key,
@@ -411,8 +423,8 @@ def _pull(stub, split: BrokerSplit, offset: int, where: str):
             elif kind == "next_offset":
                 next_offset = reply.next_offset
     except grpc.RpcError as exc:
-        raise BrokerReadError(f"PullMessage {where}: "
-                              f"{split.connection.unreachable(exc)}") from None
+        raise BrokerUnreachable(f"PullMessage {where}: "
+                                f"{split.connection.unreachable(exc)}") from None
     if status is None:
         raise BrokerReadError(f"PullMessage {where}: the broker sent no status")
     if records and PULL_FORMAT not in tuple(call.initial_metadata() or ()):

@@ -74,8 +74,11 @@ class StrataMQDataSource(DataSource):
 
         if "endpoints" in options:
             from stratamq.spark.broker_io import pull_group
+            from stratamq.spark.cluster_read import without_group_offsets
 
             pull_group(options)
+            # Offsets naming broker groups (a cluster's stream) are checked when it starts.
+            options = without_group_offsets(options)
             with _broker(options) as broker:
                 existing = _broker_queues(broker)
         elif tier_io.is_tier_read(options):
@@ -176,6 +179,11 @@ def _read_remote(partition: InputPartition) -> Iterator[pa.RecordBatch]:
             if partition.start >= partition.end:
                 return iter(())
             return read_broker_split(partition)
+    elif module == "stratamq.spark.cluster_read":
+        from stratamq.spark.cluster_read import GroupSplit, read_group_split
+
+        if isinstance(partition, GroupSplit):
+            return read_group_split(partition) if partition.start < partition.end else iter(())
     elif module == "stratamq.spark.tier_io":
         from stratamq.spark import tier_io
 
@@ -426,7 +434,9 @@ def _decode(offsets: dict) -> dict[Queue, int]:
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets are ``{"topic": {"queueId": next offset}}``; the checkpoint keeps them, so a
-    restarted query continues where the last committed micro-batch ended."""
+    restarted query continues where the last committed micro-batch ended. Of a cluster's
+    broker (``stratamq.spark.cluster_read.ClusterStream``) they are ``{"topic":
+    {"<brokerName>/<queueId>": next offset}}``: queue ids repeat across broker groups."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         from stratamq.spark import tier_io
@@ -436,12 +446,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # A tier: offsets from its ConsumeQueue files (stratamq.spark.tier_stream).
         self.tier = "endpoints" not in opts and tier_io.is_tier_read(opts)
         self.root = None if "endpoints" in opts or self.tier else planning.store_root(opts)
+        self.cluster = None
         if "endpoints" in opts:
-            from stratamq.spark.cluster_read import refuse_cluster_stream
+            from stratamq.spark.cluster_read import ClusterStream
 
-            with _broker(opts) as broker:
-                refuse_cluster_stream(opts, broker)
-        self.starting = planning.parse_offsets(opts, "startingOffsets", "latest")
+            self.cluster = ClusterStream.of(opts)  # None: a broker outside a cluster
+        self.starting = (self.cluster.starting() if self.cluster is not None
+                         else planning.parse_offsets(opts, "startingOffsets", "latest"))
         self.max_per_trigger = planning.int_option(opts, "maxOffsetsPerTrigger", None)
         # spark-sql-kafka's admission control: wait for this many new messages, but no longer
         # than maxTriggerDelay (ms, default 15 minutes) since the last micro-batch.
@@ -467,6 +478,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                             must_match=False, offsets=[self.starting])
             return _only_assigned(self.options, {q: b for q, b in bounds.items()
                                                  if topics is None or q[0] in topics})
+        if self.cluster is not None:
+            return self.cluster.queues(self.starting)
         if self.root is None:  # a broker: latest offsets from QueryOffset
             with _broker(self.options) as broker:
                 with _topic_hints(self.options, None, None):
@@ -493,8 +506,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for topic, qid in queues:
             existing.setdefault(topic, []).append(qid)
         # As at load(), against the queues this read selects.
-        planning.check_offsets(self.starting, "startingOffsets", existing, existing)
-        return _encode({q: planning.resolve(self.starting, q, b, "startingOffsets", EARLIEST)
+        starting = self.cluster.named(self.starting) if self.cluster else self.starting
+        planning.check_offsets(starting, "startingOffsets", existing, existing)
+        return _encode({q: planning.resolve(starting, q, b, "startingOffsets", EARLIEST)
                         for q, b in queues.items()})
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -505,16 +519,23 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = {q: b[1] for q, b in self._queues().items()}
 
+    def _decode(self, offsets: dict) -> dict[Queue, int]:
+        if self.cluster is not None:  # (its queues are GroupQueue keys)
+            return self.cluster.decode(offsets)
+        return _decode(offsets)
+
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        begin = _decode(start)
+        begin = self._decode(start)
         queues = self._queues()
+        if self.cluster is not None:
+            self.cluster.check(begin, queues)
         latest = self.target if self.target is not None else {q: b[1] for q, b in
                                                              queues.items()}
         # A queue that appeared after the query started is read from its beginning.
         begin_of = {q: begin.get(q, queues.get(q, (0, 0))[0]) for q in latest}
         end = {q: max(begin_of[q], latest[q]) for q in latest}
         if isinstance(limit, ReadMaxRows):
-            end = _limit(begin_of, end, limit.max_rows)
+            end = planning.share_rows(begin_of, end, limit.max_rows)
         if self.min_per_trigger and self.target is None:
             waited_ms = (time.monotonic() - self._last_trigger) * 1000
             if (sum(end[q] - begin_of[q] for q in end) < self.min_per_trigger
@@ -525,7 +546,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _encode({**begin, **end})
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        begin, finish = _decode(start), _decode(end)
+        begin, finish = self._decode(start), self._decode(end)
         bounds = self._queues()
         ranges = {}
         for queue, stop in finish.items():
@@ -535,6 +556,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             ranges[queue] = (low, max(low, stop))
         if self.tier:
             return self._tier_splits(ranges)
+        if self.cluster is not None:
+            return self.cluster.splits(ranges, self.min_parts)
         return _splits(self.options, self.root, ranges, self.min_parts, self.fail)
 
     def _tier_splits(self, ranges: dict[Queue, tuple[int, int]]) -> list[InputPartition]:
@@ -549,27 +572,6 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read(partition, planning.bool_option(self.options, "includeHeaders", False))
-
-
-def _limit(begin: dict[Queue, int], end: dict[Queue, int], max_rows: int) -> dict[Queue, int]:
-    """Share ``max_rows`` among queues in proportion to what each has (as spark-sql-kafka)."""
-    available = {q: end[q] - begin[q] for q in end}
-    total = sum(available.values())
-    if total <= max_rows:
-        return end
-    out = {}
-    given = 0
-    for q, n in sorted(available.items()):
-        take = n * max_rows // total
-        out[q] = begin[q] + take
-        given += take
-    for q, _n in sorted(available.items(), key=lambda kv: -kv[1]):  # hand out the remainder
-        if given >= max_rows:
-            break
-        if out[q] < end[q]:
-            out[q] += 1
-            given += 1
-    return out
 
 
 # -- writes -------------------------------------------------------------------------------------

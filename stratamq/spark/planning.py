@@ -520,3 +520,26 @@ def queue_splits(root: str, ranges: dict[Queue, tuple[int, int]], min_partitions
         for a in range(start, end, step):
             splits.append(QueueSplit(root, topic, qid, a, min(end, a + step), fail_on_data_loss))
     return splits
+
+
+def share_rows(begin: dict[Queue, int], end: dict[Queue, int], max_rows: int
+               ) -> dict[Queue, int]:
+    """Ends that share ``max_rows`` (a stream's maxOffsetsPerTrigger) among queues in proportion
+    to what each has (as spark-sql-kafka)."""
+    available = {q: end[q] - begin[q] for q in end}
+    total = sum(available.values())
+    if total <= max_rows:
+        return end
+    out = {}
+    given = 0
+    for q, n in sorted(available.items()):
+        take = n * max_rows // total
+        out[q] = begin[q] + take
+        given += take
+    for q, _n in sorted(available.items(), key=lambda kv: -kv[1]):  # hand out the remainder
+        if given >= max_rows:
+            break
+        if out[q] < end[q]:
+            out[q] += 1
+            given += 1
+    return out

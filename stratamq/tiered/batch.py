@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from stratamq import record as codec
 from stratamq.message import Prop
-from stratamq.record import codec
 from stratamq.record.layout import _V4, MESSAGE_MAGIC_CODE_V1, SYS_FLAG_POS
 from stratamq.store.consume_queue_format import is_blank_unit
 from stratamq.store.log_reader import CommitLogReader

@@ -44,30 +44,21 @@ from stratamq.config import StoreConfig
 from stratamq.message import DispatchInfo
 from stratamq.store.consume_queue_format import is_blank_unit
 from stratamq.store.log_reader import CommitLogReader
-from stratamq.tiered.batch import Batch, collect, gather, index_keys, store_times
+from stratamq.tiered.batch import Batch, collect, gather
 from stratamq.tiered.coverage import TierCoverage
 from stratamq.tiered.flat_message_file import HEADER_PEEK, FlatFileStore, FlatMessageFile
 from stratamq.tiered.health import TierHealth
+from stratamq.tiered.index_feed import TierIndexFeed
 from stratamq.tiered.index_service import IndexStoreService
 from stratamq.tiered.metadata import MetadataStore
+from stratamq.tiered.retention import delete_expired_files
+from stratamq.tiered.topic_filter import is_filtered_topic
 
 __all__ = ["LocalQueues", "TierUploader", "is_filtered_topic"]
 
 log = logging.getLogger(__name__)
 
 SCAN_INTERVAL_S = 1.0
-_SYSTEM_TOPICS = frozenset({
-    "TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest", "RMQ_SYS_TRANS_HALF_TOPIC",
-    "RMQ_SYS_TRACE_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC",
-    "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT", "CHECKPOINT_TOPIC",
-})  # fmt: skip
-
-
-def is_filtered_topic(topic: str) -> bool:
-    """Topics never tiered (RocketMQ's ``MessageStoreTopicFilter``: system topics, the
-    ``rmq_sys_`` ones (timer wheel, revive), light message queues)."""
-    return (not topic or topic in _SYSTEM_TOPICS or topic.startswith("rmq_sys_")
-            or topic.startswith("%LMQ%"))
 
 
 class LocalQueues(Protocol):
@@ -128,6 +119,7 @@ class TierUploader:
         # Whether the tier works, and when to try it again after a failure (back-off, one log
         # line per change of state): no round, flush or index upload is tried before that.
         self.health = TierHealth(files.factory.describe())
+        self.index_feed = TierIndexFeed(config, index, metadata, self.health)
         self.coverage = TierCoverage(files, local)
         self._opening = False  # attached, the store's replay start not asked yet
         # Counters (metrics, status), changed under _count_lock: uploads run on several pool
@@ -367,7 +359,7 @@ class TierUploader:
         if self.index is not None:
             self.index.seal_idle(int(time.time() * 1000),
                                  self.config.tiered_store_index_file_rolling_idle_interval)
-            self._upload_index()
+            self.index_feed.upload_sealed(self.persist)
         cfg = self.config
         interval_s = cfg.tiered_store_delete_file_interval / 1000
         if cfg.tiered_store_delete_file_enable and \
@@ -375,22 +367,6 @@ class TierUploader:
             self._last_expiry = time.monotonic()
             self.delete_expired()
         self.persist(deferred_too=True)
-
-    def _upload_index(self) -> bool:
-        """Upload the sealed index files (not while the tier backs off); False when one
-        failed (it stays local, retried later)."""
-        assert self.index is not None
-        while len(self.index.unsealed) > 1:
-            if not self.health.ready():
-                return False
-            try:
-                if not self.index.upload_sealed(self.persist):
-                    return True  # none left (another caller took the last)
-            except OSError as exc:
-                self.health.failed("index upload", exc)
-                return False
-            self.health.succeeded()
-        return True
 
     def persist(self, *, deferred_too: bool = False) -> None:
         """Make the tier's progress durable: the index first, then the metadata (with the
@@ -408,25 +384,9 @@ class TierUploader:
         self.metadata.persist(deferred_too=deferred_too)
 
     def delete_expired(self, now_ms: int | None = None) -> int:
-        """Tier retention (``tieredStoreFileReservedTime``, or a topic's own reserve time),
-        independent of local retention; returns how many tier files went."""
-        now = int(time.time() * 1000) if now_ms is None else now_ms
-        gone = 0
-        for flat in self.files.files():
-            hours = self.config.tiered_store_file_reserved_time
-            if flat.topic_meta is not None and flat.topic_meta.reserveTime > 0:
-                hours = flat.topic_meta.reserveTime
-            try:
-                gone += flat.destroy_expired(now - hours * 3_600_000)
-            except OSError as exc:
-                log.warning("tier queue %s: expired files not deleted: %s", flat.file_path, exc)
-        if self.index is not None:
-            hours = self.config.tiered_store_file_reserved_time
-            gone += self.index.destroy_expired(now - hours * 3_600_000)
-        if gone:
-            log.info("tier retention: %d files older than their reserve time deleted", gone)
-            self.metadata.persist()
-        return gone
+        """Tier retention (``retention.delete_expired_files``); how many tier files went."""
+        return delete_expired_files(self.config, self.files, self.index, self.metadata,
+                                    int(time.time() * 1000) if now_ms is None else now_ms)
 
     # -- one queue's upload ----------------------------------------------------------------------
 
@@ -463,14 +423,14 @@ class TierUploader:
                 notes = flat.recover()
                 if notes:
                     log.warning("tier queue %s recovered: %s", flat.file_path, "; ".join(notes))
-                self._catch_up_index(flat)
+                self.index_feed.catch_up(flat)
             if flat.append_offset > flat.commit_offset:
                 # The last batch failed: retry it, as it was, before anything new.
                 if not self._commit(flat):
                     return False
                 failed = self._failed.pop((topic, queue_id), None)
                 if failed is not None:
-                    self._index(flat, *failed)
+                    self.index_feed.add(flat, *failed)
                     self._count(messages=len(failed[1]), nbytes=failed[0].nbytes())
             return self._upload_batch(flat)
 
@@ -521,7 +481,7 @@ class TierUploader:
                 self._count(failed=1)
                 self._failed[key] = (block, flat_offsets)  # indexed once its retry lands
                 return False
-            self._index(flat, block, flat_offsets)
+            self.index_feed.add(flat, block, flat_offsets)
             self._count(messages=len(block), nbytes=total)
             offset = flat.commit_offset
         elif block is not None:
@@ -580,39 +540,6 @@ class TierUploader:
         log.warning("tier queue %s: queue offsets %d..%d were never tiered: %s; the tier resumes "
                     "at %d", flat.file_path, start, end - 1, why, end)
 
-    def _index(self, flat: FlatMessageFile, batch: Batch, flat_offsets: np.ndarray) -> None:
-        """Keys of an uploaded batch into the tier index (after the upload: an index item
-        always points at data in the tier)."""
-        if self.index is None or not self.config.message_index_enable:
-            return
-        keys, rows = index_keys(batch)
-        self.index.put_keys(flat.topic, flat.topic_id, flat.queue_id, keys, rows, flat_offsets,
-                            batch.sizes, store_times(batch))
-        meta = flat.queue_meta
-        if meta is not None:
-            meta.indexedOffset = batch.first + len(batch)
-            self.metadata.update_queue(meta)
-
-    def _catch_up_index(self, flat: FlatMessageFile) -> None:
-        """Index what the tier committed after the last durable index write (a crash between
-        an upload and the next metadata write)."""
-        meta = flat.queue_meta
-        if self.index is None or meta is None or not self.config.message_index_enable:
-            return
-        start = max(meta.indexedOffset, flat.min_offset())
-        end = flat.commit_offset
-        while 0 <= start < end:
-            records = flat.records(start, min(end - start, 1024), 16 * 1024 * 1024)
-            if not records:
-                break
-            self._index(flat, Batch.of(records[0].queue_offset, [bytes(r.data) for r in records],
-                                       [r.tags_code for r in records]),
-                        np.array([r.flat_offset for r in records], dtype=np.int64))
-            start = records[-1].queue_offset + 1
-        if meta.indexedOffset < end:
-            meta.indexedOffset = end
-            self.metadata.update_queue(meta)
-
     # -- on demand -------------------------------------------------------------------------------
 
     def flush(self, timeout: float = 60.0, *, index: bool = True) -> bool:
@@ -649,7 +576,7 @@ class TierUploader:
                                  self.config.tiered_store_index_file_rolling_idle_interval)
             # The write before an index upload is this flush's progress write too: one write
             # (two fsyncs) for the round, where there were two.
-            ok = self._upload_index()
+            ok = self.index_feed.upload_sealed(self.persist)
         self.persist()
         return ok
 

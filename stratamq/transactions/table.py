@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stratamq import record as codec
 from stratamq.message import DispatchInfo, Prop
-from stratamq.record import codec
 from stratamq.record.layout import SysFlag
 from stratamq.store.log_reader import CommitLogReader
 from stratamq.transactions.checkpoint import read_replay_from, write_replay_from
