@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Producer, SimpleConsumer
@@ -91,7 +92,11 @@ class OfficialProducer(_Rotating):
 
 
 class OfficialConsumer(_Rotating):
-    """Receives and acknowledges with ``rocketmq.SimpleConsumer`` until ``finish()``."""
+    """Receives and acknowledges with ``rocketmq.SimpleConsumer`` until ``finish()``.
+
+    ``acked``: id -> when (monotonic) its first acknowledgement was answered OK (the client
+    raises on any other answer); ``repeats``: the ids delivered again after that, each time
+    it happened."""
 
     def __init__(self, endpoints: list[str], topic: str, group: str,
                  invisible_s: int = 10) -> None:
@@ -100,6 +105,8 @@ class OfficialConsumer(_Rotating):
         self.group = group
         self.invisible_s = invisible_s
         self.received: set[str] = set()  # message ids
+        self.acked: dict[str, float] = {}
+        self.repeats: list[str] = []
 
     def _session(self, endpoint: str, clients: list) -> None:
         consumer = SimpleConsumer(config(endpoint), self.group,
@@ -108,5 +115,8 @@ class OfficialConsumer(_Rotating):
         consumer.startup()
         while not self.stop.is_set():
             for m in consumer.receive(32, self.invisible_s):
+                if m.message_id in self.acked:
+                    self.repeats.append(m.message_id)
                 self.received.add(m.message_id)
                 consumer.ack(m)
+                self.acked.setdefault(m.message_id, time.monotonic())

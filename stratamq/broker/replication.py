@@ -31,7 +31,9 @@ the master returns those messages may be delivered once more.
 ``HaStatus {}`` (ACL: Cluster Get) -> the ``HAService`` runtime info, plus ``"stateSync"``
 on a slave; ``SyncState {}`` (ACL: Cluster Update, it carries the receipt-handle key) ->
 ``{"metadata": {"topics", "groups"}, "popState": {...}, "deletedTopics": {topic: cutoff},
-"lineage": ...}`` (a master's). A slave deletes a topic's queues only when its master lists
+"lineage": ...}`` (a master's; in controller mode also a slave's
+waiting for an election: a planned switch's old master, copied once more by the broker
+taking over, ``take_over_state``). A slave deletes a topic's queues only when its master lists
 the deletion, never because the topic is missing from the master's configuration, and copies
 nothing from a master whose CommitLog is not of its own lineage (a wiped or replaced master:
 ``stratamq.ha.protocol.judge_lineage``; ``stratamq ha reseed`` is the way to follow it).
@@ -160,9 +162,13 @@ _EAGER_FIRST_SYNC_S = 10.0  # how long a slave retries its first state copy ever
 class StateSync:
     """A slave's copy of its master's topics, groups and pop state, every interval."""
 
-    def __init__(self, broker: ReplicationParts, endpoint: str, interval_ms: int) -> None:
+    def __init__(self, broker: ReplicationParts, endpoint: str, interval_ms: int,
+                 applying: threading.Lock | None = None) -> None:
         self.b = broker
         self.endpoint = endpoint
+        # Held from asking to applying: a planned switch's last copy (take_over_state) is
+        # never overwritten by an older snapshot this thread fetched before it.
+        self.applying = applying if applying is not None else threading.Lock()
         self.interval = interval_ms / 1000
         self.last_sync_ms = 0
         self.last_change_ms = 0
@@ -212,7 +218,17 @@ class StateSync:
             return min(self.interval, 0.2)
         return self.interval
 
-    def sync_once(self, client: AdminClient) -> None:
+    def sync_once(self, client: AdminClient, wait: float = -1) -> None:
+        """One copy; ``wait``: how long to wait for a copy under way (-1: as long as it
+        takes), TimeoutError past it."""
+        if not self.applying.acquire(timeout=wait):
+            raise TimeoutError("another copy of the master's state is under way")
+        try:
+            self._sync_once(client)
+        finally:
+            self.applying.release()
+
+    def _sync_once(self, client: AdminClient) -> None:
         snap = client.call_service(SERVICE, "SyncState")
         own = self.b.store.identity.lineage if self.b.store.identity is not None else None
         if snap.get("lineage") != own or own is None:
@@ -275,6 +291,7 @@ class BrokerReplication:
         self.error = ""
         self.master_endpoint = (master_endpoint(cfg.ha_master_endpoint, cfg.ha_master_address)
                                 if self.is_slave and cfg.ha_master_address else "")
+        self._applying = threading.Lock()  # one copy of a master's state applied at a time
 
     @property
     def is_slave(self) -> bool:
@@ -350,6 +367,30 @@ class BrokerReplication:
 
     _acks_alone: Callable[[], bool] | None = None
 
+    def take_over_state(self, old_master_endpoint: str) -> None:
+        """Controller mode, a planned switch to this broker (``cluster/member.py``): copy the
+        old master's state once more, now that it has stepped down and serves no pops (they
+        go to the group's master: ``forwarding.py``), before this broker takes the master key.
+        Acknowledgements made there after this broker's last periodic copy then stay
+        acknowledged. Bounded by a sixth of the lease TTL; a failure is logged and leaves the
+        failover's window (docs/CLUSTER.md)."""
+        cfg = self.b.config
+        copy = StateSync(self.b, old_master_endpoint,
+                         self.b.store_config.ha_state_sync_interval, self._applying)
+        bound = max(0.5, cfg.etcd_lease_ttl_ms / 6000)  # the member's loop waits meanwhile
+        try:
+            with AdminClient(old_master_endpoint, timeout=bound,
+                             access_key=cfg.acl_access_key or None,
+                             secret_key=cfg.acl_secret_key or None) as client:
+                copy.sync_once(client, wait=bound)
+        except Exception as exc:  # noqa: BLE001 (the election goes on: the window stays)
+            log.warning("planned switch: the old master's last state (%s) was not copied: %s; "
+                        "acknowledgements made there since the last copy may be delivered "
+                        "again", old_master_endpoint, exc)
+        else:
+            log.info("planned switch: copied the old master's state from %s",
+                     old_master_endpoint)
+
     def confirmed_offset(self) -> int:
         """The CommitLog offset below which every record is held by the whole SyncStateSet
         (RocketMQ's confirm offset in controller mode): the log's end while the master
@@ -387,7 +428,7 @@ class BrokerReplication:
             self.ha.shutdown()
         if self.is_slave:
             self.sync = StateSync(self.b, self.master_endpoint,
-                                  self.b.store_config.ha_state_sync_interval)
+                                  self.b.store_config.ha_state_sync_interval, self._applying)
             self.sync.start()
             gate = self.b.compaction_gate
             if gate is not None and self.b.compaction is not None:
@@ -507,7 +548,9 @@ class BrokerReplication:
         return cluster
 
     def SyncState(self, req: dict[str, Any]) -> dict[str, Any]:
-        if self.is_slave:
+        # A controller-mode slave with no master yet answers too: the old master of a
+        # planned switch, asked once by the broker taking over (``take_over_state``).
+        if self.is_slave and not (self.waiting_for_election and self.b.cluster is not None):
             raise MetadataError("precondition", "this broker is a SLAVE: ask its master for "
                                 "state")
         snap = {"metadata": self.b.meta.export(), "popState": self.b.state.snapshot(),

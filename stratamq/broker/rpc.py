@@ -39,7 +39,9 @@ RPCs:
   ``AckMessage``, ``ChangeInvisibleDuration``, ``ForwardMessageToDeadLetterQueue``,
   ``QueryAssignment`` (one assignment per topic with queue id -1: a receive pops across every
   queue, as RocketMQ's proxy does): see ``engine.py`` and ``receiving.py``. Past the long-poll
-  limits a receive is answered ``TOO_MANY_REQUESTS`` "polling full".
+  limits a receive is answered ``TOO_MANY_REQUESTS`` "polling full". In controller mode a
+  slave sends the first four to its group's master and answers with the master's answer
+  (``forwarding.py``).
 
 Offset-based reads, for replaying a queue from any offset (what the Spark source uses):
 
@@ -83,6 +85,7 @@ executor is thread-safe (see each module).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -97,6 +100,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 
 from stratamq.broker.clients import ClientService, ok_status
 from stratamq.broker.errors import BrokerError, damage_text
+from stratamq.broker.forwarding import FORWARDED, MasterForwarding
 from stratamq.broker.lookup import Lookup
 from stratamq.broker.metadata import MetadataError
 from stratamq.broker.ports import Call
@@ -290,6 +294,8 @@ class Services:
     producers: Any = None
     # The client behind gRPC's peer (remoting's shared-port relay), None: gRPC's peer as is.
     peer_names: Callable[[str], str] | None = None
+    # Controller mode: a slave's pop RPCs sent to its master (broker/forwarding.py).
+    forwarding: MasterForwarding | None = None
 
 
 class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
@@ -432,25 +438,49 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):
 
     # -- pop consumption ------------------------------------------------------------------------
 
+    def _master(self) -> str | None:
+        """Where a pop RPC goes: None here, else to the group's master (forwarding.py)."""
+        forwarding = self.s.forwarding
+        return forwarding.target() if forwarding is not None else None
+
     async def ReceiveMessage(self, request, context):
-        call = call_of(context, self.s.peer_names)
-        async for response in self._stream(
-                "ReceiveMessage", svc.ReceiveMessageResponse,
-                lambda: self.s.receiving.receive(request, call, self.run), request):
+        forwarding = self.s.forwarding
+        if forwarding is not None and (master := forwarding.target()) is not None:
+            work = functools.partial(forwarding.receive, request, context, master)
+        else:
+            work = functools.partial(self.s.receiving.receive, request,
+                                     call_of(context, self.s.peer_names), self.run)
+        async for response in self._stream("ReceiveMessage", svc.ReceiveMessageResponse,
+                                           work, request):
             yield response
 
+    def _forwarded(self, name: str, request: Any, context: grpc.aio.ServicerContext,
+                   master: str) -> Awaitable[Any]:
+        forwarding = self.s.forwarding
+        assert forwarding is not None  # (master is not None only with forwarding)
+        return self._answer(name, FORWARDED[name],
+                            functools.partial(forwarding.unary, name, request, context, master),
+                            request)
+
     async def AckMessage(self, request, context):
+        if (master := self._master()) is not None:
+            return await self._forwarded("AckMessage", request, context, master)
         call = call_of(context, self.s.peer_names)
         return await self._answer("AckMessage", svc.AckMessageResponse,
                                   lambda: self.s.receiving.ack_queued(request, call, self.run),
                                   request)
 
     async def ChangeInvisibleDuration(self, request, context):
+        if (master := self._master()) is not None:
+            return await self._forwarded("ChangeInvisibleDuration", request, context, master)
         return await self._blocking("ChangeInvisibleDuration",
                                     svc.ChangeInvisibleDurationResponse,
                                     self.s.receiving.change_invisible, request, context)
 
     async def ForwardMessageToDeadLetterQueue(self, request, context):
+        if (master := self._master()) is not None:
+            return await self._forwarded("ForwardMessageToDeadLetterQueue", request, context,
+                                         master)
         return await self._blocking("ForwardMessageToDeadLetterQueue",
                                     svc.ForwardMessageToDeadLetterQueueResponse,
                                     self.s.receiving.forward_to_dlq, request, context)

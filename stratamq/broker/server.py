@@ -129,6 +129,7 @@ class Broker:
         self._executor: ThreadPoolExecutor | None = None
         self.writer: GroupWriter | None = None
         self.servicer: MessagingServicer | None = None
+        self.forwarding: Any = None  # controller mode: broker/forwarding.py, made in _build
         self.remoting: Any = None  # remoting.broker.RemotingFrontend when remotingListenPort
         self.admin: Any = None  # broker.admin.AdminService, made in _build
         self.grpc_port = 0  # where gRPC listens: the listen port, unless remoting shares it
@@ -443,6 +444,7 @@ class Broker:
             may_check=lambda: not self.replication.is_slave)
         if hasattr(self.metrics, "registry"):
             register_metrics(self.transactions, self.metrics.registry, self.metrics.node)
+        self.forwarding = self._master_forwarding()
         services = Services(
             lookup=self.lookup,
             clients=ClientService(self.lookup, self.clients, cfg.broker_name, self.advertised,
@@ -456,7 +458,8 @@ class Broker:
             pulling=PullService(self.lookup, self.store, self.state, self.polls),
             writer=self.writer, run=self.run, metrics=lambda: self.metrics,
             transactions=EndTransactionService(self.lookup, self.transactions),
-            producers=self.producer_streams, peer_names=self._relayed_peer)
+            producers=self.producer_streams, peer_names=self._relayed_peer,
+            forwarding=self.forwarding)
         self.servicer = MessagingServicer(services)
         from stratamq.broker.admin import AdminService, admin_handler
         from stratamq.broker.message_admin import message_admin_handler
@@ -539,7 +542,8 @@ class Broker:
                            put_guards=store.put_guards, progress=replication.slave_progress,
                            max_gap=self.store_config.ha_max_gap_not_in_sync,
                            topics=self._topic_entries,
-                           remoting_address=self._remoting_address())
+                           remoting_address=self._remoting_address(),
+                           take_over_state=replication.take_over_state)
         if node.publisher is not None:
             self.meta.add_topics_listener(node.publisher.changed)
         node.start()
@@ -567,6 +571,24 @@ class Broker:
         """gRPC's peer, or the client behind it when the shared port relayed the connection."""
         remoting = self.remoting
         return remoting.relayed_peer(grpc_peer) if remoting is not None else grpc_peer
+
+    def _master_forwarding(self) -> Any:
+        """Controller mode: a slave's pop RPCs sent to its group's master; else None."""
+        if not self.config.enable_controller_mode:
+            return None  # a static slave serves them while its master is away
+        from stratamq.broker.forwarding import for_broker
+
+        replication, member = self.replication, self.cluster.member
+
+        def master() -> str | None:  # None: served here; "": the group has no master now
+            if replication.is_slave:
+                return replication.master_endpoint
+            # Stepping down (a planned switch) stops pops before the key goes and the role
+            # changes: nothing more is popped here, so the next master's last copy holds it all.
+            return None if member.serves_pops else ""
+
+        return for_broker(self.config, self.store_config.max_message_size + 1024 * 1024,
+                          master)
 
     def _cluster_routes(self) -> Any:
         """Routes across every group of the cluster (controller mode), else None."""
@@ -627,6 +649,8 @@ class Broker:
             for task in list(self.servicer.telemetry_tasks):
                 task.cancel()  # idle clients would otherwise hold the whole grace period
         await stopping
+        if self.forwarding is not None:
+            await self.forwarding.close()
 
     def stop(self, grace: float | None = None) -> bool:
         """Stop serving, then write queued sends and close the timer, metrics, pop state and

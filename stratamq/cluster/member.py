@@ -23,7 +23,9 @@ passes in case a watch missed one), refresh the registration when it changed, th
 * no master key: run ``DefaultElectPolicy`` (``election.py``) over the live registrations;
   the broker it names takes the key (the others wait: it takes it within one loop);
 * the key is this broker's: stay master; a planned switch naming another live broker makes it
-  step down (fence first, then delete the key).
+  step down (fence first, then delete the key). The broker it names copies the old master's
+  pop state and offsets once more before it takes the key (``take_over_state``): what was
+  acknowledged on the old master up to its step-down stays acknowledged.
 
 Fencing: ``Fence.writable()`` is true only while this broker holds the master key and less than
 two thirds of the TTL have passed since the send of its last successful renewal; etcd expires
@@ -159,8 +161,12 @@ class ClusterMember:
                  on_slave: Callable[[MasterInfo | None], None],
                  allow_unclean: bool = False, progress: SlaveProgress | None = None,
                  max_gap: int = 256 << 20, not_catchup_ms: int = 15_000,
-                 ask_failsafe: AskFailsafe | None = None) -> None:
+                 ask_failsafe: AskFailsafe | None = None,
+                 take_over_state: Callable[[str], None] | None = None) -> None:
         self.coord = coordination
+        # A planned switch's new master, before it takes the key: copy the state of the old
+        # master (its client endpoint) now that it has stepped down. Never raises.
+        self.take_over_state = take_over_state
         self.me = me
         self.prefix = prefix
         self.ttl_ms = ttl_ms
@@ -179,6 +185,10 @@ class ClusterMember:
         self.lease = 0
         self.master: MasterInfo | None = None  # the group's, as last read
         self.is_master = False
+        # Whether this broker, once its role is master, serves pops and acks itself: set
+        # before it switches to master, cleared before anything else when it steps down (a
+        # planned switch's target then copies a state nothing changes any more).
+        self.serves_pops = False
         self.epoch = 0  # of this broker's mastership, while it is master
         self.last_error = ""
         self._registered = b""
@@ -217,6 +227,7 @@ class ClusterMember:
         self._stop.set()
         self._wake.set()
         self._thread.join(self.ttl_ms / 1000 + 5)
+        self.serves_pops = False
         self.fence.drop()
         if self._unwatch is not None:
             self._unwatch()
@@ -441,6 +452,8 @@ class ClusterMember:
             self._no_candidate = why
             self._step_down(None)
             return
+        if preferred == self.me.broker_id and isinstance(old, int):
+            self._take_over_state(old)
         epoch_kv = self._snapshot.get(self.keys["epoch"])
         epoch = (int(epoch_kv.value) if epoch_kv is not None else 0) + 1
         epoch = max(epoch, self.last_epoch() + 1)  # never below what this store has recorded
@@ -463,6 +476,16 @@ class ClusterMember:
             self.coord.put(self.keys["elect"], b"{}")  # the planned switch is done
         self.master = mine
         self._become_master(epoch, sent)
+
+    def _take_over_state(self, old_master: int) -> None:
+        """A planned switch to this broker: the old master stepped down (it deleted the key
+        and serves no pops from then on), so one more copy of its state closes the window of
+        acknowledgements made after this broker's last periodic copy."""
+        endpoint = next((d.get("endpoint") for d in self._registrations()
+                         if d.get("brokerId") == old_master), None)
+        if (self.take_over_state is not None and isinstance(endpoint, str) and endpoint
+                and old_master != self.me.broker_id):
+            self.take_over_state(endpoint)
 
     # -- failsafe mode -------------------------------------------------------------------------
 
@@ -514,6 +537,7 @@ class ClusterMember:
         self.sync = SyncStateSet(self.coord, self.keys["syncStateSet"], self.keys["master"],
                                  self.me.broker_id, epoch, self.progress, self.max_gap,
                                  self.not_catchup_ms)
+        self.serves_pops = True
         self.on_master(epoch)  # the store is a master (epoch recorded) before any write
         self.is_master = True
         self.epoch = epoch
@@ -521,6 +545,7 @@ class ClusterMember:
         self._registered = b""
 
     def _step_down(self, master: MasterInfo | None) -> None:
+        self.serves_pops = False
         self.fence.drop()  # first: no write is acknowledged from here on
         was = self.is_master
         self.is_master = False
@@ -544,6 +569,7 @@ class ClusterMember:
             return  # not alive, or may lack acknowledged messages (the CLI said so already)
         log.info("cluster: planned switch of %s to broker %d: stepping down", self.me.group,
                  target)
+        self.serves_pops = False
         self.fence.drop()
         if self.coord.delete_if(self.keys["master"], master_revision):
             self._step_down(None)

@@ -16,7 +16,9 @@ Every put first asks the member's fence (``MessageStore.put_guards``): a broker 
 the elected master, or a master whose lease renewal is overdue, refuses it.
 
 What it is given: the settings, the store's max offset and last epoch, its own endpoints, the
-role switch (``BrokerReplication.switch_role``) and where to add the put guard; not the Broker.
+role switch (``BrokerReplication.switch_role``), where to add the put guard and, for a planned
+switch, the last copy of the old master's state (``BrokerReplication.take_over_state``); not
+the Broker.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class ClusterNode:
                  progress: SlaveProgress | None = None, max_gap: int = 256 << 20,
                  coordination: Coordination | None = None,
                  topics: Callable[[], dict[str, bytes]] | None = None,
-                 remoting_address: str = "") -> None:
+                 remoting_address: str = "",
+                 take_over_state: Callable[[str], None] | None = None) -> None:
         if coordination is None:
             from stratamq.cluster.etcd import EtcdCoordination
 
@@ -74,7 +77,8 @@ class ClusterNode:
                                     progress=progress, max_gap=max_gap,
                                     not_catchup_ms=config.ha_max_time_slave_not_catchup,
                                     ask_failsafe=(self._ask_failsafe(config)
-                                                  if config.etcd_failsafe_mode else None))
+                                                  if config.etcd_failsafe_mode else None),
+                                    take_over_state=take_over_state)
         self._put_guards = put_guards
         put_guards.append(self.member.fence.refusal)
         # The cluster's route table, and this group's topics in it while this broker is master
