@@ -672,7 +672,8 @@ class MessageStore:
         self._flush_cq_stores(0)
 
     def wait_dispatched(self, timeout: float = 10.0) -> bool:
-        """Block until every appended record is visible through the ConsumeQueues."""
+        """Block until every appended record is visible through the ConsumeQueues (up to the
+        dispatch bound, when one is set: ``set_dispatch_bound``)."""
         if self.read_only:
             return True
         return self.reput.wait_caught_up(timeout)
