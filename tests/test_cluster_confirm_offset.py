@@ -12,7 +12,14 @@ import signal
 
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
-from test_cluster_failover import Member, _start, assert_all_readable, readable, send_replies
+from test_cluster_failover import (
+    Member,
+    _start,
+    assert_all_readable,
+    readable,
+    send_replies,
+    stop_all,
+)
 from waiting import wait_until
 
 from stratamq.benchmarks.etcd_members import EtcdCluster
@@ -30,11 +37,7 @@ def pair(tmp_path):
     etcd = EtcdCluster(tmp_path, size=1)
     members = [Member(tmp_path, etcd.endpoints, i, extra=PATIENT) for i in (1, 2)]
     yield members
-    for m in members:
-        if m.proc is not None and m.proc.poll() is None:
-            os.kill(m.proc.pid, signal.SIGCONT)
-            m.terminate()
-    etcd.stop()
+    stop_all(members, etcd)
 
 
 def ha_status(endpoint: str) -> dict:

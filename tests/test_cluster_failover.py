@@ -133,6 +133,15 @@ def assert_all_readable(endpoint: str, acked: dict[bytes, str]) -> None:
                              f"{sorted(missing)[:10]}") from None
 
 
+def stop_all(members: list[Member], etcd: EtcdCluster) -> None:
+    """End the brokers (woken first: a frozen one cannot stop) and then etcd."""
+    for m in members:
+        if m.proc is not None and m.proc.poll() is None:
+            os.kill(m.proc.pid, signal.SIGCONT)
+            m.terminate()
+    etcd.stop()
+
+
 @pytest.fixture
 def group(tmp_path):
     etcd = EtcdCluster(tmp_path, size=3)
@@ -140,11 +149,7 @@ def group(tmp_path):
     for m in members:
         m.etcd = etcd
     yield members
-    for m in members:
-        if m.proc is not None and m.proc.poll() is None:
-            os.kill(m.proc.pid, signal.SIGCONT)
-            m.terminate()
-    etcd.stop()
+    stop_all(members, etcd)
 
 
 def _start(group: list[Member]) -> tuple[Member, Member]:

@@ -24,7 +24,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 from s3_server import S3Server
-from test_cluster_failover import TTL_MS, Member, _start
+from test_cluster_failover import TTL_MS, Member, _start, stop_all
 from waiting import wait_until
 
 from stratamq import record as codec
@@ -76,11 +76,7 @@ def group(tmp_path):
     etcd = EtcdCluster(tmp_path, size=1)
     members = [member(tmp_path, etcd.endpoints, i, s3, bucket) for i in (1, 2)]
     yield members, fs, bucket, s3
-    for m in members:
-        if m.proc is not None and m.proc.poll() is None:
-            os.kill(m.proc.pid, signal.SIGCONT)
-            m.terminate()
-    etcd.stop()
+    stop_all(members, etcd)
     s3.stop()
 
 

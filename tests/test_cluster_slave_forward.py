@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import socket
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
 from test_broker_harness import message
-from test_cluster_failover import TOPIC, Member, _cli, _start, send
+from test_cluster_failover import TOPIC, Member, _cli, _start, send, stop_all
 from waiting import wait_until
 
 from stratamq.benchmarks.etcd_members import EtcdCluster
@@ -37,11 +35,7 @@ def pair(tmp_path):
     etcd = EtcdCluster(tmp_path, size=1)
     members = [Member(tmp_path, etcd.endpoints, i) for i in (1, 2)]
     yield etcd.endpoints, members
-    for m in members:
-        if m.proc is not None and m.proc.poll() is None:
-            os.kill(m.proc.pid, signal.SIGCONT)
-            m.terminate()
-    etcd.stop()
+    stop_all(members, etcd)
 
 
 def receive(endpoint: str, batch: int, invisible_s: int, poll_s: float = 1.0,
