@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stratamq.store.consume_queue_format import UNIT, is_blank_unit
-from stratamq.store.layout import parse_segment_name
 from stratamq.store.mapped_file import MappedFile, MappedFileError, SegmentPositions
 
 if TYPE_CHECKING:
@@ -54,12 +53,7 @@ class PendingFile(SegmentPositions):
 
     def __init__(self, path: Path, file_size: int, data: bytes | bytearray,
                  files: MappedFileQueue, owner: PendingFiles) -> None:
-        start = parse_segment_name(path.name)
-        if start is None:
-            raise MappedFileError(f"{path}: not a 20-digit segment file name")
-        self.path = path
-        self.file_from_offset = start
-        self.file_size = file_size
+        self._place(path, file_size)
         self.files = files
         # Never shrinks (a cut zeroes its tail, as in a file): a reader's slice below its
         # read position always holds whole units.

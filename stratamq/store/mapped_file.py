@@ -209,9 +209,19 @@ class SegmentPositions:
     """Where a segment lies in its queue's byte space and how much of it is written: a
     ``MappedFile``, or a ConsumeQueue file still in memory (consume_queue_pending.py)."""
 
+    path: Path
     file_from_offset: int
     file_size: int
     wrote_position: int
+
+    def _place(self, path: Path, file_size: int) -> None:
+        """Where the segment named ``path`` lies: its name is its first offset."""
+        start = parse_segment_name(path.name)
+        if start is None:
+            raise MappedFileError(f"{path}: not a 20-digit segment file name")
+        self.path = path
+        self.file_from_offset = start
+        self.file_size = file_size
 
     @property
     def file_end_offset(self) -> int:
@@ -240,12 +250,7 @@ class MappedFile(RefCountedMap, SegmentPositions):
                  readahead: bool = True, mapped: bool = True,
                  initial: bytes | bytearray | None = None,
                  known_size: int | None = None) -> None:
-        start = parse_segment_name(path.name)
-        if start is None:
-            raise MappedFileError(f"{path}: not a 20-digit segment file name")
-        self.path = path
-        self.file_from_offset = start
-        self.file_size = file_size
+        self._place(path, file_size)
         self.read_only = read_only
         self.wrote_position = 0
         self.committed_position = 0
