@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import mounted_tmpfs
+from killing import reap, sigkill
 from test_disk_full import take_all_space
 from waiting import wait_until
 
@@ -53,12 +52,9 @@ def run_and_kill(script: str, args: list[str],
         assert line, proc.stderr.read().decode()[-2000:]
         if before_kill is not None:
             before_kill()
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=60) == -signal.SIGKILL
+        sigkill(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
+        reap(proc)
         proc.stdout.close()
         proc.stderr.close()
     return json.loads(line)

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from killing import reap, sigkill
 
 from stratamq.config import StoreConfig
 from stratamq.message import Message
@@ -157,12 +158,9 @@ def test_sigkill_after_an_open_from_the_snapshot_recovers_exactly(tmp_path):
         assert first.get("lazy_at_open") == len(TOPICS) * QUEUES, first
         wait_until(lambda: lines.append(json.loads(proc.stdout.readline() or b"{}"))
                    or lines[-1].get("acked", 0) >= 9, timeout=120, what="the writer's acks")
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=60) == -signal.SIGKILL
+        sigkill(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
+        reap(proc)
     acked = lines[-1]["acked"]
     assert StoreLayout(cfg.root).abort.exists()
     assert not StoreLayout(cfg.root).cq_snapshot.exists()

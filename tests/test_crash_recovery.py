@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from killing import reap, sigkill
 
 from stratamq.config import FlushDiskType, StoreConfig
 from stratamq.message import Message
@@ -184,12 +184,9 @@ def run_writer_and_kill(cfg: StoreConfig, tmp_path: Path, *, pace_ms: int = 0,
                 with pytest.raises(StoreLocked):
                     MessageStore(cfg).open()
         assert proc.poll() is None, "the writer must still be running when it is killed"
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=60) == -signal.SIGKILL
+        sigkill(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
+        reap(proc)
     reader.join(timeout=60)
     assert not reader.is_alive()
     while (line := lines.get_nowait()) is not None:

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import pytest
 from conftest import reference_body
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from killing import reap, sigkill
 
 from stratamq.config import StoreConfig
 from stratamq.message import Host, Message, Prop
@@ -593,12 +593,9 @@ def test_sigkill_mid_stream_every_acknowledged_message_found_once(tmp_path):
             line = lines.get(timeout=180)
             assert line is not None, proc.stderr.read().decode()[-2000:]
             acked.append(int(line))
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=60) == -signal.SIGKILL
+        sigkill(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
+        reap(proc)
     while (line := lines.get(timeout=60)) is not None:
         if line.endswith(b"\n"):
             acked.append(int(line))
