@@ -190,14 +190,28 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-class _Context:
-    """What forwarding reads of a gRPC call: the client's metadata and deadline."""
+class _Slave(service_pb2_grpc.MessagingServiceServicer):
+    """A gRPC server whose calls go through forwarding as a slave's do (the real call context:
+    the client's metadata and deadline), keeping the refusals it raised."""
 
-    def invocation_metadata(self):
-        return (("x-mq-client-id", "c1"),)
+    def __init__(self, forwarding: MasterForwarding, target: str) -> None:
+        self.forwarding = forwarding
+        self.target = target
+        self.failures: list[BrokerError] = []
 
-    def time_remaining(self):
-        return 5.0
+    async def ReceiveMessage(self, request, context):
+        try:
+            for response in await self.forwarding.receive(request, context, self.target):
+                yield response
+        except BrokerError as exc:
+            self.failures.append(exc)
+
+    async def AckMessage(self, request, context):
+        try:
+            return await self.forwarding.unary("AckMessage", request, context, self.target)
+        except BrokerError as exc:
+            self.failures.append(exc)
+            return svc.AckMessageResponse()
 
 
 def test_a_master_that_cannot_be_reached_or_none_at_all_is_a_clear_status():
@@ -205,18 +219,26 @@ def test_a_master_that_cannot_be_reached_or_none_at_all_is_a_clear_status():
 
     async def run() -> list[BrokerError]:
         forwarding = MasterForwarding(lambda: endpoint, grpc.aio.insecure_channel, "g")
-        failures = []
-        for target in (endpoint, ""):
-            try:
-                await forwarding.receive(svc.ReceiveMessageRequest(), _Context(), target)
-            except BrokerError as exc:
-                failures.append(exc)
+        slave = _Slave(forwarding, endpoint)
+        server = grpc.aio.server()
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(slave, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        metadata = (("x-mq-client-id", "c1"),)
         try:
-            await forwarding.unary("AckMessage", svc.AckMessageRequest(), _Context(), endpoint)
-        except BrokerError as exc:
-            failures.append(exc)
-        await forwarding.close()
-        return failures
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = service_pb2_grpc.MessagingServiceStub(channel)
+                for target in (endpoint, ""):
+                    slave.target = target
+                    async for _ in stub.ReceiveMessage(svc.ReceiveMessageRequest(),
+                                                       metadata=metadata, timeout=5):
+                        pass
+                slave.target = endpoint
+                await stub.AckMessage(svc.AckMessageRequest(), metadata=metadata, timeout=5)
+        finally:
+            await forwarding.close()
+            await server.stop(None)
+        return slave.failures
 
     unreachable, none, ack_unreachable = asyncio.run(run())
     assert unreachable.code == pb.INTERNAL_SERVER_ERROR
