@@ -96,7 +96,7 @@ class TopicConfig:
     perm: int = PERM_READ | PERM_WRITE
     message_type: str = "NORMAL"
     attributes: dict[str, str] = field(default_factory=dict)  # besides message.type
-    # Loaded from stored data with a name today's rule refuses (see the module docstring).
+    # Loaded from stored data with a name today's rule refuses (see metadata_rules.py).
     stored_name: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -148,7 +148,7 @@ class GroupConfig:
     consume_message_orderly: bool = False
     retry_max_times: int = 16
     retry_backoff_ms: list[int] = field(default_factory=lambda: list(DEFAULT_RETRY_BACKOFF_MS))
-    # Loaded from stored data with a name today's rule refuses (see the module docstring).
+    # Loaded from stored data with a name today's rule refuses (see metadata_rules.py).
     stored_name: bool = field(default=False, compare=False)
 
     @property
