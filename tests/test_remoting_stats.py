@@ -19,6 +19,7 @@ from stratamq.broker.stats_window import BrokerStatsWindow
 from stratamq.remoting.codes import RequestCode, ResponseCode
 
 VIEW_BROKER_STATS_DATA, DELETE_TOPIC_IN_BROKER, UPDATE_AND_CREATE_TOPIC = 315, 215, 17
+DELETE_SUBSCRIPTIONGROUP = 207
 BODIES = (b"one", b"second", b"the third")
 
 
@@ -130,6 +131,13 @@ def test_a_deleted_topic_takes_its_stats_and_a_new_one_starts_from_zero(broker):
     assert _minute_sum(address, "TOPIC_PUT_NUMS", "Fleeting") == 1
     assert _minute_sum(address, "TOPIC_PUT_SIZE", "Fleeting") == len(stored)
     assert _minute_sum(address, "GROUP_GET_SIZE", "Fleeting@FleetingC") == len(stored)
+
+    # mqadmin deleteSubGroup: the group's get items go too (RocketMQ's onGroupDeleted).
+    assert invoke(address, DELETE_SUBSCRIPTIONGROUP, {"groupName": "FleetingC"}).code \
+        == ResponseCode.SUCCESS
+    assert _stats(address, "GROUP_GET_NUMS", "Fleeting@FleetingC").code \
+        == ResponseCode.SYSTEM_ERROR
+    assert _minute_sum(address, "TOPIC_PUT_NUMS", "Fleeting") == 1
 
 
 def _runtime(address: str) -> dict[str, str]:

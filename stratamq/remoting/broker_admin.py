@@ -34,6 +34,7 @@ Thread-safety: handlers on the event loop; store and metadata calls through ``ru
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -56,6 +57,8 @@ from stratamq.remoting.runtime_info import runtime_table
 from stratamq.remoting.transport import Connection
 
 __all__ = ["AdminHandlers", "fastjson_queue_map"]
+
+log = logging.getLogger(__name__)
 
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 200, 201
 GET_TOPIC_STATS_INFO, GET_CONSUMER_CONNECTION_LIST, GET_CONSUME_STATS = 202, 203, 208
@@ -258,7 +261,12 @@ class AdminHandlers:
         earliest = None
         if status is not None and self.look_up is not None:  # getEarliestMessageTime
             low, high = status["commitlog"]["min_offset"], status["commitlog"]["max_offset"]
-            first = self.look_up(low) if low < high else None
+            try:
+                first = self.look_up(low) if low < high else None
+            except Exception as exc:  # (a damaged first record must not cost the whole table)
+                log.warning("earliestMessageTimeStamp: the record at CommitLog offset %d "
+                            "cannot be read: %s", low, exc)
+                first = None
             earliest = first.store_timestamp if first is not None else -1
         table = runtime_table(
             version_desc=_VERSION_DESC, version=_VERSION, stratamq_version=__version__,
