@@ -33,13 +33,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from stratamq.store.results import GetMessageResult, GetMessageStatus, PutMessageResult
+from stratamq.store.results import (
+    GetMessageResult,
+    GetMessageStatus,
+    PutMessageResult,
+    PutMessageStatus,
+)
 
 __all__ = ["StoreStats", "java_double"]
 
 SAMPLE_INTERVAL_S = 1.0  # FREQUENCY_OF_SAMPLING
 SAMPLES_KEPT = 600 + 1  # MAX_RECORDS_OF_SAMPLING + 1
 TPS_WINDOWS_S = (10, 60, 600)  # the three numbers of "putTps" and the other rates
+_PUT_OK, _FOUND = PutMessageStatus.PUT_OK, GetMessageStatus.FOUND
 
 
 def java_double(value: float) -> str:
@@ -75,24 +81,31 @@ class StoreStats:
     def on_put(self, result: PutMessageResult, started: float) -> None:
         """One put call's append result; ``started`` its ``time.monotonic()`` at entry."""
         elapsed_ms = int((time.monotonic() - started) * 1000)
+        appended = result.messages if result.status is _PUT_OK else None
+        nbytes = 0
+        if appended:
+            for m in appended:
+                nbytes += m.size
         with self._lock:
-            if result.ok:
-                self.put_messages += len(result.messages)
-                self.put_bytes += sum(m.size for m in result.messages)
-            else:
+            if appended is None:
                 self.put_failed += 1
+            else:
+                self.put_messages += len(appended)
+                self.put_bytes += nbytes
             if elapsed_ms > self.put_max_ms:
                 self.put_max_ms = elapsed_ms
 
     def on_get(self, result: GetMessageResult, started: float) -> None:
         """One get call's result; ``started`` its ``time.monotonic()`` at entry."""
         elapsed_ms = int((time.monotonic() - started) * 1000)
+        records = len(result.records)
+        found = records > 0 and result.status is _FOUND
         with self._lock:
-            if result.status is GetMessageStatus.FOUND and result.records:
+            if found:
                 self.get_found += 1
             else:
                 self.get_miss += 1
-            self.get_transferred += len(result.records)
+            self.get_transferred += records
             if elapsed_ms > self.get_max_ms:
                 self.get_max_ms = elapsed_ms
 
