@@ -25,6 +25,10 @@ The runtime fields: ``msgPutTotalTodayNow`` is the count of messages put on topi
 not system topics since start; ``...TodayMorning`` that count at the last local midnight and
 ``...YesterdayMorning`` at the one before (``BrokerStats.record``).
 
+A deleted topic takes its items with it, and its groups' (``topic@group``); a deleted group
+its own (RocketMQ's ``onTopicDeleted``/``onGroupDeleted`` under ``autoDeleteUnusedStats``,
+on by default): a topic created again under the name charts from zero.
+
 Thread-safety: ``add`` may be called from any thread (one dict update under a lock); the
 sampler runs on its own daemon thread between ``start`` and ``stop``.
 """
@@ -46,9 +50,9 @@ GROUP_GET_NUMS, GROUP_GET_SIZE = "GROUP_GET_NUMS", "GROUP_GET_SIZE"
 BROKER_PUT_NUMS, BROKER_GET_NUMS = "BROKER_PUT_NUMS", "BROKER_GET_NUMS"
 STAT_NAMES = (TOPIC_PUT_NUMS, TOPIC_PUT_SIZE, GROUP_GET_NUMS, GROUP_GET_SIZE, BROKER_PUT_NUMS,
               BROKER_GET_NUMS)
+_BY_TOPIC = (TOPIC_PUT_NUMS, TOPIC_PUT_SIZE)  # keyed by the topic
+_BY_TOPIC_GROUP = (GROUP_GET_NUMS, GROUP_GET_SIZE)  # keyed by topic@group
 # (window, sampling interval in seconds, samples kept): StatsItem's csList* lists.
-_BY_TOPIC = (TOPIC_PUT_NUMS, TOPIC_PUT_SIZE)
-_BY_TOPIC_GROUP = (GROUP_GET_NUMS, GROUP_GET_SIZE)
 _WINDOWS = (("statsMinute", 10, 7), ("statsHour", 600, 7), ("statsDay", 3600, 25))
 _TICK = 10.0
 
