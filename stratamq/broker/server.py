@@ -422,7 +422,9 @@ class Broker:
         timer = self.timer if cfg.timer_enable else None
         # VIEW_BROKER_STATS_DATA's windows: counted wherever the metrics see sends and gets.
         self.stats = BrokerStatsWindow(cfg.broker_cluster_name)
-        self.stats.start()
+        self.stats.start()  # (a deleted topic's items go with it, as RocketMQ's)
+        self.meta.add_topics_listener(self.stats.topics_listener(
+            lambda: [t.name for t in self.meta.topics()]))
         self.counted = StatsTee(self.stats, lambda: self.metrics)
         from stratamq.broker.transactions import (
             AnyProducer,
@@ -502,7 +504,7 @@ class Broker:
                       "brokerId": "1" if self.store_config.broker_role is BrokerRole.SLAVE
                       else "0", "haServerAddr": ""}, acl=self.acl,
             metrics=lambda: self.counted, producers=self.remoting_producers,
-            stats=self.stats,
+            stats=self.stats, store_stats=self.store.stats.runtime_fields,
             transactions=lambda: self.transactions,
             is_slave=lambda: self.replication.is_slave, delete_topic=self.admin.DeleteTopic,
             refusal=self.replication.refusal,
