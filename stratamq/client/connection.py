@@ -10,6 +10,7 @@ only plain values, so it pickles (Spark ships it to executors); the secret key i
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import grpc
@@ -69,36 +70,53 @@ class BrokerEndpoint:
     def __init__(self, endpoint: str, *, access_key: str | None = None,
                  secret_key: str | None = None, tls: bool = False, ca_pem: bytes | None = None,
                  ca_file: str | None = None,
-                 channel_options: Sequence[tuple[str, int]] = ()) -> None:
+                 channel_options: Sequence[tuple[str, int]] = (),
+                 client_cert: tuple[bytes, bytes] | None = None) -> None:
         if bool(access_key) != bool(secret_key):
             raise ValueError("access key and secret key must be given together")
         self.endpoint = endpoint
         self.access_key, self.secret_key = access_key or None, secret_key or None
         self.tls, self.ca_pem, self.ca_file = tls, ca_pem, ca_file
+        # (certificate chain PEM, private key PEM) presented to a broker that asks for one
+        # (tls.server.need.client.auth); None: none presented.
+        self.client_cert = client_cert
         self.channel_options = list(channel_options)
 
     def __repr__(self) -> str:
         parts = [f"endpoint={self.endpoint!r}", f"tls={self.tls}"]
         if self.ca_file:
             parts.append(f"tlsCaFile={self.ca_file!r}")
+        if self.client_cert:
+            parts.append("clientCert=<set>")
         if self.access_key:
             parts.append(f"accessKey={self.access_key!r}, secretKey=<hidden>")
         return f"{type(self).__name__}({', '.join(parts)})"
 
+    def at(self, endpoint: str) -> BrokerEndpoint:
+        """The same way of calling (keys, TLS, options), to the broker at ``endpoint``."""
+        other = copy.copy(self)
+        other.endpoint = endpoint
+        return other
+
     def channel(self) -> grpc.Channel:
         if not self.tls:
             return grpc.insecure_channel(self.endpoint, options=self.channel_options)
-        # Without a CA: gRPC's default roots (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, else the bundle
-        # shipped with grpcio).
-        creds = grpc.ssl_channel_credentials(root_certificates=self.ca_pem)
-        return grpc.secure_channel(self.endpoint, creds, options=self.channel_options)
+        return grpc.secure_channel(self.endpoint, self._credentials(),
+                                   options=self.channel_options)
 
     def aio_channel(self) -> grpc.aio.Channel:
         """The same channel for asyncio callers (made inside the event loop that uses it)."""
         if not self.tls:
             return grpc.aio.insecure_channel(self.endpoint, options=self.channel_options)
-        creds = grpc.ssl_channel_credentials(root_certificates=self.ca_pem)
-        return grpc.aio.secure_channel(self.endpoint, creds, options=self.channel_options)
+        return grpc.aio.secure_channel(self.endpoint, self._credentials(),
+                                       options=self.channel_options)
+
+    def _credentials(self) -> grpc.ChannelCredentials:
+        # Without a CA: gRPC's default roots (GRPC_DEFAULT_SSL_ROOTS_FILE_PATH, else the bundle
+        # shipped with grpcio).
+        chain, key = self.client_cert or (None, None)
+        return grpc.ssl_channel_credentials(root_certificates=self.ca_pem, private_key=key,
+                                            certificate_chain=chain)
 
     def metadata(self, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
         """``extra`` plus, with credentials, a signature stamped now (one per call)."""
