@@ -5,6 +5,8 @@ the setting. Certificates are made with openssl (tests/certs.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -78,6 +80,14 @@ def test_console_presents_the_client_certificate_a_broker_requires(tmp_path, pki
             assert TOPIC in {t["topic"] for t in admin.call("ListTopics")["topics"]}
         with AdminClient(bare, timeout=10) as admin, pytest.raises(AdminError):
             admin.call("ListTopics")
+        # The admin CLI presents one with --tls-cert-file / --tls-key-file.
+        cli = [sys.executable, "-m", "stratamq.cli", "topic", "list", "--endpoint",
+               broker.endpoint, "--tls-ca-file", str(ca.cert)]
+        listed = subprocess.run([*cli, "--tls-cert-file", str(client[0]), "--tls-key-file",
+                                 str(client[1])], capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0 and TOPIC in listed.stdout, listed.stderr
+        refused = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0 and TOPIC not in refused.stdout, refused.stdout
     finally:
         assert broker.stop() == 0
 

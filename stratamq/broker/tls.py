@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from stratamq.client.connection import BrokerEndpoint, read_client_cert
+
 if TYPE_CHECKING:
-    from stratamq.client.connection import BrokerEndpoint
     from stratamq.config import BrokerConfig
 
 __all__ = ["TlsConfigError", "broker_credentials", "client_cert", "console_endpoint", "own_trust",
@@ -95,16 +96,11 @@ def client_cert(cfg: BrokerConfig) -> tuple[bytes, bytes] | None:
                           else ("tls.client.keyPath", "tls.client.certPath"))
         raise TlsConfigError(f"{given} is set but {missing} is not: a client certificate "
                              "needs both")
-    cert = _read_pem(cert_path, "tls.client.certPath", b"CERTIFICATE")
-    key = _read_pem(key_path, "tls.client.keyPath", b"PRIVATE KEY")
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert_path, key_path)
-    except ssl.SSLError as exc:
-        raise TlsConfigError(
-            f"tls.client.certPath {cert_path} and tls.client.keyPath {key_path} do not load "
-            f"as a certificate and its key: {exc.reason or exc}"
-        ) from None
-    return cert, key
+        return read_client_cert(cert_path, key_path)
+    except ValueError as exc:
+        raise TlsConfigError(f"tls.client.certPath {cert_path} / tls.client.keyPath "
+                             f"{key_path}: {exc}") from None
 
 
 def _peer_calls(cfg: BrokerConfig, slave: bool) -> list[str]:
@@ -145,8 +141,6 @@ def peer_endpoint(address: str, cfg: BrokerConfig,
     """How this broker calls the broker at ``address`` (of its group, or itself): signed with
     its admin account's keys (``aclAccessKey``), over TLS when it serves TLS, trusting as
     ``own_trust`` says and presenting ``client_cert``. TlsConfigError as those say."""
-    from stratamq.client.connection import BrokerEndpoint
-
     if not cfg.tls_enable:
         return BrokerEndpoint(address, access_key=cfg.acl_access_key or None,
                               secret_key=cfg.acl_secret_key or None,

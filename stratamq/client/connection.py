@@ -11,13 +11,15 @@ only plain values, so it pickles (Spark ships it to executors); the secret key i
 from __future__ import annotations
 
 import copy
+import ssl
 from collections.abc import Sequence
 
 import grpc
 
 from stratamq.signature import auth_metadata
 
-__all__ = ["ANSWERED", "BrokerEndpoint", "broker_answered", "check_endpoint", "read_ca_pem"]
+__all__ = ["ANSWERED", "BrokerEndpoint", "broker_answered", "check_endpoint", "read_ca_pem",
+           "read_client_cert"]
 
 # Trailing metadata a StrataMQ broker puts on every error it answers with itself: a client
 # tells the broker's own UNAVAILABLE (a tier or a disk it cannot reach) from gRPC's (no broker
@@ -64,6 +66,25 @@ def read_ca_pem(path: str) -> bytes:
         raise ValueError(f"{path} is not a PEM file of certificates (no -----BEGIN "
                          "CERTIFICATE----- block)")
     return data
+
+
+def read_client_cert(cert_path: str, key_path: str) -> tuple[bytes, bytes]:
+    """The certificate chain and private key (PEM) a client presents, from their files;
+    ValueError says why not (a pair that does not match included)."""
+    chain = read_ca_pem(cert_path)
+    try:
+        with open(key_path, "rb") as f:
+            key = f.read()
+    except OSError as exc:
+        raise ValueError(f"cannot read {key_path}: {exc.strerror or exc}") from None
+    if b"PRIVATE KEY-----" not in key:
+        raise ValueError(f"{key_path} is not a PEM file with a PRIVATE KEY block")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert_path, key_path)
+    except ssl.SSLError as exc:
+        raise ValueError(f"{cert_path} and {key_path} do not load as a certificate and its "
+                         f"key: {exc.reason or exc}") from None
+    return chain, key
 
 
 class BrokerEndpoint:
