@@ -16,7 +16,8 @@ state and compaction queues (``replication.py``) and asks its group in failsafe 
 ``peer_endpoint`` says, on the assumption that the brokers of a group share their TLS
 settings: over TLS when this broker serves TLS; verifying the peer against
 ``tls.client.trustCertPath`` (RocketMQ's key for the CA a client trusts), else the certificate
-this broker serves, which pins it; presenting ``tls.client.certPath`` / ``tls.client.keyPath``
+this broker serves, which pins it (the group's brokers must then serve that one certificate);
+presenting ``tls.client.certPath`` / ``tls.client.keyPath``
 (RocketMQ's keys for a client's certificate) when set. A broker that requires client
 certificates and calls brokers without one of its own refuses to start, naming the setting
 (``broker_credentials``): every such call would fail its handshake.
@@ -141,15 +142,13 @@ def peer_endpoint(address: str, cfg: BrokerConfig,
     """How this broker calls the broker at ``address`` (of its group, or itself): signed with
     its admin account's keys (``aclAccessKey``), over TLS when it serves TLS, trusting as
     ``own_trust`` says and presenting ``client_cert``. TlsConfigError as those say."""
-    if not cfg.tls_enable:
-        return BrokerEndpoint(address, access_key=cfg.acl_access_key or None,
-                              secret_key=cfg.acl_secret_key or None,
-                              channel_options=channel_options)
-    return BrokerEndpoint(address, access_key=cfg.acl_access_key or None,
-                          secret_key=cfg.acl_secret_key or None, tls=True,
-                          ca_pem=own_trust(cfg.tls_server_cert_path,
-                                           cfg.tls_client_trust_cert_path)[0],
-                          client_cert=client_cert(cfg), channel_options=channel_options)
+    tls = cfg.tls_enable
+    return BrokerEndpoint(
+        address, access_key=cfg.acl_access_key or None, secret_key=cfg.acl_secret_key or None,
+        tls=tls, channel_options=channel_options,
+        ca_pem=own_trust(cfg.tls_server_cert_path, cfg.tls_client_trust_cert_path)[0]
+        if tls else None,
+        client_cert=client_cert(cfg) if tls else None)
 
 
 def own_trust(server_cert_path: str, client_trust_cert_path: str = "") -> tuple[bytes, str]:

@@ -54,31 +54,28 @@ def check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
-def read_ca_pem(path: str) -> bytes:
-    """The CA certificates in the PEM file at ``path``; ValueError says why not (gRPC itself
-    would only say "handshake failed" on the first call, far from the cause)."""
+def _read_pem(path: str, marker: bytes, holding: str) -> bytes:
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if b"-----BEGIN CERTIFICATE-----" not in data:
-        raise ValueError(f"{path} is not a PEM file of certificates (no -----BEGIN "
-                         "CERTIFICATE----- block)")
+    if marker not in data:
+        raise ValueError(f"{path} is not a PEM file of {holding} (no {marker.decode()} block)")
     return data
+
+
+def read_ca_pem(path: str) -> bytes:
+    """The CA certificates in the PEM file at ``path``; ValueError says why not (gRPC itself
+    would only say "handshake failed" on the first call, far from the cause)."""
+    return _read_pem(path, b"-----BEGIN CERTIFICATE-----", "certificates")
 
 
 def read_client_cert(cert_path: str, key_path: str) -> tuple[bytes, bytes]:
     """The certificate chain and private key (PEM) a client presents, from their files;
     ValueError says why not (a pair that does not match included)."""
     chain = read_ca_pem(cert_path)
-    try:
-        with open(key_path, "rb") as f:
-            key = f.read()
-    except OSError as exc:
-        raise ValueError(f"cannot read {key_path}: {exc.strerror or exc}") from None
-    if b"PRIVATE KEY-----" not in key:
-        raise ValueError(f"{key_path} is not a PEM file with a PRIVATE KEY block")
+    key = _read_pem(key_path, b"PRIVATE KEY-----", "a private key")
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert_path, key_path)
     except ssl.SSLError as exc:
