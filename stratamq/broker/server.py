@@ -228,15 +228,14 @@ class Broker:
             self.metrics.registry.register(TierCollector(self.tiered, self.metrics.node))
 
     def _tls_credentials(self) -> grpc.ServerCredentials | None:
-        """TLS from ``tls.server.*`` when ``tlsEnable``; TlsConfigError says what is wrong."""
+        """TLS from ``tls.server.*`` (and ``tls.client.*``, for the brokers this one calls)
+        when ``tlsEnable``; TlsConfigError says what is wrong."""
         cfg = self.config
         if self.server_credentials is not None or not cfg.tls_enable:
             return self.server_credentials
-        from stratamq.broker.tls import server_credentials
+        from stratamq.broker.tls import broker_credentials
 
-        return server_credentials(cfg.tls_server_cert_path, cfg.tls_server_key_path,
-                                  cfg.tls_server_trust_cert_path,
-                                  cfg.tls_server_need_client_auth)
+        return broker_credentials(cfg, self.store_config.broker_role is BrokerRole.SLAVE)
 
     def _start_console(self) -> None:
         """The web console on loopback when ``consoleListenPort`` is set: a client of this
