@@ -84,14 +84,15 @@ def register_tier_metrics(metrics: Any, tiered: Any) -> None:
         metrics.registry.register(TierCollector(tiered, metrics.node))
 
 
-def tls_credentials(cfg: BrokerConfig) -> grpc.ServerCredentials | None:
-    """TLS from ``tls.server.*`` when ``tlsEnable``; TlsConfigError says what is wrong."""
+def tls_credentials(cfg: BrokerConfig,
+                    store_config: StoreConfig) -> grpc.ServerCredentials | None:
+    """TLS from ``tls.server.*`` (and ``tls.client.*``, for the brokers this one calls) when
+    ``tlsEnable``, else None; TlsConfigError says what is wrong."""
     if not cfg.tls_enable:
         return None
-    from stratamq.broker.tls import server_credentials
+    from stratamq.broker.tls import broker_credentials
 
-    return server_credentials(cfg.tls_server_cert_path, cfg.tls_server_key_path,
-                              cfg.tls_server_trust_cert_path, cfg.tls_server_need_client_auth)
+    return broker_credentials(cfg, store_config.broker_role is BrokerRole.SLAVE)
 
 
 def console_thread(cfg: BrokerConfig, endpoint: str) -> Any:

@@ -57,8 +57,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from stratamq.broker.compaction_topics import plug
 from stratamq.broker.metadata import MetadataError
+from stratamq.broker.tls import peer_endpoint
 from stratamq.client.admin import AdminClient, AdminError
-from stratamq.client.connection import BrokerEndpoint
 from stratamq.compaction.service import CompactionStore
 from stratamq.config import BrokerRole, StoreConfig
 from stratamq.ha import HAConnectionState, HAService
@@ -187,9 +187,8 @@ class StateSync:
 
     def _run(self) -> None:
         cfg = self.b.config
-        with AdminClient(self.endpoint, timeout=max(2.0, self.interval),
-                         access_key=cfg.acl_access_key or None,
-                         secret_key=cfg.acl_secret_key or None) as client:
+        with AdminClient(peer_endpoint(self.endpoint, cfg),
+                         timeout=max(2.0, self.interval)) as client:
             # A fresh slave's first copy waits for its HA link to adopt the master's lineage
             # (a moment after start): until a copy succeeds, ask again soon for a while, so
             # its topics do not lag its messages by a whole interval.
@@ -379,9 +378,7 @@ class BrokerReplication:
                          self.b.store_config.ha_state_sync_interval, self._applying)
         bound = max(0.5, cfg.etcd_lease_ttl_ms / 6000)  # the member's loop waits meanwhile
         try:
-            with AdminClient(old_master_endpoint, timeout=bound,
-                             access_key=cfg.acl_access_key or None,
-                             secret_key=cfg.acl_secret_key or None) as client:
+            with AdminClient(peer_endpoint(old_master_endpoint, cfg), timeout=bound) as client:
                 copy.sync_once(client, wait=bound)
         except Exception as exc:  # noqa: BLE001 (the election goes on: the window stays)
             log.warning("planned switch: the old master's last state (%s) was not copied: %s; "
@@ -438,8 +435,7 @@ class BrokerReplication:
     def _compaction_replicator(self, gate: CompactionGate, compaction: CompactionStore
                                ) -> CompactionReplicator:
         cfg = self.b.config
-        endpoint = BrokerEndpoint(self.master_endpoint, access_key=cfg.acl_access_key or None,
-                                  secret_key=cfg.acl_secret_key or None)
+        endpoint = peer_endpoint(self.master_endpoint, cfg)
         meta = self.b.meta
 
         client = self.ha.client

@@ -234,7 +234,7 @@ class Broker:
         cfg = self.config
         address = host_port(self.listen_host, self.listen_port)
         if self.server_credentials is None:
-            self.server_credentials = tls_credentials(cfg)
+            self.server_credentials = tls_credentials(cfg, self.store_config)
         loop = self._start_loop()
         # remotingListenPort 0 (the default) or the listen port: one port for both protocols.
         # The remoting front door takes it (bound here, so a listen port of 0 is known now)
@@ -331,7 +331,9 @@ class Broker:
         timer = self.timer if cfg.timer_enable else None
         # VIEW_BROKER_STATS_DATA's windows: counted wherever the metrics see sends and gets.
         self.stats = BrokerStatsWindow(cfg.broker_cluster_name)
-        self.stats.start()
+        self.stats.start()  # (a deleted topic's items go with it, as RocketMQ's)
+        self.meta.add_topics_listener(self.stats.topics_listener(
+            lambda: [t.name for t in self.meta.topics()]))
         self.counted = StatsTee(self.stats, lambda: self.metrics)
         from stratamq.broker.transactions import (
             AnyProducer,
@@ -410,7 +412,7 @@ class Broker:
             delay_levels_ms=parse_delay_levels(cfg.message_delay_level),
             identity=remoting_identity(cfg, self.store_config), acl=self.acl,
             metrics=lambda: self.counted, producers=self.remoting_producers,
-            stats=self.stats,
+            stats=self.stats, store_stats=self.store.stats.runtime_fields,
             transactions=lambda: self.transactions,
             is_slave=lambda: self.replication.is_slave, delete_topic=self.admin.DeleteTopic,
             refusal=self.replication.refusal,

@@ -69,6 +69,7 @@ from stratamq.store.results import (
     PutMessageResult,
     PutMessageStatus,
 )
+from stratamq.store.store_stats import StoreStats
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ class MessageStore:
         self._opened = False
         # Called with the seconds of each CommitLog flush pass (the broker's metrics).
         self.flush_observers: list[Callable[[float], None]] = []
+        self.stats = StoreStats()  # put/get totals and rates (the broker's runtime info)
         self._plugged: list[Dispatcher] = []  # add_dispatcher's, dispatched after the queues
         self.put_waiters: list[PutWaiter] = []  # what a put waits for (add_put_waiter)
         # Asked before each put: a reason to refuse it (a cluster master's fence), or None.
@@ -166,6 +168,7 @@ class MessageStore:
                     f"({exc}); free some space (or move the store) and start again") from exc
             raise
         self._opened = True
+        self.stats.start()
         return self
 
     def _open_parts(self, cfg: StoreConfig) -> None:
@@ -472,6 +475,7 @@ class MessageStore:
         if not self._opened:
             return
         self._opened = False
+        self.stats.stop()
         if not self.read_only:
             if self.cleanup is not None:
                 self.cleanup.shutdown()
@@ -532,6 +536,7 @@ class MessageStore:
 
         ``wait=False``: return once they are appended; the caller then calls ``wait_put``
         (from a thread that may block) before it acknowledges them."""
+        started = time.monotonic()
         if not self._opened or self.read_only:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     error="store is not open for writing")
@@ -561,6 +566,7 @@ class MessageStore:
             if not m.born_timestamp:  # none given: "now", not 1970 (RocketMQ's producer sets it)
                 m.born_timestamp = now or (now := int(time.time() * 1000))
         result = self.commitlog.append(messages)
+        self.stats.on_put(result, started)  # the append's outcome, as RocketMQ counts it
         return self.wait_put(result, messages) if wait else result
 
     @property
@@ -699,8 +705,11 @@ class MessageStore:
         max_count = max_count or self.config.max_transfer_count_on_message_in_memory
         max_bytes = max_bytes or self.config.max_transfer_bytes_on_message_in_memory
         filt = tag_filter if isinstance(tag_filter, TagFilter) else TagFilter(tag_filter)
-        return self.read_chain.read(ReadRequest(topic, queue_id, offset, max_count, max_bytes,
-                                                filt))
+        started = time.monotonic()
+        got = self.read_chain.read(ReadRequest(topic, queue_id, offset, max_count, max_bytes,
+                                               filt))
+        self.stats.on_get(got, started)
+        return got
 
     def add_read_source(self, source: ReadSource, *, first: bool = False) -> None:
         """Plug in a read source (a tier fetcher, a compaction log): asked after the local
