@@ -9,14 +9,16 @@ Parts (each module says more):
   consumption), ``writer.py`` (the single writer combining concurrent sends into one append)
   and ``polling.py`` (long polls as registered waiters).
 * ``Broker`` (here): opens the store, builds the parts, runs the gRPC server on an event loop
-  of its own thread, and stops everything in order.
+  of its own thread, and stops everything in order; with ``listening.py`` (the ports),
+  ``store_plugins.py`` (the store and what plugs into it), ``extensions.py`` (the optional
+  parts), ``controller_mode.py`` and ``shutdown.py``.
 
 Threads: the caller's (``start``/``stop``), ``broker-io`` (the event loop: every RPC handler,
 every open stream and waiting poll), ``broker-exec-N`` (``grpcThreadPoolNums`` threads for the
 blocking store calls), ``broker-writer`` (appends), and the store's own services.
 
 Hook points for the parts other modules provide (all off by default; set before ``start`` or
-built from the config by ``_install_extensions``):
+built from the config by ``_install_extensions``, ``extensions.py``):
 
 * ``Broker.acl``: ``authorize(metadata, resource, action)`` raising ``BrokerError(UNAUTHORIZED
   | FORBIDDEN, ...)``, run first by every RPC. Resources are ``"Topic:<name>"``,
@@ -39,7 +41,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -48,9 +50,31 @@ import grpc
 
 from stratamq.broker.clients import ClientRegistry, ClientService
 from stratamq.broker.compaction_topics import compaction_admin_handler
+from stratamq.broker.controller_mode import (
+    cluster_routes,
+    join_cluster,
+    master_forwarding,
+    remoting_address,
+)
 from stratamq.broker.engine import PopEngine
+from stratamq.broker.extensions import (
+    acl_checker,
+    close_extensions,
+    console_thread,
+    prometheus_metrics,
+    register_tier_metrics,
+    timer_store,
+    tls_credentials,
+)
+from stratamq.broker.listening import (
+    add_grpc_port,
+    grpc_server,
+    host_port,
+    remoting_identity,
+    shared_listener,
+    start_remoting,
+)
 from stratamq.broker.lookup import Lookup
-from stratamq.broker.metadata import MetadataStore
 from stratamq.broker.metrics import NullMetrics
 from stratamq.broker.polling import LongPolls
 from stratamq.broker.pop_state import PopState
@@ -58,12 +82,13 @@ from stratamq.broker.pulling import PullService
 from stratamq.broker.receiving import ReceiveService
 from stratamq.broker.rpc import MessagingServicer, Services, messaging_handler
 from stratamq.broker.sending import SendService
+from stratamq.broker.shutdown import BrokerStopError, StopSteps, suppress_all
 from stratamq.broker.stats_window import BrokerStatsWindow, StatsTee
+from stratamq.broker.store_plugins import open_store
 from stratamq.broker.writer import GroupWriter
 from stratamq.compaction.service import CompactionStore
 from stratamq.config import BrokerConfig, BrokerRole, StoreConfig
 from stratamq.message import DispatchInfo
-from stratamq.remoting.transport import listen_socket
 from stratamq.store.layout import StoreLayout
 from stratamq.store.message_store import MessageStore
 
@@ -73,15 +98,6 @@ __all__ = ["Broker", "BrokerStopError", "NullMetrics"]
 
 _SERVER_STOP_MARGIN_S = 5.0  # past the grace period, how long gRPC's own shutdown may take
 _PART_STOP_S = 30.0  # the writer's queue and the executor's calls, each
-
-
-class BrokerStopError(RuntimeError):
-    """One or more shutdown steps failed (all of them ran); ``errors`` names each."""
-
-    def __init__(self, errors: list[tuple[str, BaseException]]) -> None:
-        super().__init__("; ".join(f"{name}: {type(exc).__name__}: {exc}"
-                                   for name, exc in errors))
-        self.errors = errors
 
 
 class Broker:
@@ -137,8 +153,7 @@ class Broker:
 
     @property
     def endpoint(self) -> str:
-        host, port = self.advertised
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return host_port(*self.advertised)
 
     def live_clients(self, group: str) -> list[dict[str, Any]]:
         return self.clients.live(group)
@@ -182,107 +197,32 @@ class Broker:
     # -- extensions -----------------------------------------------------------------------------
 
     def _install_extensions(self) -> None:
-        """Where the timer, ACL, TLS and metrics services are wired in from ``self.config``.
+        """Where the timer, ACL and metrics services are wired in from ``self.config``
+        (``extensions.py``; TLS is wired in ``start``, before binding).
 
         Runs after the store is open and before the server starts; each part sets one of
-        ``self.timer``, ``self.acl``, ``self.server_credentials`` (before binding, in start),
-        ``self.metrics``. Each is built from ``self.config`` unless a caller set it already.
+        ``self.timer``, ``self.acl``, ``self.metrics``. Each is built from ``self.config``
+        unless a caller set it already.
         """
         cfg = self.config
-        if self.acl is None and cfg.acl_enable:
-            from stratamq.broker.acl import AclChecker
-
-            self.acl = AclChecker.from_config(cfg.acl_file, cfg.acl_access_key,
-                                              cfg.acl_secret_key, cfg.acl_signature_window_sec)
-        if (self.timer is None and cfg.timer_enable
-                and (self.store_config.broker_role is not BrokerRole.SLAVE  # puts refused
-                     or cfg.enable_controller_mode)):  # started when elected
-            from stratamq.broker.timer import TimerMessageStore
-
-            self.timer = TimerMessageStore(self.store,
-                                           max_delay_ms=cfg.timer_max_delay_sec * 1000,
-                                           flush_interval_ms=cfg.timer_flush_interval_ms)
-            if not cfg.enable_controller_mode:
-                self.timer.start()
+        if self.acl is None:
+            self.acl = acl_checker(cfg)
+        if self.timer is None:
+            self.timer = timer_store(cfg, self.store_config, self.store)
         if cfg.metrics_exporter_type == "PROM" and isinstance(self.metrics, NullMetrics):
-            from stratamq.broker.metrics import BrokerMetrics, BrokerView
-
-            def progress() -> Iterator[tuple[str, str, int, int]]:
-                for group in self.meta.groups():
-                    for row in self.engine.progress(group.name):
-                        yield group.name, row["topic"], row["lag"], row["inflight"]
-
-            def clients() -> list[tuple[str, str]]:
-                return [(c["type"], c["group"]) for c in self.clients.live()]
-
-            view = BrokerView(progress, clients,
-                              lambda: (len(self.meta.topics()), len(self.meta.groups())))
-            self.metrics = BrokerMetrics(self.store, cluster=cfg.broker_cluster_name,
-                                         node_id=cfg.broker_name, view=view, timer=self.timer)
-            port = self.metrics.serve(cfg.metrics_host, cfg.metrics_port)
-            log.info("Prometheus metrics on %s:%d/metrics", cfg.metrics_host, port)
+            self.metrics = prometheus_metrics(cfg, self.store, self.meta, self.engine,
+                                              self.clients, self.timer)
         self.engine.on_dlq = self.metrics.on_dlq
-        if self.tiered is not None and hasattr(self.metrics, "registry"):
-            from stratamq.tiered.metrics import TierCollector
-
-            self.metrics.registry.register(TierCollector(self.tiered, self.metrics.node))
-
-    def _tls_credentials(self) -> grpc.ServerCredentials | None:
-        """TLS from ``tls.server.*`` (and ``tls.client.*``, for the brokers this one calls)
-        when ``tlsEnable``; TlsConfigError says what is wrong."""
-        cfg = self.config
-        if self.server_credentials is not None or not cfg.tls_enable:
-            return self.server_credentials
-        from stratamq.broker.tls import broker_credentials
-
-        return broker_credentials(cfg, self.store_config.broker_role is BrokerRole.SLAVE)
-
-    def _start_console(self) -> None:
-        """The web console on loopback when ``consoleListenPort`` is set: a client of this
-        broker's admin RPCs like any other (signed with aclAccessKey when ACL is on, over TLS
-        when tlsEnable); ValueError when it cannot reach the broker."""
-        cfg = self.config
-        if not cfg.console_listen_port:
-            return
-        from stratamq.broker.tls import console_endpoint
-        from stratamq.console.server import ConsoleServer, ConsoleThread
-
-        endpoint = console_endpoint(self.endpoint, cfg)
-        server = ConsoleServer(endpoint, f"127.0.0.1:{cfg.console_listen_port}")
-        self.console = ConsoleThread(server).start()
-        log.info("web console on %s", server.url)
+        register_tier_metrics(self.metrics, self.tiered)
 
     def _close_extensions(self) -> None:
-        """Stop the timer (it puts to the store) and the metrics exporter before the store."""
-        if self.console is not None:
-            self.console.stop()
-        if self.timer is not None and hasattr(self.timer, "close"):
-            self.timer.close()
-        if hasattr(self.metrics, "close"):
-            self.metrics.close()
-        if self.stats is not None:
-            self.stats.stop()
+        close_extensions(self.console, self.timer, self.metrics, self.stats)
 
     # -- start and stop -------------------------------------------------------------------------
 
     async def _bind(self, address: str) -> int:
-        max_len = self.store_config.max_message_size + 1024 * 1024
-        self.server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", max_len),
-            ("grpc.max_send_message_length", max_len),
-            ("grpc.so_reuseport", 0),
-            # gRPC Core holds calls that arrive faster than the loop takes them, and cancels
-            # those past 1,000 (3,000 at worst): thousands of clients reconnecting at once
-            # (a broker restart) would lose their first calls. Take them all, for 60 s.
-            ("grpc.server.max_pending_requests", 100_000),
-            ("grpc.server.max_pending_requests_hard_limit", 100_000),
-            ("grpc.server_max_unrequested_time_in_server", 60)])
-        try:
-            if self.server_credentials is not None:
-                return self.server.add_secure_port(address, self.server_credentials)
-            return self.server.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise OSError(f"cannot listen on {address}: {exc}") from None
+        self.server = grpc_server(self.store_config.max_message_size)
+        return add_grpc_port(self.server, address, self.server_credentials)
 
     async def _serve(self, servicer: MessagingServicer,
                      *handlers: grpc.GenericRpcHandler) -> None:
@@ -292,9 +232,9 @@ class Broker:
 
     def start(self) -> str:
         cfg = self.config
-        address = (f"[{self.listen_host}]:{self.listen_port}" if ":" in self.listen_host
-                   else f"{self.listen_host}:{self.listen_port}")
-        self.server_credentials = self._tls_credentials()
+        address = host_port(self.listen_host, self.listen_port)
+        if self.server_credentials is None:
+            self.server_credentials = tls_credentials(cfg, self.store_config)
         loop = self._start_loop()
         # remotingListenPort 0 (the default) or the listen port: one port for both protocols.
         # The remoting front door takes it (bound here, so a listen port of 0 is known now)
@@ -302,11 +242,7 @@ class Broker:
         shared = cfg.remoting_listen_port in (0, self.listen_port)
         try:
             if shared:
-                try:
-                    self._shared_listener = listen_socket(self.listen_host, self.listen_port)
-                except OSError as exc:  # (no errno: the CLI names the reason, as for gRPC's)
-                    raise OSError(f"cannot listen on {address}: {exc.strerror or exc}"
-                                  ) from None
+                self._shared_listener = shared_listener(self.listen_host, self.listen_port)
             port = self._on_loop(self._bind("127.0.0.1:0" if shared else address))
             if not port:
                 raise OSError(f"cannot listen on {address}")
@@ -330,49 +266,21 @@ class Broker:
             self.store_config = replace(self.store_config, broker_role=BrokerRole.SLAVE,
                                         ha_master_address="", ha_master_endpoint="")
         try:
-            self.store = MessageStore(self.store_config)
-            from stratamq.compaction.tiering import link as link_compaction_tier
-            from stratamq.tiered import wire
-
-            # Plugged in before the open: its uploader replays from its own durable progress.
-            # A SLAVE reads its master's tier but never uploads to it (nor would its uploader
-            # follow a cut-back of its CommitLog): no uploader, and its compacted files are
-            # not uploaded either (the compaction tier is read-only then).
-            # In controller mode the tier is the group's: every broker has an uploader,
-            # paused until it is elected (broker/master_duties.py).
-            self.tiered = wire(self.store, cluster=cfg.broker_cluster_name,
-                               broker=cfg.broker_name,
-                               upload=(self.store_config.broker_role is not BrokerRole.SLAVE
-                                       or cfg.enable_controller_mode),
-                               group=cfg.enable_controller_mode)
-            # The topics first: compaction topics are split out from the first replay on.
-            self.meta = MetadataStore(self.store_config.root, cfg.default_retry_max_times)
-            from stratamq.broker.replication import plug_compaction
-
-            # A slave's compaction queues are pulled from its master (message replication).
-            self.compaction, self.compaction_gate = plug_compaction(
-                self.store, self.store_config, self.meta)
-            link_compaction_tier(self.compaction, self.tiered)  # compacted files in the tier
-            from stratamq.broker.transactions import plug_transactions
-
-            # Open transactions, rebuilt from the half and op topics as the store replays.
-            self.transaction_table = plug_transactions(self.store, self.store_config.root)
-            self.store.open()
+            plugged = open_store(self.store_config, cfg)
         except BaseException:
             self.server = None
             self._stop_loop()
-            if self.tiered is not None:
-                self.tiered.close()
-            if self.compaction is not None:
-                self.compaction.close()
             raise
+        self.store, self.tiered, self.meta = plugged.store, plugged.tiered, plugged.meta
+        self.compaction, self.compaction_gate = plugged.compaction, plugged.compaction_gate
+        self.transaction_table = plugged.transaction_table
         try:
             if self.tiered is not None:
                 self.tiered.start()
             if self.compaction is not None:
                 self.compaction.start()
             self._build(loop)
-            self._start_console()
+            self.console = console_thread(cfg, self.endpoint)
         except BaseException:
             self._abandon_start()
             raise
@@ -417,7 +325,9 @@ class Broker:
                        lambda: self.replication.confirmed_offset())
         self.replication.start()
         if cfg.enable_controller_mode:
-            self.cluster = self._join_cluster()
+            self.cluster = join_cluster(
+                cfg, self.store_config, self.endpoint, self.advertised[0], self.store,
+                self.replication, self.meta, self._remoting_address())
         timer = self.timer if cfg.timer_enable else None
         # VIEW_BROKER_STATS_DATA's windows: counted wherever the metrics see sends and gets.
         self.stats = BrokerStatsWindow(cfg.broker_cluster_name)
@@ -445,13 +355,15 @@ class Broker:
             may_check=lambda: not self.replication.is_slave)
         if hasattr(self.metrics, "registry"):
             register_metrics(self.transactions, self.metrics.registry, self.metrics.node)
-        self.forwarding = self._master_forwarding()
+        self.forwarding = master_forwarding(cfg, self.store_config.max_message_size + 1024 * 1024,
+                                            self.replication, self.cluster)
         services = Services(
             lookup=self.lookup,
             clients=ClientService(self.lookup, self.clients, cfg.broker_name, self.advertised,
                                   self.store_config.max_message_size,
                                   route=self.replication.route,
-                                  cluster=self._cluster_routes()),
+                                  cluster=cluster_routes(self.cluster, cfg.broker_name,
+                                                         self.replication)),
             sending=SendService(self.lookup, self.store_config.max_message_size, timer,
                                 lambda: self.counted),
             receiving=ReceiveService(self.lookup, self.engine, self.polls,
@@ -488,7 +400,7 @@ class Broker:
 
     async def _start_remoting(self, timer: Any) -> None:
         from stratamq.config import as_properties, parse_delay_levels
-        from stratamq.remoting.broker import RemotingFrontend, registered_host
+        from stratamq.remoting.broker import RemotingFrontend
 
         cfg = self.config
         assert self.writer is not None
@@ -498,10 +410,7 @@ class Broker:
             state=self.state, polls=self.polls,
             timer=timer, run=self.run, max_message_size=self.store_config.max_message_size,
             delay_levels_ms=parse_delay_levels(cfg.message_delay_level),
-            identity={"clusterName": cfg.broker_cluster_name, "brokerName": cfg.broker_name,
-                      # RocketMQ's ids: 0 the master, a slave's above (clients send to 0).
-                      "brokerId": "1" if self.store_config.broker_role is BrokerRole.SLAVE
-                      else "0", "haServerAddr": ""}, acl=self.acl,
+            identity=remoting_identity(cfg, self.store_config), acl=self.acl,
             metrics=lambda: self.counted, producers=self.remoting_producers,
             stats=self.stats, store_stats=self.store.stats.runtime_fields,
             transactions=lambda: self.transactions,
@@ -511,95 +420,19 @@ class Broker:
             status=self.admin.BrokerStatus,
             channel_expired_ms=cfg.channel_expired_timeout)
         shared, self._shared_listener = self._shared_listener, None
-        try:
-            await self.remoting.start(
-                self.listen_host, cfg.remoting_listen_port,
-                ("127.0.0.1", self.grpc_port) if shared is not None else None,
-                registered_host(self.store_config.broker_ip, self.listen_host),
-                cfg.namesrv_addr, cfg.register_name_server_period,
-                self.store_config.max_message_size, listener=shared)
-        except OSError as exc:  # (no errno: the CLI prints it as it is)
-            raise OSError(f"cannot listen on {self.listen_host}:{cfg.remoting_listen_port} "
-                          f"(remotingListenPort): {exc.strerror or exc}") from None
+        await start_remoting(self.remoting, cfg, self.store_config, self.listen_host,
+                             self.grpc_port, shared)
         log.info("broker %s serving remoting on port %d", cfg.broker_name, self.remoting.port)
         if self.cluster is not None and cfg.remoting_listen_port == 0:  # bound to a free port
             self.cluster.announce_remoting(self._remoting_address(self.remoting.port))
 
-    def _join_cluster(self) -> Any:
-        from stratamq.cluster.node import ClusterNode
-        from stratamq.ha.epochs import EpochFile
-
-        replication, store = self.replication, self.store
-        host = self.advertised[0]
-
-        def last_epoch() -> int:  # of the store's epoch file, whatever the role
-            epochs = replication.ha.epochs or EpochFile(replication.ha.epoch_file)
-            return epochs.entries[-1].epoch if epochs.entries else 0
-
-        node = ClusterNode(self.config, endpoint=self.endpoint,
-                           ha_address=f"{host}:{self.store_config.ha_listen_port}",
-                           max_offset=lambda: store.max_physical_offset,
-                           last_epoch=last_epoch, switch_role=replication.switch_role,
-                           put_guards=store.put_guards, progress=replication.slave_progress,
-                           max_gap=self.store_config.ha_max_gap_not_in_sync,
-                           topics=self._topic_entries,
-                           remoting_address=self._remoting_address(),
-                           take_over_state=replication.take_over_state)
-        if node.publisher is not None:
-            self.meta.add_topics_listener(node.publisher.changed)
-        node.start()
-        return node
-
-    def _topic_entries(self) -> dict[str, bytes]:
-        """This broker's topics as the cluster's route table holds them (cluster/routes.py)."""
-        from stratamq.cluster.routes import topic_entry
-
-        return {t.name: topic_entry(t.read_queue_nums, t.write_queue_nums, t.perm,
-                                    t.message_type) for t in self.meta.topics()}
-
     def _remoting_address(self, port: int | None = None) -> str:
-        """Where 4.x clients reach this broker, for NameServers reading routes from etcd ("" if
-        off, or not known before remoting starts: remotingListenPort=0, announced then)."""
-        from stratamq.remoting.broker import registered_host
-
-        port = self.config.remoting_listen_port if port is None else port
-        if port <= 0:
-            return ""
-        host = registered_host(self.store_config.broker_ip, self.listen_host)
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return remoting_address(self.config, self.store_config.broker_ip, self.listen_host, port)
 
     def _relayed_peer(self, grpc_peer: str) -> str:
         """gRPC's peer, or the client behind it when the shared port relayed the connection."""
         remoting = self.remoting
         return remoting.relayed_peer(grpc_peer) if remoting is not None else grpc_peer
-
-    def _master_forwarding(self) -> Any:
-        """Controller mode: a slave's pop RPCs sent to its group's master; else None."""
-        if not self.config.enable_controller_mode:
-            return None  # a static slave serves them while its master is away
-        from stratamq.broker.forwarding import for_broker
-
-        replication, member = self.replication, self.cluster.member
-
-        def master() -> str | None:  # None: served here; "": the group has no master now
-            if replication.is_slave:
-                return replication.master_endpoint
-            # Stepping down (a planned switch) stops pops before the key goes and the role
-            # changes: nothing more is popped here, so the next master's last copy holds it all.
-            return None if member.serves_pops else ""
-
-        return for_broker(self.config, self.store_config.max_message_size + 1024 * 1024,
-                          master)
-
-    def _cluster_routes(self) -> Any:
-        """Routes across every group of the cluster (controller mode), else None."""
-        if self.cluster is None:
-            return None
-        from stratamq.broker.cluster_routes import ClusterRoutes
-
-        replication = self.replication
-        return ClusterRoutes(self.cluster.routes, self.config.broker_name,
-                             is_master=lambda: not replication.is_slave)
 
     def _on_dispatch(self, info: DispatchInfo) -> None:
         self.polls.notify(info.topic)
@@ -607,17 +440,17 @@ class Broker:
     def _abandon_start(self) -> None:
         """Undo a start that failed after the store opened: nothing may stay running."""
         if self.cluster is not None:
-            with _suppress_all():
+            with suppress_all():
                 self.cluster.stop()
         if self.server is not None:
-            with _suppress_all():
+            with suppress_all():
                 self._on_loop(self.server.stop(0))
             self.server = None
         if self._shared_listener is not None:  # (bound, not yet handed to remoting)
             self._shared_listener.close()
             self._shared_listener = None
         if self.remoting is not None:
-            with _suppress_all():
+            with suppress_all():
                 self._on_loop(self.remoting.close(), 30.0)
                 self._on_loop(self.remoting.close_relays(), 10.0)
         if self.transaction_checks is not None:
@@ -628,12 +461,12 @@ class Broker:
             self._executor.shutdown(wait=False, cancel_futures=True)
         self._stop_loop()
         if self.replication is not None:
-            with _suppress_all():
+            with suppress_all():
                 self.replication.stop()
-        with _suppress_all():
+        with suppress_all():
             self._close_extensions()
         if hasattr(self, "state"):
-            with _suppress_all():
+            with suppress_all():
                 self.state.close()
         self.store.close()
         if self.tiered is not None:
@@ -667,15 +500,8 @@ class Broker:
         if self.server is None:
             return True
         grace = self.config.shutdown_grace_seconds if grace is None else grace
-        errors: list[tuple[str, BaseException]] = []
+        step = StopSteps()
         stopped = True
-
-        def step(name: str, action: Callable[[], object]) -> None:
-            try:
-                action()
-            except BaseException as exc:  # every step runs; all failures are reported
-                log.error("broker stop: %s failed: %s", name, exc)
-                errors.append((name, exc))
 
         def stop_server() -> None:
             nonlocal stopped
@@ -725,18 +551,6 @@ class Broker:
             step("closing the tier", self.tiered.close)
         if self.compaction is not None:
             step("closing the compaction store", self.compaction.close)
-        if errors:
-            raise BrokerStopError(errors)
+        step.raise_failures()
         return stopped
 
-
-class _suppress_all:
-    """Swallow (and log) any exception: undoing a failed start must undo everything."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is not None:
-            log.warning("while undoing a failed start: %s", exc)
-        return True

@@ -33,7 +33,7 @@ from stratamq.javahash import POW31 as _POW31
 from stratamq.javahash import hash_u32 as _hash_u32
 from stratamq.javahash import java_string_hash
 from stratamq.limits import INT_MAX, OS_PAGE_SIZE
-from stratamq.store.mapped_file import RefCountedMap
+from stratamq.store.ref_counted_map import RefCountedMap
 
 HEADER = struct.Struct(">qqqqii")
 SLOT = struct.Struct(">i")

@@ -1,4 +1,7 @@
-"""A memory-mapped segment file and the reference counting that keeps its map alive for readers.
+"""A memory-mapped segment file: writes, disk reservation ahead of them, flush, data extents.
+
+Its lifetime (reference counting, ``destroy``) is ``RefCountedMap``'s (``ref_counted_map.py``);
+faulting its pages in ahead of the writer is ``page_populate.py``'s.
 
 Ownership: a ``MappedFile`` owns its file descriptor and its ``mmap``. The one writer (the
 CommitLog's or a ConsumeQueue's appender, under that owner's lock) writes through
@@ -13,20 +16,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import logging
 import mmap
 import os
-import sys
-import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from stratamq.limits import OS_PAGE_SIZE
 from stratamq.store.layout import parse_segment_name
 from stratamq.store.map_budget import budget
+from stratamq.store.page_populate import populate, populate_supported
+from stratamq.store.ref_counted_map import RefCountedMap
 
-log = logging.getLogger(__name__)
+# populate_supported is imported from here too (tests/test_prefault.py).
+__all__ = ["ALLOCATE_AHEAD", "MappedFile", "MappedFileError", "SegmentPositions",
+           "populate_supported"]
 
 _ZERO_CHUNK = bytes(1024 * 1024)
 ALLOCATE_AHEAD = 4 * 1024 * 1024  # bytes of disk reserved past the write position
@@ -34,121 +37,6 @@ ALLOCATE_AHEAD = 4 * 1024 * 1024  # bytes of disk reserved past the write positi
 
 class MappedFileError(OSError):
     """A segment file could not be created or mapped (disk full, permissions, wrong size)."""
-
-
-class RefCountedMap:
-    """The lifetime of a file mapped into memory and shared with readers.
-
-    The owner holds one reference from birth; each reader takes one with ``hold()`` and gives
-    it back with ``release()``. ``destroy()`` unlinks the file at once and unmaps it when the
-    last reader lets go, or forcibly after ``interval_forcibly_ms`` (RocketMQ's
-    ``destroyMapedFileIntervalForcibly``), so a reader never sees an unmapped file by surprise.
-    Subclasses set ``path``, ``_fd`` and ``_map`` and may extend ``_unmap``.
-    """
-
-    path: Path
-    _fd: int  # -1 for an evictable file (see map_budget)
-    _map: mmap.mmap | None  # None while an evictable file is unmapped
-    _error: type[OSError] = OSError  # what a failed reservation raises
-
-    @contextlib.contextmanager
-    def _descriptor(self, flags: int = os.O_RDWR) -> Iterator[int]:
-        """The file's descriptor; an evictable file keeps none, and opens one for the call."""
-        if self._fd >= 0:
-            yield self._fd
-            return
-        fd = os.open(self.path, flags)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
-
-    def _reserve(self, start: int, end: int) -> None:
-        """Give ``[start, end)`` real disk blocks before writing into the map there: writing
-        into a hole of a map on a full disk raises SIGBUS and kills the process, while
-        ``fallocate`` turns "disk full" into an ordinary OSError (ENOSPC) a caller can report."""
-        try:
-            with self._descriptor() as fd:
-                os.posix_fallocate(fd, start, end - start)
-        except OSError as exc:
-            raise self._error(
-                exc.errno, f"cannot reserve disk space in {self.path}: {exc.strerror}"
-            ) from exc
-
-    def _init_lifetime(self) -> None:
-        self._refs = 1  # the owner's reference, dropped by destroy()
-        self._available = True
-        self._closed = False
-        self._lock = threading.Lock()
-        self._destroy_requested_at = 0.0
-
-    def hold(self) -> bool:
-        with self._lock:
-            if not self._available:
-                return False
-            self._refs += 1
-            return True
-
-    def release(self) -> None:
-        with self._lock:
-            self._refs -= 1
-            close = self._refs <= 0 and not self._closed
-        if close:
-            self._close_map()
-
-    @property
-    def available(self) -> bool:
-        return self._available
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def destroy(self, interval_forcibly_ms: int = 0) -> bool:
-        """Stop new readers, delete the file, and unmap once readers let go.
-
-        Returns True once the map is closed. Called again after ``interval_forcibly_ms`` it drops
-        the readers' references.
-        """
-        now = time.monotonic()
-        with self._lock:
-            first = self._available
-            if first:
-                self._available = False
-                self._destroy_requested_at = now
-                self._refs -= 1  # the owner's reference
-            elif (now - self._destroy_requested_at) * 1000 >= interval_forcibly_ms:
-                self._refs = 0
-            close = self._refs <= 0 and not self._closed
-        if first:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)  # readers keep their map; the name is gone at once
-        if close:
-            self._close_map()
-        return self._closed
-
-    def close(self) -> None:
-        """Unmap without deleting (shutdown)."""
-        with self._lock:
-            self._available = False
-            self._refs = 0
-        self._close_map()
-
-    def _close_map(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._unmap()
-
-    def _unmap(self) -> None:
-        # A view exported without a reference may still be alive; the map is freed with it.
-        if self._map is not None:
-            with contextlib.suppress(BufferError):
-                self._map.close()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 # A write this large (a slave catching up appends megabytes at once) goes through the file
@@ -168,41 +56,6 @@ def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, position: int) ->
         if n <= 0:  # a regular file raises (ENOSPC, EIO) rather than take nothing; be sure
             raise OSError(errno.EIO, f"pwrite wrote nothing at {position}")
         view, position = view[n:], position + n
-
-
-_MADV_POPULATE_READ = 22  # linux/mman.h (Linux 5.14)
-_MADV_POPULATE_WRITE = 23
-_madvise = None
-if sys.platform.startswith("linux"):
-    try:
-        _madvise = ctypes.CDLL(None, use_errno=True).madvise  # a CDLL call releases the GIL
-        _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        _madvise.restype = ctypes.c_int
-    except (OSError, AttributeError):
-        _madvise = None
-
-
-def populate(address: int, length: int, write: bool = True) -> bool:
-    """Fault the pages of ``[address, address + length)`` in, changing no byte: as a write
-    would (``MADV_POPULATE_WRITE``: mapped writable, and dirty), or as a read would
-    (``MADV_POPULATE_READ``: in the page cache and mapped, clean; a later store still
-    faults, but cheaply, with nothing to allocate or zero). False if the kernel cannot (then
-    it is never asked again in this process) or the range could not be populated (a full
-    disk, a file cut)."""
-    global _madvise
-    if _madvise is None or length <= 0:
-        return False
-    if _madvise(address, length, _MADV_POPULATE_WRITE if write else _MADV_POPULATE_READ) == 0:
-        return True
-    if ctypes.get_errno() == errno.EINVAL:  # a kernel without MADV_POPULATE_(READ|WRITE)
-        log.info("MADV_POPULATE_READ/WRITE is not supported here: segment pages are not "
-                 "faulted in ahead of the appender")
-        _madvise = None
-    return False
-
-
-def populate_supported() -> bool:
-    return _madvise is not None
 
 
 class SegmentPositions:

@@ -8,7 +8,7 @@ five fresh pages; a page fault costs more in place, on a loaded virtual machine,
 ``madvise(MADV_POPULATE_WRITE)`` does the same faulting ahead of time, off the loop and without
 the GIL, so the copy lands in pages that are already there. Not one byte of the file changes:
 the pages keep the zeros the file holds past its end of data (``populate`` in
-``mapped_file.py``).
+``page_populate.py``).
 
 Under ``SYNC_FLUSH`` it faults them in for reading instead (``MADV_POPULATE_READ``, the
 ``write=False`` of ``Prefaulter``): pages faulted in for writing are dirty, and a group
@@ -29,8 +29,9 @@ per ``PREFAULT_STEP``); the service's own thread does the faulting.
 
 from __future__ import annotations
 
-from stratamq.store.mapped_file import MappedFile, populate_supported
+from stratamq.store.mapped_file import MappedFile
 from stratamq.store.mapped_file_queue import MappedFileQueue
+from stratamq.store.page_populate import populate_supported
 from stratamq.store.service import ServiceThread
 
 __all__ = ["PREFAULT_AHEAD", "PREFAULT_STEP", "Prefaulter"]
