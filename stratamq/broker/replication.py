@@ -324,7 +324,14 @@ class BrokerReplication:
         self._stop_parts()
         store = self.b.store
         self.ha.forget_put_waiter(store.put_waiters)
-        store.set_dispatch_bound(None)
+        if role is BrokerRole.SLAVE:
+            # Dispatch stays where it may go now (a master's confirm offset, or what the store
+            # opened with: the checkpoint's) until the HA link has the log in step with the
+            # new master's, cut back where it differs: a tail no slave confirmed is read by no
+            # consumer before the cut. In step, a slave's dispatch is not bounded.
+            store.hold_dispatch_where_bound()
+        else:
+            store.set_dispatch_bound(None)
         if role is not BrokerRole.SLAVE and self.role is BrokerRole.SLAVE:
             store.recover_topic_queue_table()  # its copies assigned no queue offsets
         cfg = self.b.store_config  # the store's own object: its puts check the role
@@ -337,6 +344,8 @@ class BrokerReplication:
         self.ha = HAService.for_store(store, host=self.b.listen_host, cluster_epoch=epoch)
         self.sync = None
         self.replicator = None
+        if role is BrokerRole.SLAVE:
+            self.ha.on_in_step = lambda: store.set_dispatch_bound(None)
         if not self.waiting_for_election:
             self._start_parts()
         server = self.ha.server
@@ -344,7 +353,10 @@ class BrokerReplication:
             wait_for_slave = server.wait_for_slave
 
             def wait_for_sync_state_set(end: int) -> PutMessageStatus | None:
-                return None if acks_alone() else wait_for_slave(end)
+                status = None if acks_alone() else wait_for_slave(end)
+                if status is None:  # on disk's page cache before the put is acknowledged
+                    store.note_confirmed(end)
+                return status
 
             waiters = store.put_waiters
             waiters[:] = [wait_for_sync_state_set if w == wait_for_slave else w

@@ -331,7 +331,7 @@ class Broker:
             self.store_config = replace(self.store_config, broker_role=BrokerRole.SLAVE,
                                         ha_master_address="", ha_master_endpoint="")
         try:
-            self.store = MessageStore(self.store_config)
+            self.store = MessageStore(self.store_config, controller_mode=cfg.enable_controller_mode)
             from stratamq.compaction.tiering import link as link_compaction_tier
             from stratamq.tiered import wire
 

@@ -23,7 +23,7 @@ from typing import Any
 from stratamq.config import BrokerRole, FlushDiskType, StoreConfig
 from stratamq.names import MAX_TOPIC_NAME_BYTES, topic_name_problem
 from stratamq.record import DispatchInfo, Message, Prop, StoredMessage, parse_offset_msg_id
-from stratamq.store.checkpoint import StoreCheckpoint
+from stratamq.store.checkpoint import ConfirmOffsetSlot, StoreCheckpoint
 from stratamq.store.cleanup import CleanupService
 from stratamq.store.commitlog import CommitLog
 from stratamq.store.consume_queue_store import (
@@ -62,7 +62,7 @@ from stratamq.store.put_waiters import (
     wait_in_turn_later,
 )
 from stratamq.store.read_chain import ReadChain, ReadRequest, ReadSource
-from stratamq.store.recovery import RecoveryReport, recover_commitlog
+from stratamq.store.recovery import RecoveryReport, confirm_offset_at_open, recover_commitlog
 from stratamq.store.replica import ReplicaLog
 from stratamq.store.results import (
     GetMessageResult,
@@ -106,7 +106,8 @@ class MessageStore:
     """
 
     def __init__(self, config: StoreConfig | None = None, *, read_only: bool = False,
-                 force_store_type: bool = False, **overrides: Any) -> None:
+                 force_store_type: bool = False, controller_mode: bool = False,
+                 **overrides: Any) -> None:
         if config is None:
             config = StoreConfig(**overrides)
         elif overrides:
@@ -143,6 +144,15 @@ class MessageStore:
         # Writers share it without a lock: a set's add, clear and ``in`` are atomic under the GIL.
         self._valid_topics: set[str] = set()
         self._max_topic_bytes: int | None = None  # NAME_MAX of the store's file system, <= 255
+        # Controller mode: the checkpoint keeps the confirm offset (``confirm_phy_offset``:
+        # where dispatch may go, written with the checkpoint and after each ConsumeQueue flush
+        # round that finds it moved), and an open holds dispatch there (``hold_dispatch_at``)
+        # until the broker's role moves the bound, so a restarted master's tail that its group
+        # never confirmed, which a failover may cut, is read by no consumer; what was
+        # dispatched before stays readable. RocketMQ's ``StoreCheckpoint.confirmPhyOffset``
+        # and its recovery in controller mode.
+        self._tracks_confirm = controller_mode
+        self._confirm_slot: ConfirmOffsetSlot | None = None  # open while tracked
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -217,6 +227,10 @@ class MessageStore:
                                self.commitlog.min_offset, report)
         self.reput = ReputService(files, self._dispatchers, start, cfg.dispatch_interval,
                                   recent=self.commitlog.recent_dispatch)
+        if self._tracks_confirm and not self.read_only:  # before replay and re-indexing
+            self.hold_dispatch_at(confirm_offset_at_open(
+                self.checkpoint.confirm_phy_offset, self.commitlog.min_offset,
+                report.end_offset))
         self.deleted_topics = DeletedTopics(self.layout.deleted_topics, read_only=self.read_only)
         self.deleted_topics.prune(self.commitlog.min_offset)
         self.reput.deleted = self.deleted_topics
@@ -235,7 +249,7 @@ class MessageStore:
         for source, first in self._plugged_sources:
             self.read_chain.add(source, first=first)
         if not self.read_only:
-            reindex(self.index, files, self.commitlog.min_offset)
+            reindex(self.index, files, self.commitlog.min_offset, self.reput.end())
             # Skips, undecoded, records every dispatcher has: most of them after a crash.
             replayed = self.reput.replay(skip_covered=True)
             if replayed:
@@ -252,6 +266,9 @@ class MessageStore:
         # Give the checkpoint its disk blocks now: rewriting them later needs no free space,
         # so a store that fills its disk can still checkpoint and close cleanly.
         self.checkpoint.write(self.layout.checkpoint)
+        if self._tracks_confirm:
+            self._confirm_slot = ConfirmOffsetSlot(self.layout.checkpoint, self.checkpoint)
+            self._confirm_slot.set(self.reput.end())
         self._start_services(cfg, files)
 
     def _start_after_sources(self, files: MappedFileQueue) -> None:
@@ -364,6 +381,7 @@ class MessageStore:
             cfg.flush_consume_queue_least_pages, cfg.flush_consume_queue_thorough_interval,
             sample_progress=lambda: self.reput.last_store_timestamp,
             on_thorough_flush=self._write_checkpoint,
+            after_round=self._save_confirm_offset if self._tracks_confirm else None,
         )
         if cfg.broker_role is not BrokerRole.SLAVE:
             self.start_prefaulter()
@@ -450,7 +468,24 @@ class MessageStore:
         if ts > self.checkpoint.physic_msg_timestamp:
             self.checkpoint.physic_msg_timestamp = ts
 
+    def _save_confirm_offset(self) -> None:
+        """Every ConsumeQueue flush round in controller mode: the confirm offset as dispatch's
+        bound says now. A slave's follows its log (back too, after a cut); a master's only
+        rises: its acknowledged puts raised it (``note_confirmed``), and a SyncStateSet that
+        grew may bound dispatch lower for a moment without unconfirming them."""
+        slot = self._confirm_slot
+        if slot is None:
+            return
+        if self.config.broker_role is BrokerRole.SLAVE:
+            slot.set(self.reput.end())
+        else:
+            slot.raise_to(self.reput.end())
+
     def _write_checkpoint(self, logics_timestamp: int) -> None:
+        # Where dispatch may go now: the bound (a master's confirm offset, a held value), else
+        # the log's end (a slave in step with its master, as RocketMQ's slave takes its
+        # master's confirm offset). Never past what the group held when it was read.
+        self._save_confirm_offset()
         if logics_timestamp > self.checkpoint.logics_msg_timestamp:
             self.checkpoint.logics_msg_timestamp = logics_timestamp
         if self.index is not None and not self.read_only:
@@ -509,6 +544,9 @@ class MessageStore:
                 log.error("store closed with ConsumeQueue units in memory only (their files "
                           "could not be created): the next open re-dispatches them from the "
                           "CommitLog")
+        slot, self._confirm_slot = self._confirm_slot, None
+        if slot is not None:
+            slot.close()
         self._close_cq_stores()
         if self.index is not None:
             self.index.close()
@@ -811,6 +849,24 @@ class MessageStore:
         self.reput.end = (files.max_offset if bound is None
                           else lambda: min(files.max_offset(), bound()))
         self.reput.wakeup()
+
+    def note_confirmed(self, end: int) -> None:
+        """Controller mode: a put ending at ``end`` is about to be acknowledged (its group
+        has it): the checkpoint's confirm offset covers it first, so a restart never holds
+        an acknowledged message back. No-op otherwise."""
+        slot = self._confirm_slot
+        if slot is not None:
+            slot.raise_to(end)
+
+    def hold_dispatch_at(self, offset: int) -> None:
+        """Dispatch goes no further than ``offset`` until ``set_dispatch_bound`` moves the
+        bound (a controller-mode slave, until its log is in step with its master's)."""
+        self.set_dispatch_bound(lambda: offset)
+
+    def hold_dispatch_where_bound(self) -> None:
+        """``hold_dispatch_at`` where dispatch may go now (the bound's value, else the log's
+        end): a master stepping down keeps its unconfirmed tail unread."""
+        self.hold_dispatch_at(self.reput.end())
 
     def wake_dispatch(self) -> None:
         """Dispatch looks again: its bound (``set_dispatch_bound``) moved."""
