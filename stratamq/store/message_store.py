@@ -103,6 +103,8 @@ class MessageStore:
 
     ``read_only=True`` opens an existing store without changing a byte (no lock, no recovery
     writes, no dispatch): for dumps and for inspecting a directory someone else owns.
+    ``controller_mode=True`` (a cluster broker): the checkpoint keeps the confirm offset and an
+    open holds dispatch there until the role moves the bound (``note_confirmed``).
     """
 
     def __init__(self, config: StoreConfig | None = None, *, read_only: bool = False,
