@@ -22,10 +22,9 @@ from killing import sigkill
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc
-from test_cluster_failover import TOPIC, Member, _start, assert_all_readable, readable, stop_all
+from test_cluster_failover import TOPIC, _start, assert_all_readable, one_etcd_pair, readable
 from waiting import wait_until
 
-from stratamq.benchmarks.etcd_members import EtcdCluster
 from stratamq.client.admin import SERVICE, AdminClient
 
 # The dead slave must stay in the SyncStateSet until the master is killed (else the master
@@ -36,10 +35,7 @@ SETTINGS = {"etcdLeaseTtlMs": "8000", "haMaxTimeSlaveNotCatchup": "600000",
 
 @pytest.fixture
 def pair(tmp_path):
-    etcd = EtcdCluster(tmp_path, size=1)
-    members = [Member(tmp_path, etcd.endpoints, i, extra=SETTINGS) for i in (1, 2)]
-    yield members
-    stop_all(members, etcd)
+    yield from one_etcd_pair(tmp_path, SETTINGS)
 
 
 def send_one(endpoint: str, body: bytes) -> tuple[int, str]:
