@@ -215,7 +215,13 @@ class BrokerReplication:
         self.sync = None
         self.replicator = None
         if role is BrokerRole.SLAVE:
-            self.ha.on_in_step = lambda: store.set_dispatch_bound(None)
+            ha = self.ha
+
+            def in_step() -> None:  # (not a client outlived by a later switch's join)
+                if self.ha is ha:
+                    store.set_dispatch_bound(None)
+
+            ha.on_in_step = in_step
         if not self.waiting_for_election:
             self._start_parts()
         server = self.ha.server
