@@ -232,9 +232,18 @@ class BrokerConfig:
     )  # fmt: skip
     tls_client_trust_cert_path: str = setting(
         "tls.client.trustCertPath", "", "path",
-        "PEM CA bundle the broker's own console verifies tls.server.certPath against "
-        "(consoleListenPort with tlsEnable); empty: tls.server.certPath itself, pinned",
+        "PEM CA bundle the broker verifies the brokers it calls against (its console, its "
+        "group's master in controller mode or as a SLAVE; with tlsEnable); empty: "
+        "tls.server.certPath itself, pinned",
     )  # fmt: skip
+    tls_client_cert_path: str = setting(
+        "tls.client.certPath", "", "path",
+        "PEM certificate chain the broker presents when it calls brokers (as for "
+        "tls.client.trustCertPath); needed where they set tls.server.need.client.auth=require",
+    )  # fmt: skip
+    tls_client_key_path: str = setting(
+        "tls.client.keyPath", "", "path", "PEM private key of tls.client.certPath"
+    )
     # -- RocketMQ 4.x remoting (stratamq/remoting/) --
     remoting_listen_port: int = setting(
         "remotingListenPort", 0, "port",

@@ -11,7 +11,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -64,12 +64,16 @@ class Member(BrokerProcess):
             return False
 
 
-def send(endpoint: str, bodies: list[bytes]) -> list[int]:
-    """Send ``bodies`` in one request; the status code of each."""
-    return [code for code, _ in send_replies(endpoint, bodies)]
+def send(endpoint: str, bodies: list[bytes],
+         connect: Callable[[str], grpc.Channel] = grpc.insecure_channel) -> list[int]:
+    """Send ``bodies`` in one request (on a channel ``connect`` makes); the status code of
+    each."""
+    return [code for code, _ in send_replies(endpoint, bodies, connect)]
 
 
-def send_replies(endpoint: str, bodies: list[bytes]) -> list[tuple[int, str]]:
+def send_replies(endpoint: str, bodies: list[bytes],
+                 connect: Callable[[str], grpc.Channel] = grpc.insecure_channel
+                 ) -> list[tuple[int, str]]:
     """Send ``bodies`` in one request; the status code and message of each."""
     msgs = []
     for body in bodies:
@@ -77,7 +81,7 @@ def send_replies(endpoint: str, bodies: list[bytes]) -> list[tuple[int, str]]:
         sp.born_timestamp.GetCurrentTime()
         sp.born_host = "127.0.0.1"
         msgs.append(pb.Message(topic=pb.Resource(name=TOPIC), body=body, system_properties=sp))
-    with grpc.insecure_channel(endpoint) as channel:
+    with connect(endpoint) as channel:
         reply = service_pb2_grpc.MessagingServiceStub(channel).SendMessage(
             svc.SendMessageRequest(messages=msgs), timeout=10)
     return [(e.status.code, e.status.message) for e in reply.entries]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -39,24 +40,28 @@ def pair(tmp_path):
 
 
 def receive(endpoint: str, batch: int, invisible_s: int, poll_s: float = 1.0,
-            metadata: tuple[tuple[str, str], ...] = ()) -> tuple[int, list[pb.Message]]:
-    """One ReceiveMessage at ``endpoint``: its status code and messages."""
+            metadata: tuple[tuple[str, str], ...] = (),
+            connect: Callable[[str], grpc.Channel] = grpc.insecure_channel
+            ) -> tuple[int, list[pb.Message]]:
+    """One ReceiveMessage at ``endpoint`` (on a channel ``connect`` makes): its status code
+    and messages."""
     req = svc.ReceiveMessageRequest(
         group=pb.Resource(name=GROUP), message_queue=pb.MessageQueue(
             topic=pb.Resource(name=TOPIC), id=-1), batch_size=batch,
         filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"))
     req.invisible_duration.FromSeconds(invisible_s)
     req.long_polling_timeout.FromMilliseconds(int(poll_s * 1000))
-    with grpc.insecure_channel(endpoint) as channel:
+    with connect(endpoint) as channel:
         stub = service_pb2_grpc.MessagingServiceStub(channel)
         replies = list(stub.ReceiveMessage(req, timeout=poll_s + 30, metadata=metadata))
     code = next(r.status.code for r in replies if r.HasField("status"))
     return code, [r.message for r in replies if r.HasField("message")]
 
 
-def ack(endpoint: str, msgs: list[pb.Message],
-        metadata: tuple[tuple[str, str], ...] = ()) -> svc.AckMessageResponse:
-    with grpc.insecure_channel(endpoint) as channel:
+def ack(endpoint: str, msgs: list[pb.Message], metadata: tuple[tuple[str, str], ...] = (),
+        connect: Callable[[str], grpc.Channel] = grpc.insecure_channel
+        ) -> svc.AckMessageResponse:
+    with connect(endpoint) as channel:
         return service_pb2_grpc.MessagingServiceStub(channel).AckMessage(svc.AckMessageRequest(
             group=pb.Resource(name=GROUP), topic=pb.Resource(name=TOPIC),
             entries=[svc.AckMessageEntry(message_id=m.system_properties.message_id,
@@ -64,11 +69,13 @@ def ack(endpoint: str, msgs: list[pb.Message],
                      for m in msgs]), timeout=30, metadata=metadata)
 
 
-def take(endpoint: str, count: int, invisible_s: int) -> list[pb.Message]:
+def take(endpoint: str, count: int, invisible_s: int,
+         connect: Callable[[str], grpc.Channel] = grpc.insecure_channel) -> list[pb.Message]:
     got: list[pb.Message] = []
 
     def enough() -> bool:
-        code, msgs = receive(endpoint, min(32, count - len(got)), invisible_s)
+        code, msgs = receive(endpoint, min(32, count - len(got)), invisible_s,
+                             connect=connect)
         assert code in (pb.OK, pb.MESSAGE_NOT_FOUND), pb.Code.Name(code)
         got.extend(msgs)
         return len(got) >= count

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from broker_proc import free_port, self_signed_cert, start_broker
+from certs import TestCa
 
 
 def _page(port: int, path: str) -> str:
@@ -30,20 +31,8 @@ def _console_broker(directory: Path, cert: Path, key: Path, **settings: str):
 
 def _ca_signed_cert(directory: Path) -> tuple[Path, Path, Path]:
     """A CA, and a certificate for 127.0.0.1 / localhost it signed."""
-    ca, ca_key = directory / "ca.crt", directory / "ca.key"
-    cert, key, csr = directory / "leaf.crt", directory / "leaf.key", directory / "leaf.csr"
-    ext = directory / "leaf.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for args in (
-        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=Test CA",
-         "-keyout", str(ca_key), "-out", str(ca)],
-        ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
-         "-keyout", str(key), "-out", str(csr)],
-        ["x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
-         "-CAcreateserial", "-days", "2", "-extfile", str(ext), "-out", str(cert)],
-    ):
-        subprocess.run(["openssl", *args], check=True, capture_output=True)
-    return ca, cert, key
+    ca = TestCa(directory)
+    return (ca.cert, *ca.issue("leaf"))
 
 
 def test_console_in_a_tls_broker_trusts_its_self_signed_certificate(tmp_path):

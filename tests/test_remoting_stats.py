@@ -1,10 +1,14 @@
 """The numbers RocketMQ Dashboard charts: ``VIEW_BROKER_STATS_DATA`` (315) after real sends and
-pulls over raw frames, and the ``msgPutTotal*``/``msgGetTotal*`` fields of the broker's runtime
-info; the morning counts of ``BrokerStatsWindow`` over a driven clock."""
+pulls over raw frames (put sizes as stored; a deleted topic's items gone with it), and the
+broker's runtime info: ``msgPutTotal*``/``msgGetTotal*``, the store's totals and its
+``putTps``/``getTransferredTps`` rates; the morning counts of ``BrokerStatsWindow`` over a
+driven clock."""
 
 from __future__ import annotations
 
 import json
+import re
+import time
 
 import pytest
 from remoting_env import invoke, remoting_broker
@@ -14,7 +18,8 @@ from stratamq.broker.metadata import MetadataStore
 from stratamq.broker.stats_window import BrokerStatsWindow
 from stratamq.remoting.codes import RequestCode, ResponseCode
 
-VIEW_BROKER_STATS_DATA = 315
+VIEW_BROKER_STATS_DATA, DELETE_TOPIC_IN_BROKER, UPDATE_AND_CREATE_TOPIC = 315, 215, 17
+DELETE_SUBSCRIPTIONGROUP = 207
 BODIES = (b"one", b"second", b"the third")
 
 
@@ -62,7 +67,10 @@ def test_dashboard_stats_after_sends_and_pulls(broker):
     assert puts["statsMinute"]["sum"] == 3
     assert puts["statsMinute"]["avgpt"] == 1.0  # three sends of one message
     assert puts["statsMinute"]["tps"] > 0
-    assert _minute_sum(address, "TOPIC_PUT_SIZE", "Charts") == sum(map(len, BODIES))
+    # The stored size of the messages (RocketMQ's wroteBytes), not their bodies': the pull
+    # hands back the three records as stored.
+    assert len(pulled.body) > sum(map(len, BODIES))
+    assert _minute_sum(address, "TOPIC_PUT_SIZE", "Charts") == len(pulled.body)
     assert _minute_sum(address, "BROKER_PUT_NUMS", "DefaultCluster") == 3
     assert _minute_sum(address, "BROKER_GET_NUMS", "DefaultCluster") == 3
     assert _minute_sum(address, "GROUP_GET_SIZE", "Charts@ChartsC") == len(pulled.body)
@@ -72,6 +80,116 @@ def test_dashboard_stats_after_sends_and_pulls(broker):
         missing = _stats(address, name, key)
         assert (missing.code, missing.remark) == (ResponseCode.SYSTEM_ERROR,
                                                   f"The stats <{name}> <{key}> not exist")
+
+
+def _send(address: str, topic: str, body: bytes) -> None:
+    sent = invoke(address, RequestCode.SEND_MESSAGE_V2, {"a": "StatsP", "b": topic, "e": "0"},
+                  body)
+    assert sent.code == ResponseCode.SUCCESS, sent.remark
+
+
+def _pull(address: str, group: str, topic: str) -> bytes:
+    pulled = invoke(address, RequestCode.PULL_MESSAGE, {
+        "consumerGroup": group, "topic": topic, "queueId": "0", "queueOffset": "0",
+        "maxMsgNums": "32", "sysFlag": "4", "commitOffset": "-1",
+        "suspendTimeoutMillis": "0", "subscription": "*", "subVersion": "0"})
+    assert pulled.code == ResponseCode.SUCCESS, pulled.remark
+    return pulled.body
+
+
+def _create(address: str, topic: str) -> None:
+    made = invoke(address, UPDATE_AND_CREATE_TOPIC, {
+        "topic": topic, "readQueueNums": "1", "writeQueueNums": "1", "perm": "6"})
+    assert made.code == ResponseCode.SUCCESS, made.remark
+
+
+def test_a_deleted_topic_takes_its_stats_and_a_new_one_starts_from_zero(broker):
+    _, address = broker
+    _create(address, "Fleeting")
+    for body in BODIES:
+        _send(address, "Fleeting", body)
+    _pull(address, "FleetingC", "Fleeting")
+    items = (("TOPIC_PUT_NUMS", "Fleeting"), ("TOPIC_PUT_SIZE", "Fleeting"),
+             ("GROUP_GET_NUMS", "Fleeting@FleetingC"), ("GROUP_GET_SIZE", "Fleeting@FleetingC"))
+    for name, key in items:  # counted at once (their windows show it at the next sample)
+        assert _stats(address, name, key).code == ResponseCode.SUCCESS, (name, key)
+
+    gone = invoke(address, DELETE_TOPIC_IN_BROKER, {"topic": "Fleeting"})
+    assert gone.code == ResponseCode.SUCCESS, gone.remark
+    # RocketMQ's onTopicDeleted: the topic's put items and its groups' get items go at once.
+    for name, key in items:
+        missing = _stats(address, name, key)
+        assert (missing.code, missing.remark) == (ResponseCode.SYSTEM_ERROR,
+                                                  f"The stats <{name}> <{key}> not exist")
+
+    # Created again under the name: its charts count only what came after.
+    _create(address, "Fleeting")
+    _send(address, "Fleeting", b"anew")
+    stored = _pull(address, "FleetingC", "Fleeting")
+    wait_until(lambda: _minute_sum(address, "GROUP_GET_NUMS", "Fleeting@FleetingC") == 1,
+               30, "the minute sample of the new topic's pull")
+    assert _minute_sum(address, "TOPIC_PUT_NUMS", "Fleeting") == 1
+    assert _minute_sum(address, "TOPIC_PUT_SIZE", "Fleeting") == len(stored)
+    assert _minute_sum(address, "GROUP_GET_SIZE", "Fleeting@FleetingC") == len(stored)
+
+    # mqadmin deleteSubGroup: the group's get items go too (RocketMQ's onGroupDeleted).
+    assert invoke(address, DELETE_SUBSCRIPTIONGROUP, {"groupName": "FleetingC"}).code \
+        == ResponseCode.SUCCESS
+    assert _stats(address, "GROUP_GET_NUMS", "Fleeting@FleetingC").code \
+        == ResponseCode.SYSTEM_ERROR
+    assert _minute_sum(address, "TOPIC_PUT_NUMS", "Fleeting") == 1
+
+
+def _runtime(address: str) -> dict[str, str]:
+    got = invoke(address, RequestCode.GET_BROKER_RUNTIME_INFO)
+    assert got.code == ResponseCode.SUCCESS, got.remark
+    return json.loads(got.body)["table"]
+
+
+def _first_rate(rates: str) -> float:
+    first = rates.split(" ")[0]
+    return float(first) if first else 0.0
+
+
+def test_runtime_info_rates_and_totals_after_sends_and_pulls(broker):
+    _, address = broker
+    _create(address, "Rates")
+    _send(address, "Rates", b"warm-up")  # (an idle store reports one put, as RocketMQ's)
+    before = _runtime(address)
+    for body in BODIES:
+        _send(address, "Rates", body)
+    stored = _pull(address, "RatesC", "Rates")  # the warm-up and the three
+    after = _runtime(address)
+    # The store's totals: messages and the stored bytes of their records.
+    assert int(after["putMessageTimesTotal"]) - int(before["putMessageTimesTotal"]) == 3
+    warm_up = len(stored) - (int(after["putMessageSizeTotal"])
+                             - int(before["putMessageSizeTotal"]))
+    assert 0 < warm_up < len(stored)  # the three records are all of stored but the first
+    assert after["putMessageFailedTimes"] == "0"
+
+    # clusterList's and the Dashboard's TPS: "<10 s> <60 s> <600 s>" over the store's
+    # per-second samples; the 10 s one counts the sends once the broker has been up 10 s.
+    wait_until(lambda: _first_rate(_runtime(address)["putTps"]) > 0
+               and _first_rate(_runtime(address)["getTransferredTps"]) > 0,
+               30, "a 10 s put and transfer rate")
+    table = _runtime(address)
+    for key in ("putTps", "getTransferredTps", "getTransferedTps", "getFoundTps",
+                "getMissTps", "getTotalTps"):
+        fields = table[key].split(" ")
+        assert len(fields) == 3, (key, table[key])
+        assert all(f == "" or float(f) >= 0 for f in fields), (key, table[key])
+    assert float(table["putTps"].split(" ")[0]) > 0
+    assert table["getTransferedTps"] == table["getTransferredTps"]  # 4.x and 5.x spellings
+    assert float(table["getTotalTps"].split(" ")[0]) > 0
+
+    assert re.fullmatch(r"\[ \d+ days, \d+ hours, \d+ minutes, \d+ seconds \]",
+                        table["runtime"]), table["runtime"]
+    # The first record's store time: this store's first message, sent after the boot.
+    assert int(table["bootTimestamp"]) <= int(table["earliestMessageTimeStamp"]) \
+        <= int(time.time() * 1000)
+    assert re.fullmatch(r"Total : [\d.]+ [KMGTPE]?i?B, Free : [\d.]+ [KMGTPE]?i?B\.",
+                        table["commitLogDirCapacity"]), table["commitLogDirCapacity"]
+    assert 0.0 <= float(table["commitLogDiskRatio"]) <= 1.0  # (-1.0: no store path)
 
 
 def test_morning_counts_roll_at_each_record():

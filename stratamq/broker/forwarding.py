@@ -47,8 +47,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
 from stratamq.broker.errors import BrokerError
-from stratamq.broker.tls import own_trust
-from stratamq.client.connection import BrokerEndpoint, broker_answered
+from stratamq.broker.tls import peer_endpoint
+from stratamq.client.connection import broker_answered
 from stratamq.config import BrokerConfig
 
 __all__ = ["FORWARDED", "MasterForwarding", "for_broker"]
@@ -190,16 +190,15 @@ def _failure(name: str, endpoint: str, exc: grpc.RpcError) -> BrokerError:
 
 def for_broker(config: BrokerConfig, max_message_length: int,
                master: Callable[[], str | None]) -> MasterForwarding:
-    """The forwarding of a broker with these settings: channels over TLS when it serves TLS
-    (trusting what its own console trusts: ``tls.client.trustCertPath``, else its own
-    certificate; one certificate for the group's brokers), messages as large as it serves."""
-    ca_pem = (own_trust(config.tls_server_cert_path, config.tls_client_trust_cert_path)[0]
-              if config.tls_enable else None)
+    """The forwarding of a broker with these settings: channels as ``tls.peer_endpoint``
+    makes them (over TLS when it serves TLS, trusting ``tls.client.trustCertPath`` else its
+    own certificate, presenting ``tls.client.certPath``), messages as large as it serves.
+    The client's own signature goes with each call, not the broker's."""
     options = [("grpc.max_receive_message_length", max_message_length),
                ("grpc.max_send_message_length", max_message_length)]
+    peer = peer_endpoint("", config, options)  # its TLS files read once, now
 
     def connect(endpoint: str) -> grpc.aio.Channel:
-        return BrokerEndpoint(endpoint, tls=config.tls_enable, ca_pem=ca_pem,
-                              channel_options=options).aio_channel()
+        return peer.at(endpoint).aio_channel()
 
     return MasterForwarding(master, connect, config.broker_name)

@@ -73,8 +73,8 @@ class NullMetrics:
     """The metrics hook when no metrics service is configured: every call does nothing."""
 
     def on_send(self, topic: str, sizes: Sequence[int], seconds: float,
-                message_type: str = "NORMAL") -> None:
-        pass
+                message_type: str = "NORMAL", stored_sizes: Sequence[int] = ()) -> None:
+        """``sizes``: the bodies stored; ``stored_sizes``: their records' sizes."""
 
     def on_receive(self, group: str, topic: str, count: int, nbytes: int) -> None:
         pass
@@ -144,7 +144,7 @@ class BrokerMetrics(NullMetrics):
     # -- hooks the RPC handlers call ------------------------------------------------------------
 
     def on_send(self, topic: str, sizes: Sequence[int], seconds: float,
-                message_type: str = "NORMAL") -> None:
+                message_type: str = "NORMAL", stored_sizes: Sequence[int] = ()) -> None:
         labels = (*self.node, topic, message_type, _is_system(topic))
         self.messages_in.labels(*labels).inc(len(sizes))
         self.throughput_in.labels(*labels).inc(sum(sizes))

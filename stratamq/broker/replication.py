@@ -57,8 +57,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from stratamq.broker.compaction_topics import plug
 from stratamq.broker.metadata import MetadataError
 from stratamq.broker.state_sync import SERVICE, StateSync
+from stratamq.broker.tls import peer_endpoint
 from stratamq.client.admin import AdminClient
-from stratamq.client.connection import BrokerEndpoint
 from stratamq.compaction.service import CompactionStore
 from stratamq.config import BrokerRole, StoreConfig
 from stratamq.ha import HAConnectionState, HAService
@@ -267,9 +267,7 @@ class BrokerReplication:
                          self.b.store_config.ha_state_sync_interval, self._applying)
         bound = max(0.5, cfg.etcd_lease_ttl_ms / 6000)  # the member's loop waits meanwhile
         try:
-            with AdminClient(old_master_endpoint, timeout=bound,
-                             access_key=cfg.acl_access_key or None,
-                             secret_key=cfg.acl_secret_key or None) as client:
+            with AdminClient(peer_endpoint(old_master_endpoint, cfg), timeout=bound) as client:
                 copy.sync_once(client, wait=bound)
         except Exception as exc:  # noqa: BLE001 (the election goes on: the window stays)
             log.warning("planned switch: the old master's last state (%s) was not copied: %s; "
@@ -326,8 +324,7 @@ class BrokerReplication:
     def _compaction_replicator(self, gate: CompactionGate, compaction: CompactionStore
                                ) -> CompactionReplicator:
         cfg = self.b.config
-        endpoint = BrokerEndpoint(self.master_endpoint, access_key=cfg.acl_access_key or None,
-                                  secret_key=cfg.acl_secret_key or None)
+        endpoint = peer_endpoint(self.master_endpoint, cfg)
         meta = self.b.meta
 
         client = self.ha.client

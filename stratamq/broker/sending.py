@@ -215,6 +215,7 @@ class SendService:
         response = svc.SendMessageResponse()
         add = response.entries.add  # built in place: a measurable share of a 16-message send
         sizes: list[int] = []
+        stored: list[int] = []  # their records' sizes (the Dashboard's TOPIC_PUT_SIZE)
         codes: set[int] = set()  # of the entries not stored (all stored: empty)
         first: pb.Status | None = None
         put_ok = PutMessageStatus.PUT_OK
@@ -230,6 +231,7 @@ class SendService:
                 if transactional:
                     entry.transaction_id = message_id
                 sizes.append(size)
+                stored.append(appended.size)
                 if first is None:
                     first = _OK
             else:
@@ -241,7 +243,7 @@ class SendService:
                     first = status
         if sizes:
             self.metrics().on_send(plan.topic.name, sizes, time.perf_counter() - plan.started,
-                                   plan.topic.message_type)
+                                   plan.topic.message_type, stored)
             if codes:
                 codes.add(_OK_CODE)
         response.status.CopyFrom(first if len(codes) <= 1 and first is not None else ok_status(

@@ -228,15 +228,14 @@ class Broker:
             self.metrics.registry.register(TierCollector(self.tiered, self.metrics.node))
 
     def _tls_credentials(self) -> grpc.ServerCredentials | None:
-        """TLS from ``tls.server.*`` when ``tlsEnable``; TlsConfigError says what is wrong."""
+        """TLS from ``tls.server.*`` (and ``tls.client.*``, for the brokers this one calls)
+        when ``tlsEnable``; TlsConfigError says what is wrong."""
         cfg = self.config
         if self.server_credentials is not None or not cfg.tls_enable:
             return self.server_credentials
-        from stratamq.broker.tls import server_credentials
+        from stratamq.broker.tls import broker_credentials
 
-        return server_credentials(cfg.tls_server_cert_path, cfg.tls_server_key_path,
-                                  cfg.tls_server_trust_cert_path,
-                                  cfg.tls_server_need_client_auth)
+        return broker_credentials(cfg, self.store_config.broker_role is BrokerRole.SLAVE)
 
     def _start_console(self) -> None:
         """The web console on loopback when ``consoleListenPort`` is set: a client of this
@@ -422,7 +421,9 @@ class Broker:
         timer = self.timer if cfg.timer_enable else None
         # VIEW_BROKER_STATS_DATA's windows: counted wherever the metrics see sends and gets.
         self.stats = BrokerStatsWindow(cfg.broker_cluster_name)
-        self.stats.start()
+        self.stats.start()  # (a deleted topic's items go with it, as RocketMQ's)
+        self.meta.add_topics_listener(self.stats.topics_listener(
+            lambda: [t.name for t in self.meta.topics()]))
         self.counted = StatsTee(self.stats, lambda: self.metrics)
         from stratamq.broker.transactions import (
             AnyProducer,
@@ -502,7 +503,7 @@ class Broker:
                       "brokerId": "1" if self.store_config.broker_role is BrokerRole.SLAVE
                       else "0", "haServerAddr": ""}, acl=self.acl,
             metrics=lambda: self.counted, producers=self.remoting_producers,
-            stats=self.stats,
+            stats=self.stats, store_stats=self.store.stats.runtime_fields,
             transactions=lambda: self.transactions,
             is_slave=lambda: self.replication.is_slave, delete_topic=self.admin.DeleteTopic,
             refusal=self.replication.refusal,

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from stratamq.broker.tls import peer_endpoint
 from stratamq.client.admin import AdminClient, AdminError
 
 if TYPE_CHECKING:
@@ -67,9 +68,8 @@ class StateSync:
 
     def _run(self) -> None:
         cfg = self.b.config
-        with AdminClient(self.endpoint, timeout=max(2.0, self.interval),
-                         access_key=cfg.acl_access_key or None,
-                         secret_key=cfg.acl_secret_key or None) as client:
+        with AdminClient(peer_endpoint(self.endpoint, cfg),
+                         timeout=max(2.0, self.interval)) as client:
             # A fresh slave's first copy waits for its HA link to adopt the master's lineage
             # (a moment after start): until a copy succeeds, ask again soon for a while, so
             # its topics do not lag its messages by a whole interval.

@@ -6,7 +6,7 @@ Stat names and keys, as RocketMQ's (``Stats``):
 
 ======================  ============================  ==========================================
 ``TOPIC_PUT_NUMS``      topic                         messages stored (times: one per put call)
-``TOPIC_PUT_SIZE``      topic                         their body bytes
+``TOPIC_PUT_SIZE``      topic                         their stored bytes (wroteBytes)
 ``GROUP_GET_NUMS``      ``topic@group``               messages handed to consumers
 ``GROUP_GET_SIZE``      ``topic@group``               their bytes
 ``BROKER_PUT_NUMS``     the cluster name              every message stored (times not counted)
@@ -25,6 +25,10 @@ The runtime fields: ``msgPutTotalTodayNow`` is the count of messages put on topi
 not system topics since start; ``...TodayMorning`` that count at the last local midnight and
 ``...YesterdayMorning`` at the one before (``BrokerStats.record``).
 
+A deleted topic takes its items with it, and its groups' (``topic@group``); a deleted group
+its own (RocketMQ's ``onTopicDeleted``/``onGroupDeleted`` under ``autoDeleteUnusedStats``,
+on by default): a topic created again under the name charts from zero.
+
 Thread-safety: ``add`` may be called from any thread (one dict update under a lock); the
 sampler runs on its own daemon thread between ``start`` and ``stop``.
 """
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import date
 from typing import Any
 
@@ -46,6 +50,8 @@ GROUP_GET_NUMS, GROUP_GET_SIZE = "GROUP_GET_NUMS", "GROUP_GET_SIZE"
 BROKER_PUT_NUMS, BROKER_GET_NUMS = "BROKER_PUT_NUMS", "BROKER_GET_NUMS"
 STAT_NAMES = (TOPIC_PUT_NUMS, TOPIC_PUT_SIZE, GROUP_GET_NUMS, GROUP_GET_SIZE, BROKER_PUT_NUMS,
               BROKER_GET_NUMS)
+_BY_TOPIC = (TOPIC_PUT_NUMS, TOPIC_PUT_SIZE)  # keyed by the topic
+_BY_TOPIC_GROUP = (GROUP_GET_NUMS, GROUP_GET_SIZE)  # keyed by topic@group
 # (window, sampling interval in seconds, samples kept): StatsItem's csList* lists.
 _WINDOWS = (("statsMinute", 10, 7), ("statsHour", 600, 7), ("statsDay", 3600, 25))
 _TICK = 10.0
@@ -96,6 +102,42 @@ class BrokerStatsWindow:
             self._add(BROKER_GET_NUMS, self.cluster, count, 0)
             if not is_system_topic(topic):
                 self._gets_no_system += count
+
+    # -- forgetting (RocketMQ's onTopicDeleted / onGroupDeleted, autoDeleteUnusedStats) --------
+
+    def _drop(self, doomed: Callable[[str, str], bool]) -> None:
+        with self._lock:
+            for item in [item for item in self._counts if doomed(*item)]:
+                del self._counts[item]
+                self._samples.pop(item, None)
+
+    def on_topic_deleted(self, topic: str) -> None:
+        """Forget the topic's put items and its groups' get items: a topic created again under
+        the name starts from zero."""
+        prefix = f"{topic}@"
+        self._drop(lambda name, key: (key == topic if name in _BY_TOPIC
+                                      else name in _BY_TOPIC_GROUP and key.startswith(prefix)))
+
+    def on_group_deleted(self, group: str) -> None:
+        """Forget the group's get items (``topic@group``)."""
+        suffix = f"@{group}"
+        self._drop(lambda name, key: name in _BY_TOPIC_GROUP and key.endswith(suffix))
+
+    def topics_listener(self, names: Callable[[], Iterable[str]]) -> Callable[[], None]:
+        """A listener for the topic table (``MetadataStore.add_topics_listener``) that calls
+        ``on_topic_deleted`` for each topic gone since the last change, whichever way it went
+        (the admin's DeleteTopic, remoting's DELETE_TOPIC_IN_BROKER, a slave's sync)."""
+        known = set(names())
+        one_at_a_time = threading.Lock()  # listeners run on whichever thread changed the table
+
+        def changed() -> None:
+            nonlocal known
+            with one_at_a_time:
+                now = set(names())
+                for topic in known - now:
+                    self.on_topic_deleted(topic)
+                known = now
+        return changed
 
     # -- sampling -------------------------------------------------------------------------------
 
@@ -190,9 +232,11 @@ class StatsTee:
         self.inner = inner
 
     def on_send(self, topic: str, sizes: Sequence[int], seconds: float,
-                message_type: str = "NORMAL") -> None:
-        self.window.on_put(topic, len(sizes), sum(sizes))
-        self.inner().on_send(topic, sizes, seconds, message_type)
+                message_type: str = "NORMAL", stored_sizes: Sequence[int] = ()) -> None:
+        # TOPIC_PUT_SIZE counts the stored records (RocketMQ's wroteBytes); every send path
+        # gives their sizes, the bodies' only where none are known.
+        self.window.on_put(topic, len(sizes), sum(stored_sizes or sizes))
+        self.inner().on_send(topic, sizes, seconds, message_type, stored_sizes)
 
     def on_receive(self, group: str, topic: str, count: int, nbytes: int) -> None:
         self.window.on_get(group, topic, count, nbytes)

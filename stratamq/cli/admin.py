@@ -3,7 +3,8 @@
 Every command takes ``--endpoint`` and, for a broker with ``aclEnable=true``, ``--access-key``
 / ``--secret-key`` (or ``STRATAMQ_ACCESS_KEY`` / ``STRATAMQ_SECRET_KEY``): requests are then
 signed as the official clients sign theirs; for a broker with ``tlsEnable=true``, ``--tls``
-(gRPC's default roots) or ``--tls-ca-file PEM``.
+(gRPC's default roots) or ``--tls-ca-file PEM``, and ``--tls-cert-file PEM --tls-key-file PEM``
+for one that requires client certificates (``tls.server.need.client.auth=require``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import click
 from stratamq.cli.app import main
 from stratamq.cli.broker import broker
 from stratamq.cli.common import TIME, emit, output_option
-from stratamq.client.connection import BrokerEndpoint, read_ca_pem
+from stratamq.client.connection import BrokerEndpoint, read_ca_pem, read_client_cert
 
 TYPES = click.Choice(["NORMAL", "FIFO", "DELAY", "TRANSACTION"], case_sensitive=False)
 
@@ -45,16 +46,29 @@ def endpoint_option(fn: Callable) -> Callable:
     @click.option("--tls-ca-file", default=None,
                   help="PEM file of the CA(s) that signed the broker's certificate "
                        "(implies --tls).")
+    @click.option("--tls-cert-file", default=None,
+                  help="PEM certificate chain to present to a broker that asks for one "
+                       "(tls.server.need.client.auth; implies --tls; with --tls-key-file).")
+    @click.option("--tls-key-file", default=None, help="PEM private key of --tls-cert-file.")
     @functools.wraps(fn)
     def wrapper(endpoint: str, access_key: str | None, secret_key: str | None, tls: bool,
-                tls_ca_file: str | None, **kwargs: object) -> None:
+                tls_ca_file: str | None, tls_cert_file: str | None, tls_key_file: str | None,
+                **kwargs: object) -> None:
         if bool(access_key) != bool(secret_key):
             raise click.UsageError("--access-key and --secret-key must be given together "
                                    "(or STRATAMQ_ACCESS_KEY and STRATAMQ_SECRET_KEY)")
+        if bool(tls_cert_file) != bool(tls_key_file):
+            raise click.UsageError("--tls-cert-file and --tls-key-file must be given together")
         try:
             conn = Connection(endpoint, access_key, secret_key, tls=tls, ca_file=tls_ca_file)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--tls-ca-file") from None
+        if tls_cert_file and tls_key_file:
+            try:
+                conn.client_cert = read_client_cert(tls_cert_file, tls_key_file)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint="--tls-cert-file") from None
+            conn.tls = True
         return fn(endpoint=conn, **kwargs)
 
     return wrapper

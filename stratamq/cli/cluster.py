@@ -50,17 +50,23 @@ def _etcd(etcd: str, cluster_name: str, etcd_prefix: str) -> tuple[Any, str]:
     return coord, (etcd_prefix or f"/stratamq/{cluster_name}").rstrip("/")
 
 
-def _via_broker(endpoint: str, access_key: str | None, secret_key: str | None, method: str,
-                **request: object) -> dict:
+def _via_broker(conn: Any, method: str, **request: object) -> dict:
+    """``method`` of the replication service on the broker ``conn`` (a ``Connection``) names,
+    reached as it says (keys, TLS)."""
     from stratamq.broker.replication import SERVICE
-    from stratamq.cli.admin import Connection
     from stratamq.client.admin import AdminClient, AdminError
 
-    with AdminClient(Connection(endpoint, access_key, secret_key)) as client:
+    with AdminClient(conn) as client:
         try:
             return client.call_service(SERVICE, method, **request)
         except AdminError as exc:
             raise click.ClickException(str(exc)) from None
+
+
+def _connection(endpoint: str, access_key: str | None, secret_key: str | None) -> Any:
+    from stratamq.cli.admin import Connection
+
+    return Connection(endpoint, access_key, secret_key)
 
 
 @main.group()
@@ -79,7 +85,8 @@ def cluster_status(endpoint: str | None, etcd: str | None, cluster_name: str, et
 
     _check(endpoint, etcd)
     if endpoint:
-        groups = _via_broker(endpoint, access_key, secret_key, "ClusterStatus")["groups"]
+        groups = _via_broker(_connection(endpoint, access_key, secret_key),
+                             "ClusterStatus")["groups"]
     else:
         assert etcd is not None
         coord, prefix = _etcd(etcd, cluster_name, etcd_prefix)
@@ -110,7 +117,7 @@ def cluster_elect(broker_name: str, broker_id: int | None, endpoint: str | None,
 
     _check(endpoint, etcd)
     if endpoint:
-        emit(_via_broker(endpoint, access_key, secret_key, "ClusterElect",
+        emit(_via_broker(_connection(endpoint, access_key, secret_key), "ClusterElect",
                          brokerName=broker_name, brokerId=broker_id))
         return
     assert etcd is not None
@@ -128,10 +135,9 @@ def create_topic_everywhere(conn: Any, cluster_name: str, request: dict[str, Any
     """``topic create --cluster``: CreateTopic on the master of every broker group of the
     cluster that the broker at ``conn`` belongs to (RocketMQ's ``updateTopic -c``). One result
     per group, ``{"brokerName", "endpoint", "topic"}`` or ``{"brokerName", "error"}``."""
-    from stratamq.cli.admin import Connection
     from stratamq.client.admin import AdminClient, AdminError
 
-    status = _via_broker(conn.endpoint, conn.access_key, conn.secret_key, "ClusterStatus")
+    status = _via_broker(conn, "ClusterStatus")
     groups = [g for g in status["groups"] if g["cluster"] == cluster_name]
     if not groups:
         raise click.ClickException(f"the broker at {conn.endpoint} knows no broker group of "
@@ -143,8 +149,7 @@ def create_topic_everywhere(conn: Any, cluster_name: str, request: dict[str, Any
             out.append({"brokerName": g["brokerName"], "error": "no master elected"})
             continue
         try:
-            with AdminClient(Connection(master["endpoint"], conn.access_key,
-                                        conn.secret_key)) as client:
+            with AdminClient(conn.at(master["endpoint"])) as client:
                 topic = client.call("CreateTopic", **request)["topic"]
             out.append({"brokerName": g["brokerName"], "endpoint": master["endpoint"],
                         "topic": topic})

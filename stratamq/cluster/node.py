@@ -107,13 +107,15 @@ class ClusterNode:
     def _ask_failsafe(config: BrokerConfig) -> Callable[[str, int, int], bool]:
         """``etcdFailsafeMode``: ask a broker of the group (its admin ``ClusterFailsafe``)
         whether it has lost etcd too; no answer in a sixth of the TTL is a no."""
+        from stratamq.broker.tls import peer_endpoint
         from stratamq.client.admin import AdminClient, AdminError
+
+        peer = peer_endpoint("", config)  # (TLS files read once)
 
         def ask(endpoint: str, master_id: int, epoch: int) -> bool:
             try:
-                with AdminClient(endpoint, timeout=config.etcd_lease_ttl_ms / 6000,
-                                 access_key=config.acl_access_key or None,
-                                 secret_key=config.acl_secret_key or None) as client:
+                with AdminClient(peer.at(endpoint),
+                                 timeout=config.etcd_lease_ttl_ms / 6000) as client:
                     reply = client.call_service(
                         "stratamq.admin.v1.Replication", "ClusterFailsafe",
                         masterBrokerId=master_id, epoch=epoch)

@@ -75,7 +75,8 @@ class RemotingFrontend:
                  settings: Callable[[], dict[str, str]] = dict,
                  status: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                  channel_expired_ms: int = 120_000,
-                 stats: BrokerStatsWindow | None = None) -> None:
+                 stats: BrokerStatsWindow | None = None,
+                 store_stats: Callable[[], dict[str, str]] | None = None) -> None:
         # With ACL on, the remoting adapter verifies RocketMQ 4 signatures itself and checks
         # permissions through the same accounts (its own Lookup over the same metadata).
         self.acl = RemotingAcl(acl) if acl is not None else None
@@ -109,7 +110,7 @@ class RemotingFrontend:
         self.admin = AdminHandlers(lookup, reader, state, self.consumers,
                                    identity.get("brokerName", ""), self._started_ms,
                                    self.call_of, run, delete_topic, refusal, settings,
-                                   status, stats)
+                                   status, stats, store_stats, look_up)
         self.client_admin = ClientAdminHandlers(
             lookup, reader, state, polls, self.consumers, self.producers.table,
             identity.get("brokerName", ""), lambda: self.advertised, self.lookups.record_at,

@@ -5,7 +5,8 @@ RocketMQ's ``AdminBrokerProcessor``:
   counts and perm of, a topic; ``GET_ALL_TOPIC_CONFIG`` (21): the topic table.
 * ``UPDATE_AND_CREATE_SUBSCRIPTIONGROUP`` (200, ``updateSubGroup``) and
   ``GET_ALL_SUBSCRIPTIONGROUP_CONFIG`` (201).
-* ``GET_BROKER_RUNTIME_INFO`` (28, ``brokerStatus``/``clusterList``): a ``KVTable``.
+* ``GET_BROKER_RUNTIME_INFO`` (28, ``brokerStatus``/``clusterList``): a ``KVTable``
+  (``remoting/runtime_info.py``: ``putTps``, ``getTransferredTps``, ``msgPutTotal*``, ...).
 * ``GET_TOPIC_STATS_INFO`` (202, ``topicStatus``), ``GET_CONSUME_STATS`` (208,
   ``consumerProgress``), ``GET_CONSUMER_CONNECTION_LIST`` (203).
 * ``GET_TOPIC_CONFIG`` (351) and ``GET_SUBSCRIPTIONGROUP_CONFIG`` (352): one topic's or
@@ -33,6 +34,7 @@ Thread-safety: handlers on the event loop; store and metadata calls through ``ru
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,15 +46,19 @@ from stratamq.broker.pop_state import PopState
 from stratamq.broker.ports import Call, MessageReader
 from stratamq.broker.pulling import consumer_offset
 from stratamq.broker.stats_window import BrokerStatsWindow
+from stratamq.message import StoredMessage
 from stratamq.remoting.broker_send import _int
 from stratamq.remoting.clients import ConsumerTable
 from stratamq.remoting.codec import RemotingCommand
 from stratamq.remoting.codes import ResponseCode
 from stratamq.remoting.errors import RemotingError, answer_in
 from stratamq.remoting.namesrv import to_json
+from stratamq.remoting.runtime_info import runtime_table
 from stratamq.remoting.transport import Connection
 
 __all__ = ["AdminHandlers", "fastjson_queue_map"]
+
+log = logging.getLogger(__name__)
 
 UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, GET_ALL_SUBSCRIPTIONGROUP_CONFIG = 200, 201
 GET_TOPIC_STATS_INFO, GET_CONSUMER_CONNECTION_LIST, GET_CONSUME_STATS = 202, 203, 208
@@ -80,12 +86,18 @@ class AdminHandlers:
                  refusal: Callable[[str], str | None] = lambda method: None,
                  settings: Callable[[], dict[str, str]] = dict,
                  status: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                 stats: BrokerStatsWindow | None = None) -> None:
+                 stats: BrokerStatsWindow | None = None,
+                 store_stats: Callable[[], dict[str, str]] | None = None,
+                 look_up: Callable[[int], StoredMessage | None] | None = None) -> None:
         # delete_topic: the gRPC admin's DeleteTopic; refusal: why an admin write may not
         # run here (a slave), as the gRPC admin asks; settings: every broker and store
         # setting by key (GET_BROKER_CONFIG); status: the gRPC admin's BrokerStatus (the
-        # store's part of GET_BROKER_RUNTIME_INFO); stats: the put/get windows.
+        # store's part of GET_BROKER_RUNTIME_INFO); stats: the put/get windows; store_stats:
+        # the store's totals and rates (StoreStats.runtime_fields); look_up: the record at a
+        # CommitLog offset (earliestMessageTimeStamp).
         self.stats = stats
+        self.store_stats = store_stats
+        self.look_up = look_up
         self.delete_topic = delete_topic
         self.refusal = refusal
         self.settings = settings
@@ -228,6 +240,8 @@ class AdminHandlers:
             self.lookup.meta.delete_group(name)
         if h.get("cleanOffset") == "true":
             self.state.drop_group(name)
+        if self.stats is not None:  # autoDeleteUnusedStats: its get items go with it
+            self.stats.on_group_deleted(name)
         return request.response(ResponseCode.SUCCESS)
 
     def _broker_config(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
@@ -243,26 +257,23 @@ class AdminHandlers:
 
     def _runtime_info(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:
         self.lookup.authorize(self.call_of(request, conn), "Cluster", "Get")
-        now = int(time.time() * 1000)
-        table = {"brokerVersionDesc": _VERSION_DESC, "brokerVersion": str(_VERSION),
-                 "brokerVersionStratamq": __version__, "bootTimestamp": str(self.started_ms),
-                 "runtime": f"[ {(now - self.started_ms) // 86_400_000} days ]",
-                 "msgPutTotalTodayNow": "0", "msgGetTotalTodayNow": "0",
-                 "msgPutTotalYesterdayMorning": "0", "msgGetTotalYesterdayMorning": "0",
-                 "msgPutTotalTodayMorning": "0", "msgGetTotalTodayMorning": "0",
-                 "putTps": "0.0 0.0 0.0", "getTransferedTps": "0.0 0.0 0.0",
-                 "sendThreadPoolQueueSize": "0", "pullThreadPoolQueueSize": "0",
-                 "earliestMessageTimeStamp": "0", "commitLogDiskRatio": "0.0",
-                 "pageCacheLockTimeMills": "0", "dispatchBehindBytes": "0"}
-        if self.stats is not None:  # BrokerStats: counts now and at the last two midnights
-            table.update(self.stats.runtime_fields())
-        if self.status is not None:  # the store's figures, as DefaultMessageStore's runtime info
-            st = self.status({})
-            table.update({
-                "brokerActive": "true", "commitLogMinOffset": str(st["commitlog"]["min_offset"]),
-                "commitLogMaxOffset": str(st["commitlog"]["max_offset"]),
-                "commitLogDiskRatio": str(st["disk"]["used_ratio"] or 0.0),
-                "dispatchBehindBytes": str(st["dispatch_behind_bytes"])})
+        status = self.status({}) if self.status is not None else None
+        earliest = None
+        if status is not None and self.look_up is not None:  # getEarliestMessageTime
+            low, high = status["commitlog"]["min_offset"], status["commitlog"]["max_offset"]
+            try:
+                first = self.look_up(low) if low < high else None
+            except Exception as exc:  # (a damaged first record must not cost the whole table)
+                log.warning("earliestMessageTimeStamp: the record at CommitLog offset %d "
+                            "cannot be read: %s", low, exc)
+                first = None
+            earliest = first.store_timestamp if first is not None else -1
+        table = runtime_table(
+            version_desc=_VERSION_DESC, version=_VERSION, stratamq_version=__version__,
+            started_ms=self.started_ms, now_ms=int(time.time() * 1000),
+            daily=self.stats.runtime_fields() if self.stats is not None else None,
+            store=self.store_stats() if self.store_stats is not None else None,
+            status=status, earliest_ms=earliest)
         return request.response(ResponseCode.SUCCESS, body=to_json({"table": table}))
 
     def _stats_data(self, request: RemotingCommand, conn: Connection) -> RemotingCommand:

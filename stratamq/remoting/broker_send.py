@@ -146,11 +146,14 @@ class SendHandlers:
                started: float) -> None:
         if self.metrics is None:
             return
-        sizes = [len(m.body) for m, r in zip(messages, results, strict=True) if r.ok]
-        if sizes:
+        stored = [(len(m.body), r.appended.size) for m, r in zip(messages, results, strict=True)
+                  if r.ok and r.appended is not None]
+        if stored:
             cfg = self.lookup.meta.topic(topic)
-            self.metrics().on_send(topic, sizes, time.perf_counter() - started,
-                                   cfg.message_type if cfg is not None else "NORMAL")
+            self.metrics().on_send(topic, [body for body, _ in stored],
+                                   time.perf_counter() - started,
+                                   cfg.message_type if cfg is not None else "NORMAL",
+                                   [size for _, size in stored])
 
     async def _put(self, messages: list[Message]) -> list[EntryResult]:
         """As the gRPC adapter puts: at once when this is the loop turn's first put and

@@ -58,6 +58,7 @@ from stratamq.store.recovery import RecoveryReport, confirm_offset_at_open, reco
 from stratamq.store.replica import ReplicaLog
 from stratamq.store.store_lock import StoreLocked, lock_store
 from stratamq.store.store_reads import StoreReads
+from stratamq.store.store_stats import StoreStats
 from stratamq.store.store_writes import StoreWrites
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class MessageStore(StoreWrites, StoreReads, DispatchBound):
         self._opened = False
         # Called with the seconds of each CommitLog flush pass (the broker's metrics).
         self.flush_observers: list[Callable[[float], None]] = []
+        self.stats = StoreStats()  # put/get totals and rates (the broker's runtime info)
         self._plugged: list[Dispatcher] = []  # add_dispatcher's, dispatched after the queues
         self.put_waiters: list[PutWaiter] = []  # what a put waits for (add_put_waiter)
         # Asked before each put: a reason to refuse it (a cluster master's fence), or None.
@@ -148,6 +150,7 @@ class MessageStore(StoreWrites, StoreReads, DispatchBound):
                     f"({exc}); free some space (or move the store) and start again") from exc
             raise
         self._opened = True
+        self.stats.start()
         return self
 
     def _open_parts(self, cfg: StoreConfig) -> None:
@@ -466,6 +469,7 @@ class MessageStore(StoreWrites, StoreReads, DispatchBound):
         if not self._opened:
             return
         self._opened = False
+        self.stats.stop()
         if not self.read_only:
             if self.cleanup is not None:
                 self.cleanup.shutdown()

@@ -8,11 +8,14 @@ Thread-safety: as ``MessageStore``: reads from any thread once ``open()`` return
 
 from __future__ import annotations
 
+import time
+
 from stratamq.config import StoreConfig
 from stratamq.record import Prop, StoredMessage, parse_offset_msg_id
 from stratamq.store.filter import TagFilter
 from stratamq.store.read_chain import ReadChain, ReadRequest, ReadSource
 from stratamq.store.results import GetMessageResult
+from stratamq.store.store_stats import StoreStats
 
 __all__ = ["StoreReads"]
 
@@ -22,6 +25,7 @@ class StoreReads:
 
     config: StoreConfig
     read_chain: ReadChain
+    stats: StoreStats
     _opened: bool
     _plugged_sources: list[tuple[ReadSource, bool]]
 
@@ -44,8 +48,11 @@ class StoreReads:
         max_count = max_count or self.config.max_transfer_count_on_message_in_memory
         max_bytes = max_bytes or self.config.max_transfer_bytes_on_message_in_memory
         filt = tag_filter if isinstance(tag_filter, TagFilter) else TagFilter(tag_filter)
-        return self.read_chain.read(ReadRequest(topic, queue_id, offset, max_count, max_bytes,
-                                                filt))
+        started = time.monotonic()
+        got = self.read_chain.read(ReadRequest(topic, queue_id, offset, max_count, max_bytes,
+                                               filt))
+        self.stats.on_get(got, started)
+        return got
 
     def add_read_source(self, source: ReadSource, *, first: bool = False) -> None:
         """Plug in a read source (a tier fetcher, a compaction log): asked after the local

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from stratamq.store.deleted_topics import DeletedTopics
     from stratamq.store.dispatch import ReputService
     from stratamq.store.layout import StoreLayout
+    from stratamq.store.store_stats import StoreStats
 
 __all__ = ["StoreWrites"]
 
@@ -48,6 +49,7 @@ class StoreWrites:
     cleanup: CleanupService | None
     put_waiters: list[PutWaiter]
     put_guards: list[Callable[[], str | None]]
+    stats: StoreStats
     _opened: bool
     _valid_topics: set[str]
     _max_topic_bytes: int | None
@@ -61,6 +63,7 @@ class StoreWrites:
 
         ``wait=False``: return once they are appended; the caller then calls ``wait_put``
         (from a thread that may block) before it acknowledges them."""
+        started = time.monotonic()
         if not self._opened or self.read_only:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
                                     error="store is not open for writing")
@@ -90,6 +93,7 @@ class StoreWrites:
             if not m.born_timestamp:  # none given: "now", not 1970 (RocketMQ's producer sets it)
                 m.born_timestamp = now or (now := int(time.time() * 1000))
         result = self.commitlog.append(messages)
+        self.stats.on_put(result, started)  # the append's outcome, as RocketMQ counts it
         return self.wait_put(result, messages) if wait else result
 
     @property
