@@ -13,16 +13,14 @@ import signal
 import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from test_cluster_failover import (
-    Member,
     _start,
     assert_all_readable,
+    one_etcd_pair,
     readable,
     send_replies,
-    stop_all,
 )
 from waiting import wait_until
 
-from stratamq.benchmarks.etcd_members import EtcdCluster
 from stratamq.client.admin import AdminClient
 
 # The frozen slave must stay a member of the SyncStateSet while it is frozen (a slave that
@@ -34,10 +32,7 @@ PATIENT = {"etcdLeaseTtlMs": "20000", "haMaxTimeSlaveNotCatchup": "600000",
 
 @pytest.fixture
 def pair(tmp_path):
-    etcd = EtcdCluster(tmp_path, size=1)
-    members = [Member(tmp_path, etcd.endpoints, i, extra=PATIENT) for i in (1, 2)]
-    yield members
-    stop_all(members, etcd)
+    yield from one_etcd_pair(tmp_path, PATIENT)
 
 
 def ha_status(endpoint: str) -> dict:

@@ -11,7 +11,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -145,6 +145,15 @@ def stop_all(members: list[Member], etcd: EtcdCluster) -> None:
             os.kill(m.proc.pid, signal.SIGCONT)
             m.terminate()
     etcd.stop()
+
+
+def one_etcd_pair(tmp_path: Path, extra: dict[str, str]) -> Iterator[list[Member]]:
+    """For a fixture: one etcd member and two brokers of group ``g`` with ``extra`` settings,
+    all stopped after the test."""
+    etcd = EtcdCluster(tmp_path, size=1)
+    members = [Member(tmp_path, etcd.endpoints, i, extra=extra) for i in (1, 2)]
+    yield members
+    stop_all(members, etcd)
 
 
 @pytest.fixture

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,8 +56,9 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from stratamq.broker.compaction_topics import plug
 from stratamq.broker.metadata import MetadataError
+from stratamq.broker.state_sync import SERVICE, StateSync
 from stratamq.broker.tls import peer_endpoint
-from stratamq.client.admin import AdminClient, AdminError
+from stratamq.client.admin import AdminClient
 from stratamq.compaction.service import CompactionStore
 from stratamq.config import BrokerRole, StoreConfig
 from stratamq.ha import HAConnectionState, HAService
@@ -77,10 +77,6 @@ __all__ = ["SERVICE", "BrokerReplication", "ReplicationParts", "master_endpoint"
 
 log = logging.getLogger(__name__)
 
-SERVICE = "stratamq.admin.v1.Replication"
-# How long one sync waits for the slave's dispatch to reach a deletion (it finishes later
-# when it does not; the next sync sees the slave's cutoff and does not delete again).
-_DELETE_WAIT_S = 5.0
 _ADMIN_WRITES = frozenset({"CreateTopic", "UpdateTopic", "DeleteTopic", "CreateGroup",
                            "UpdateGroup", "DeleteGroup", "ResetOffset"})
 
@@ -118,10 +114,6 @@ def _endpoints(host: str, port: int) -> pb.Endpoints:
                         addresses=[pb.Address(host=host, port=port)])
 
 
-class _OtherLineage(Exception):
-    """The master's CommitLog is not (yet) of this slave's lineage: copy nothing from it."""
-
-
 @dataclass
 class ReplicationParts:
     """What replication uses of a broker (never the ``Broker``): its settings, store,
@@ -154,127 +146,6 @@ class ReplicationParts:
     @property
     def cluster(self) -> Any:
         return self.cluster_of() if self.cluster_of is not None else None
-
-
-_EAGER_FIRST_SYNC_S = 10.0  # how long a slave retries its first state copy every 0.2 s
-
-
-class StateSync:
-    """A slave's copy of its master's topics, groups and pop state, every interval."""
-
-    def __init__(self, broker: ReplicationParts, endpoint: str, interval_ms: int,
-                 applying: threading.Lock | None = None) -> None:
-        self.b = broker
-        self.endpoint = endpoint
-        # Held from asking to applying: a planned switch's last copy (take_over_state) is
-        # never overwritten by an older snapshot this thread fetched before it.
-        self.applying = applying if applying is not None else threading.Lock()
-        self.interval = interval_ms / 1000
-        self.last_sync_ms = 0
-        self.last_change_ms = 0
-        self.syncs = 0
-        self.last_error = ""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="ha-state-sync")
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        # A sync in progress ends within its RPC timeout and _DELETE_WAIT_S.
-        self._thread.join(10 + _DELETE_WAIT_S)
-
-    def _run(self) -> None:
-        cfg = self.b.config
-        with AdminClient(peer_endpoint(self.endpoint, cfg),
-                         timeout=max(2.0, self.interval)) as client:
-            # A fresh slave's first copy waits for its HA link to adopt the master's lineage
-            # (a moment after start): until a copy succeeds, ask again soon for a while, so
-            # its topics do not lag its messages by a whole interval.
-            eager_until = time.monotonic() + _EAGER_FIRST_SYNC_S
-            while not self._stop.wait(self._pause(eager_until)):
-                try:
-                    self.sync_once(client)
-                except _OtherLineage as exc:  # the HA client says why, at ERROR if it must
-                    if str(exc) != self.last_error:
-                        log.info("%s", exc)
-                    self.last_error = str(exc)
-                except (AdminError, ValueError, OSError) as exc:
-                    if str(exc) != self.last_error:
-                        log.warning("copying state from master %s failed: %s", self.endpoint,
-                                    exc)
-                    self.last_error = str(exc)
-                except Exception as exc:  # a reply of another shape, a bug: keep the thread
-                    if str(exc) != self.last_error:
-                        log.exception("copying state from master %s failed", self.endpoint)
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-
-    def _pause(self, eager_until: float) -> float:
-        if not self.syncs and not self.last_error:
-            return 0
-        if not self.syncs and time.monotonic() < eager_until:
-            return min(self.interval, 0.2)
-        return self.interval
-
-    def sync_once(self, client: AdminClient, wait: float = -1) -> None:
-        """One copy; ``wait``: how long to wait for a copy under way (-1: as long as it
-        takes), TimeoutError past it."""
-        if not self.applying.acquire(timeout=wait):
-            raise TimeoutError("another copy of the master's state is under way")
-        try:
-            self._sync_once(client)
-        finally:
-            self.applying.release()
-
-    def _sync_once(self, client: AdminClient) -> None:
-        snap = client.call_service(SERVICE, "SyncState")
-        own = self.b.store.identity.lineage if self.b.store.identity is not None else None
-        if snap.get("lineage") != own or own is None:
-            # Fresh slave: its lineage becomes the master's once the HA link has said it (a
-            # later sync copies). Another lineage: the HA client logs that at ERROR.
-            raise _OtherLineage(f"state not copied: the master's CommitLog is of lineage "
-                                f"{snap.get('lineage')}, this store's of {own}")
-        broker = self.b
-        gone = broker.meta.replace_all(snap["metadata"])
-        for topic in gone:
-            log.info("topic %s is no longer in the master's configuration", topic)
-        deleted = self._apply_deletions(snap.get("deletedTopics") or {})
-        changed = broker.state.restore(snap["popState"])
-        if broker.timer_check is not None and "timerCheck" in snap:
-            broker.timer_check[1](snap["timerCheck"])
-        now = int(time.time() * 1000)
-        if changed or gone or deleted:
-            self.last_change_ms = now
-        self.last_sync_ms = now
-        self.syncs += 1
-        self.last_error = ""
-
-    def _apply_deletions(self, master_cutoffs: dict[str, int]) -> list[str]:
-        """Delete here the topics the master deleted (its ``deletedTopics`` cutoffs).
-
-        Only an explicit deletion removes data: a topic merely missing from the master's
-        configuration (a master restarted over an empty config directory) keeps its queues
-        here, as RocketMQ's slave only replaces its config table. A deletion is applied once
-        this CommitLog holds the master's cutoff, and at that cutoff: what the slave received
-        of the topic's next generation before this sync stays, as it stays on the master."""
-        store = self.b.store
-        applied: list[str] = []
-        for topic, cutoff in master_cutoffs.items():
-            if not isinstance(cutoff, int) or store.deleted_topics.cutoffs.get(topic, -1) >= cutoff:
-                continue
-            if store.max_physical_offset < cutoff:
-                continue  # not replicated that far yet: a later sync applies it
-            log.info("topic %s was deleted on the master (below CommitLog offset %d): deleting "
-                     "its queues here", topic, cutoff)
-            store.delete_topic(topic, timeout=_DELETE_WAIT_S, at=cutoff)
-            applied.append(topic)
-        return applied
-
-    def info(self) -> dict[str, Any]:
-        return {"masterEndpoint": self.endpoint, "intervalMs": int(self.interval * 1000),
-                "lastSyncTimestamp": self.last_sync_ms, "lastChangeTimestamp":
-                self.last_change_ms, "syncs": self.syncs, "lastError": self.last_error}
 
 
 class BrokerReplication:
@@ -323,7 +194,14 @@ class BrokerReplication:
         self._stop_parts()
         store = self.b.store
         self.ha.forget_put_waiter(store.put_waiters)
-        store.set_dispatch_bound(None)
+        if role is BrokerRole.SLAVE:
+            # Dispatch stays where it may go now (a master's confirm offset, or what the store
+            # opened with: the checkpoint's) until the HA link has the log in step with the
+            # new master's, cut back where it differs: a tail no slave confirmed is read by no
+            # consumer before the cut. In step, a slave's dispatch is not bounded.
+            store.hold_dispatch_where_bound()
+        else:
+            store.set_dispatch_bound(None)
         if role is not BrokerRole.SLAVE and self.role is BrokerRole.SLAVE:
             store.recover_topic_queue_table()  # its copies assigned no queue offsets
         cfg = self.b.store_config  # the store's own object: its puts check the role
@@ -336,6 +214,14 @@ class BrokerReplication:
         self.ha = HAService.for_store(store, host=self.b.listen_host, cluster_epoch=epoch)
         self.sync = None
         self.replicator = None
+        if role is BrokerRole.SLAVE:
+            ha = self.ha
+
+            def in_step() -> None:  # (not a client outlived by a later switch's join)
+                if self.ha is ha:
+                    store.set_dispatch_bound(None)
+
+            ha.on_in_step = in_step
         if not self.waiting_for_election:
             self._start_parts()
         server = self.ha.server
@@ -343,7 +229,10 @@ class BrokerReplication:
             wait_for_slave = server.wait_for_slave
 
             def wait_for_sync_state_set(end: int) -> PutMessageStatus | None:
-                return None if acks_alone() else wait_for_slave(end)
+                status = None if acks_alone() else wait_for_slave(end)
+                if status is None:  # on disk's page cache before the put is acknowledged
+                    store.note_confirmed(end)
+                return status
 
             waiters = store.put_waiters
             waiters[:] = [wait_for_sync_state_set if w == wait_for_slave else w

@@ -42,7 +42,7 @@ def open_store(store_config: StoreConfig, cfg: BrokerConfig) -> PluggedStore:
     tiered: Any = None
     compaction: CompactionStore | None = None
     try:
-        store = MessageStore(store_config)
+        store = MessageStore(store_config, controller_mode=cfg.enable_controller_mode)
         # Plugged in before the open: its uploader replays from its own durable progress.
         # A SLAVE reads its master's tier but never uploads to it (nor would its uploader
         # follow a cut-back of its CommitLog): no uploader, and its compacted files are

@@ -71,6 +71,8 @@ class HAService:
         self.epochs: EpochFile | None = None
         self.server: HAServer | None = None
         self.client: HAClient | None = None
+        # A slave's: called once its log is in step with its master's (``HAClient.on_in_step``).
+        self.on_in_step: Callable[[], None] | None = None
 
     @classmethod
     def for_store(cls, store: MessageStore, host: str = "127.0.0.1",
@@ -130,6 +132,7 @@ class HAService:
 
             self.replica.on_truncate.append(record_cut)
             self.client = HAClient(self.config, self.replica, self.reader, self.identity)
+            self.client.on_in_step = self.on_in_step
             self.client.start()
 
     @property

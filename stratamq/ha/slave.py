@@ -39,12 +39,14 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from stratamq.config import StoreConfig
 from stratamq.ha.master import FlowMonitor
 from stratamq.ha.protocol import (
     Gap,
     HAConnectionState,
+    Heartbeat,
     LineageVerdict,
     MasterEnd,
     MasterLineage,
@@ -155,6 +157,10 @@ class HAClient:
         self.last_error = ""
         self.last_truncation: TruncateReport | None = None
         self.connects = 0
+        # Called once, on this thread, when the log is first in step with the master's (its
+        # checks passed or it was cut back: the stream goes on from its end). A controller-mode
+        # slave holds dispatch at its confirm offset until then (BrokerReplication).
+        self.on_in_step: Callable[[], None] | None = None
         self._sock: socket.socket | None = None
         self._read_buf = bytearray(READ_SIZE)
         self._stop = threading.Event()
@@ -279,6 +285,8 @@ class HAClient:
         run: list[memoryview] = []  # bodies of consecutive frames, appended together
         run_start = run_end = 0
         for event in events:
+            if self.on_in_step is not None and isinstance(event, (Transfer, Heartbeat)):
+                self._in_step()  # the checks before passed (a failed one reconnected)
             if isinstance(event, Transfer):
                 if self._confirming:
                     self._confirm()
@@ -311,6 +319,8 @@ class HAClient:
                                    "this slave holds)")
                 replica.discard_unpublished()  # what follows comes from that end
                 proto.expected = replica.end()
+                if self.on_in_step is not None:
+                    self._in_step()
             elif isinstance(event, Gap):
                 raise _Reconnect(
                     f"the master sent bytes for offset {event.offset} but this slave's log "
@@ -386,6 +396,11 @@ class HAClient:
             log.warning("this slave's CommitLog is of an unknown lineage: it follows master %s "
                         "(lineage %s) without cutting its log until the master's log shows "
                         "it holds what this slave holds", self.master_address, event.lineage)
+
+    def _in_step(self) -> None:
+        in_step, self.on_in_step = self.on_in_step, None
+        if in_step is not None:
+            in_step()
 
     def _confirm(self) -> None:
         """The master streams from this slave's end: its log holds what this slave holds."""

@@ -313,8 +313,10 @@ class ConsumeQueueFlushService(ServiceThread):
         thorough_interval_ms: int,
         sample_progress: Callable[[], int],
         on_thorough_flush: Callable[[int], None],
+        after_round: Callable[[], None] | None = None,
     ) -> None:
         super().__init__("flush-consumequeue")
+        self.after_round = after_round  # after each round that flushed (controller mode)
         self.flush_queues = flush_queues
         self.interval = interval_ms / 1000
         self.least_pages = least_pages
@@ -341,6 +343,11 @@ class ConsumeQueueFlushService(ServiceThread):
         self._last_error = ""
         if thorough:
             self.on_thorough_flush(progress)
+        elif self.after_round is not None:
+            try:
+                self.after_round()
+            except OSError as exc:  # the checkpoint keeps its older confirm offset: safe
+                log.error("writing the checkpoint's confirm offset failed: %s", exc)
 
     def run(self) -> None:
         while not self._stop.is_set():

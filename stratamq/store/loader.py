@@ -70,12 +70,14 @@ def open_index(cfg: StoreConfig, layout: StoreLayout, checkpoint: StoreCheckpoin
     return index
 
 
-def reindex(index: IndexService | None, files: MappedFileQueue, commitlog_min: int) -> None:
-    """Re-index, from the CommitLog, what the index files dropped on load held."""
+def reindex(index: IndexService | None, files: MappedFileQueue, commitlog_min: int,
+            end: int | None = None) -> None:
+    """Re-index, from the CommitLog, what the index files dropped on load held (up to ``end``,
+    where dispatch stops: a controller-mode store's confirm offset; default the log's end)."""
     if index is None or index.replay_from is None:
         return
     start = max(index.replay_from, commitlog_min)
-    count = ReputService(files, [index], start).replay()
+    count = ReputService(files, [index], start).replay(end)
     log.info("re-indexed %d records from offset %d", count, start)
 
 

@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from stratamq.config import BrokerRole, FlushDiskType, StoreConfig
 from stratamq.names import MAX_TOPIC_NAME_BYTES, topic_name_problem
-from stratamq.record import DispatchInfo, Message, Prop, StoredMessage, parse_offset_msg_id
-from stratamq.store.checkpoint import StoreCheckpoint
+from stratamq.store.checkpoint import ConfirmOffsetSlot, StoreCheckpoint
 from stratamq.store.cleanup import CleanupService
 from stratamq.store.commitlog import CommitLog
 from stratamq.store.consume_queue_store import (
@@ -32,12 +29,11 @@ from stratamq.store.consume_queue_store import (
 from stratamq.store.consumption import ConsumedOffsets
 from stratamq.store.deleted_topics import DeletedTopics
 from stratamq.store.dispatch import Dispatcher, ReputService
-from stratamq.store.filter import TagFilter
+from stratamq.store.dispatch_bound import DispatchBound
 from stratamq.store.flush import (
     AsyncFlushService,
     ConsumeQueueFlushService,
     GroupCommitService,
-    Wake,
 )
 from stratamq.store.identity import StoreIdentity
 from stratamq.store.index_service import IndexService
@@ -56,42 +52,16 @@ from stratamq.store.prefault import Prefaulter
 from stratamq.store.put_waiters import (
     GroupCommitWaiter,
     PutWaiter,
-    all_call_back,
-    end_to_wait_for,
-    wait_in_turn,
-    wait_in_turn_later,
 )
-from stratamq.store.read_chain import ReadChain, ReadRequest, ReadSource
-from stratamq.store.recovery import RecoveryReport, recover_commitlog
+from stratamq.store.read_chain import ReadChain, ReadSource
+from stratamq.store.recovery import RecoveryReport, confirm_offset_at_open, recover_commitlog
 from stratamq.store.replica import ReplicaLog
-from stratamq.store.results import (
-    GetMessageResult,
-    PutMessageResult,
-    PutMessageStatus,
-)
+from stratamq.store.store_lock import StoreLocked, lock_store
+from stratamq.store.store_reads import StoreReads
 from stratamq.store.store_stats import StoreStats
+from stratamq.store.store_writes import StoreWrites
 
 log = logging.getLogger(__name__)
-
-
-class StoreLocked(RuntimeError):
-    """Another process has the store open."""
-
-
-def lock_store(layout: StoreLayout) -> int:
-    """Take the store directory's lock; the descriptor holds it until closed. StoreLocked
-    when another process (or store) holds it."""
-    fd = os.open(layout.lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        # flock excludes other StrataMQ stores, even in this process; a POSIX record lock on
-        # byte 0 is what Apache RocketMQ takes (FileChannel.tryLock(0, 1, false)), so a
-        # RocketMQ broker and StrataMQ never open one directory together either.
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
-    except OSError:
-        os.close(fd)
-        raise StoreLocked(f"store {layout.root} is open in another process") from None
-    return fd
 
 
 class StoreDiskFull(OSError):
@@ -99,15 +69,18 @@ class StoreDiskFull(OSError):
     segment's reserved blocks, a replayed ConsumeQueue unit, the checkpoint)."""
 
 
-class MessageStore:
+class MessageStore(StoreWrites, StoreReads, DispatchBound):
     """An embedded, RocketMQ-compatible message store rooted at ``config.store_path_root_dir``.
 
     ``read_only=True`` opens an existing store without changing a byte (no lock, no recovery
     writes, no dispatch): for dumps and for inspecting a directory someone else owns.
+    ``controller_mode=True`` (a cluster broker): the checkpoint keeps the confirm offset and an
+    open holds dispatch there until the role moves the bound (``note_confirmed``).
     """
 
     def __init__(self, config: StoreConfig | None = None, *, read_only: bool = False,
-                 force_store_type: bool = False, **overrides: Any) -> None:
+                 force_store_type: bool = False, controller_mode: bool = False,
+                 **overrides: Any) -> None:
         if config is None:
             config = StoreConfig(**overrides)
         elif overrides:
@@ -145,6 +118,15 @@ class MessageStore:
         # Writers share it without a lock: a set's add, clear and ``in`` are atomic under the GIL.
         self._valid_topics: set[str] = set()
         self._max_topic_bytes: int | None = None  # NAME_MAX of the store's file system, <= 255
+        # Controller mode: the checkpoint keeps the confirm offset (``confirm_phy_offset``:
+        # where dispatch may go, written with the checkpoint and after each ConsumeQueue flush
+        # round that finds it moved), and an open holds dispatch there (``hold_dispatch_at``)
+        # until the broker's role moves the bound, so a restarted master's tail that its group
+        # never confirmed, which a failover may cut, is read by no consumer; what was
+        # dispatched before stays readable. RocketMQ's ``StoreCheckpoint.confirmPhyOffset``
+        # and its recovery in controller mode.
+        self._tracks_confirm = controller_mode
+        self._confirm_slot: ConfirmOffsetSlot | None = None  # open while tracked
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -220,6 +202,10 @@ class MessageStore:
                                self.commitlog.min_offset, report)
         self.reput = ReputService(files, self._dispatchers, start, cfg.dispatch_interval,
                                   recent=self.commitlog.recent_dispatch)
+        if self._tracks_confirm and not self.read_only:  # before replay and re-indexing
+            self.hold_dispatch_at(confirm_offset_at_open(
+                self.checkpoint.confirm_phy_offset, self.commitlog.min_offset,
+                report.end_offset))
         self.deleted_topics = DeletedTopics(self.layout.deleted_topics, read_only=self.read_only)
         self.deleted_topics.prune(self.commitlog.min_offset)
         self.reput.deleted = self.deleted_topics
@@ -238,7 +224,7 @@ class MessageStore:
         for source, first in self._plugged_sources:
             self.read_chain.add(source, first=first)
         if not self.read_only:
-            reindex(self.index, files, self.commitlog.min_offset)
+            reindex(self.index, files, self.commitlog.min_offset, self.reput.end())
             # Skips, undecoded, records every dispatcher has: most of them after a crash.
             replayed = self.reput.replay(skip_covered=True)
             if replayed:
@@ -255,6 +241,9 @@ class MessageStore:
         # Give the checkpoint its disk blocks now: rewriting them later needs no free space,
         # so a store that fills its disk can still checkpoint and close cleanly.
         self.checkpoint.write(self.layout.checkpoint)
+        if self._tracks_confirm:
+            self._confirm_slot = ConfirmOffsetSlot(self.layout.checkpoint, self.checkpoint)
+            self._confirm_slot.set(self.reput.end())
         self._start_services(cfg, files)
 
     def _start_after_sources(self, files: MappedFileQueue) -> None:
@@ -367,6 +356,7 @@ class MessageStore:
             cfg.flush_consume_queue_least_pages, cfg.flush_consume_queue_thorough_interval,
             sample_progress=lambda: self.reput.last_store_timestamp,
             on_thorough_flush=self._write_checkpoint,
+            after_round=self._save_confirm_offset if self._tracks_confirm else None,
         )
         if cfg.broker_role is not BrokerRole.SLAVE:
             self.start_prefaulter()
@@ -454,6 +444,10 @@ class MessageStore:
             self.checkpoint.physic_msg_timestamp = ts
 
     def _write_checkpoint(self, logics_timestamp: int) -> None:
+        # Where dispatch may go now: the bound (a master's confirm offset, a held value), else
+        # the log's end (a slave in step with its master, as RocketMQ's slave takes its
+        # master's confirm offset). Never past what the group held when it was read.
+        self._save_confirm_offset()
         if logics_timestamp > self.checkpoint.logics_msg_timestamp:
             self.checkpoint.logics_msg_timestamp = logics_timestamp
         if self.index is not None and not self.read_only:
@@ -513,6 +507,9 @@ class MessageStore:
                 log.error("store closed with ConsumeQueue units in memory only (their files "
                           "could not be created): the next open re-dispatches them from the "
                           "CommitLog")
+        slot, self._confirm_slot = self._confirm_slot, None
+        if slot is not None:
+            slot.close()
         self._close_cq_stores()
         if self.index is not None:
             self.index.close()
@@ -525,153 +522,6 @@ class MessageStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- writing --------------------------------------------------------------------------------
-
-    def put_message(self, msg: Message) -> PutMessageResult:
-        return self.put_messages([msg])
-
-    def put_messages(self, messages: Sequence[Message], *, wait: bool = True
-                     ) -> PutMessageResult:
-        """Append messages in order; under SYNC_FLUSH return once they are on disk.
-
-        ``wait=False``: return once they are appended; the caller then calls ``wait_put``
-        (from a thread that may block) before it acknowledges them."""
-        started = time.monotonic()
-        if not self._opened or self.read_only:
-            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
-                                    error="store is not open for writing")
-        if self.config.broker_role is BrokerRole.SLAVE:  # RocketMQ's checkStoreStatus
-            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
-                                    error="broker role is SLAVE: puts are forbidden")
-        if self.reput.error is not None:
-            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE,
-                                    error=f"dispatch failed: {self.reput.error}")
-        for guard in self.put_guards:
-            refusal = guard()
-            if refusal is not None:
-                return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, error=refusal)
-        refusal = self.cleanup.put_refusal() if self.cleanup is not None else None
-        if refusal is not None:  # past diskSpaceWarningLevelRatio: RocketMQ's DISK_FULL flag
-            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, error=refusal)
-        # Checked before anything of the batch is written: a topic that cannot be a ConsumeQueue
-        # directory would otherwise be acknowledged and then stop dispatch for good.
-        valid = self._valid_topics
-        for m in messages:
-            if m.topic not in valid:
-                problem = self._topic_problem(m.topic)
-                if problem is not None:
-                    return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, error=problem)
-        now = 0
-        for m in messages:
-            if not m.born_timestamp:  # none given: "now", not 1970 (RocketMQ's producer sets it)
-                m.born_timestamp = now or (now := int(time.time() * 1000))
-        result = self.commitlog.append(messages)
-        self.stats.on_put(result, started)  # the append's outcome, as RocketMQ counts it
-        return self.wait_put(result, messages) if wait else result
-
-    @property
-    def waits_on_put(self) -> bool:
-        """Whether a put may have to wait after its append (SYNC_FLUSH, put waiters)."""
-        return bool(self.put_waiters)
-
-    def wait_put(self, result: PutMessageResult, messages: Sequence[Message]
-                 ) -> PutMessageResult:
-        """What ``put_messages`` waits for after its append: each put waiter in turn (group
-        commit first under SYNC_FLUSH), unless every message said ``WAIT=false``; the first
-        refusal becomes ``result.status``. Returns ``result``."""
-        end = end_to_wait_for(result, messages) if self.put_waiters else None
-        if end is not None:
-            wait_in_turn(self.put_waiters, result, end)
-        return result
-
-    @property
-    def put_waits_call_back(self) -> bool:
-        """Whether ``wait_put_later`` can wait: every put waiter answers by a callback."""
-        return all_call_back(self.put_waiters)
-
-    def wait_put_later(self, result: PutMessageResult, messages: Sequence[Message],
-                       done: Callable[[PutMessageResult], Wake | None],
-                       linger: bool = False) -> None:
-        """``wait_put`` without blocking (when ``put_waits_call_back``): ``done(result)`` once
-        every waiter is satisfied or one refused, on the thread of the waiter that answered
-        last (the group commit's flush thread), or here if there is nothing to wait for.
-        ``done`` may return a ``Wake``: the answering thread calls it after the rest of its
-        group's answers (one wake-up of a loop for them all). ``linger``: the caller's
-        appender is saturated (see ``GroupCommitService.request_flush``)."""
-        end = end_to_wait_for(result, messages) if self.put_waiters else None
-        if end is not None:
-            wait_in_turn_later(self.put_waiters, result, end, done, linger)
-            return
-        wake = done(result)
-        if wake is not None:
-            wake()
-
-    def add_put_waiter(self, waiter: PutWaiter) -> None:
-        """A condition every put (that asks to wait, ``WAIT`` not false) waits for after its
-        append: ``waiter(end_offset)`` returns None once the bytes before ``end_offset`` are
-        where it wants them, or the status the put then answers (a replication master: "a
-        slave has the bytes", else FLUSH_SLAVE_TIMEOUT). SYNC_FLUSH's group commit is the
-        first. A ``CallbackPutWaiter`` can also be waited for without blocking a thread
-        (``store/put_waiters.py``)."""
-        self.put_waiters.append(waiter)
-
-    def delete_topic(self, topic: str, timeout: float = 30.0, *, at: int | None = None) -> None:
-        """Delete ``topic``'s messages as RocketMQ's ``deleteTopics`` does: its ConsumeQueues
-        go, and its records, which stay in the CommitLog until retention, are never served for
-        it again (a topic created later under the name starts empty, at queue offset 0, even
-        after a crash and a replay). Returns once the ConsumeQueues are gone.
-
-        ``at`` is for a slave applying its master's deletion: the master's cutoff (where the
-        topic's next generation starts in the shared CommitLog), which this log must already
-        hold. The slave's own end would be later, and the next generation's records between
-        the two would be deleted with the old ones."""
-        if not self._opened or self.read_only:
-            raise RuntimeError("store is not open for writing")
-        if at is not None:
-            if not 0 <= at <= self.commitlog.max_offset:
-                raise ValueError(f"cannot delete topic {topic!r} at CommitLog offset {at}: this "
-                                 f"log ends at {self.commitlog.max_offset}")
-            def note_cutoff() -> None:  # durable before the queues go, and only if they will
-                self.deleted_topics.add(topic, at)
-                self.deleted_topics.save()
-
-            # A bounded wait for the round lock: a slave catching up holds a round for as long
-            # as its dispatch is held back, and the state-sync thread calling this must not
-            # hang for all of it (nothing is noted then: the next sync tries again).
-            if not self.reput.delete_topic_behind(at, topic, timeout=timeout,
-                                                  before=note_cutoff).wait(timeout):
-                raise TimeoutError(f"dispatch did not reach the deletion of topic {topic!r} "
-                                   f"in {timeout} s (dispatch error: {self.reput.error})")
-            return
-
-        def note(cutoff: int) -> None:
-            self.deleted_topics.add(topic, cutoff)
-            pending.append(self.reput.delete_topic_at(cutoff, topic))
-
-        pending: list[threading.Event] = []
-        self.commitlog.restart_topic(topic, note)
-        self.deleted_topics.save()  # durable before the queues go
-        if not pending[0].wait(timeout):
-            raise TimeoutError(f"dispatch did not reach the deletion of topic {topic!r} in "
-                               f"{timeout} s (dispatch error: {self.reput.error})")
-
-    def _topic_problem(self, topic: object) -> str | None:
-        """``topic_name_problem`` against this store's file system; remembers valid topics."""
-        if self._max_topic_bytes is None:
-            try:
-                name_max = os.pathconf(self.layout.root, "PC_NAME_MAX")
-            except (OSError, ValueError):
-                name_max = MAX_TOPIC_NAME_BYTES
-            # Never past 255 even where the file system allows more: the store must stay
-            # copyable to an ordinary one (and readable by RocketMQ there).
-            self._max_topic_bytes = min(name_max, MAX_TOPIC_NAME_BYTES)
-        problem = topic_name_problem(topic, self._max_topic_bytes)
-        if problem is None:
-            if len(self._valid_topics) >= 100_000:  # bounded; a miss costs only a regex match
-                self._valid_topics.clear()
-            self._valid_topics.add(topic)  # type: ignore[arg-type]
-        return problem
-
     def flush(self) -> None:
         """Force everything appended so far to disk (CommitLog and ConsumeQueues)."""
         self.commitlog.files.flush_all()
@@ -683,95 +533,6 @@ class MessageStore:
         if self.read_only:
             return True
         return self.reput.wait_caught_up(timeout)
-
-    # -- reading --------------------------------------------------------------------------------
-
-    def get_messages(
-        self,
-        group: str,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_count: int | None = None,
-        max_bytes: int | None = None,
-        tag_filter: str | TagFilter | None = None,
-    ) -> GetMessageResult:
-        """Read from ``topic``/``queue_id`` starting at queue ``offset``, through the read chain
-        (the local queues first, then whatever is plugged in: see ``add_read_source``).
-
-        ``group`` names the reader (kept for RocketMQ parity; the store tracks no progress).
-        Records come back as zero-copy views: release the result when done with them.
-        """
-        max_count = max_count or self.config.max_transfer_count_on_message_in_memory
-        max_bytes = max_bytes or self.config.max_transfer_bytes_on_message_in_memory
-        filt = tag_filter if isinstance(tag_filter, TagFilter) else TagFilter(tag_filter)
-        started = time.monotonic()
-        got = self.read_chain.read(ReadRequest(topic, queue_id, offset, max_count, max_bytes,
-                                               filt))
-        self.stats.on_get(got, started)
-        return got
-
-    def add_read_source(self, source: ReadSource, *, first: bool = False) -> None:
-        """Plug in a read source (a tier fetcher, a compaction log): asked after the local
-        ConsumeQueues, or before them with ``first=True``. A read is answered by the first
-        source that holds the offset; min/max offsets, offsets by time and lookups by key or
-        id ask every source (see ``read_chain``)."""
-        if self._opened:
-            self.read_chain.add(source, first=first)
-        else:
-            self._plugged_sources.append((source, first))
-
-    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
-        held = self.read_chain.offsets(topic, queue_id)
-        return held.low if held else 0
-
-    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
-        held = self.read_chain.offsets(topic, queue_id)
-        return held.high if held else 0
-
-    def look_message_by_offset(self, physical_offset: int) -> StoredMessage | None:
-        """Decode the record at a CommitLog offset (e.g. from an offset message id)."""
-        return self.read_chain.read_by_physical_offset(physical_offset)
-
-    # -- lookups by key, message id and time (index: docs/formats/index-file.md) --------------
-
-    def query_messages(self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0,
-                       end_ms: int | None = None) -> list[StoredMessage]:
-        """Messages of ``topic`` carrying ``key`` (a word of KEYS, or the unique id) stored
-        in [begin_ms, end_ms], newest first, at most ``max_num``; [] with the index off."""
-        if max_num <= 0:
-            return []
-        end = 2**63 - 1 if end_ms is None else end_ms
-        return self.read_chain.query_by_key(topic, key, max_num, begin_ms, end)
-
-    def look_message_by_msg_id(self, msg_id: str, topic: str | None = None
-                               ) -> StoredMessage | None:
-        """The message with this id: an offset message id (store host + CommitLog offset) or
-        a unique client id (``UNIQ_KEY``, found through the index, in ``topic`` or any)."""
-        msg_id = msg_id.strip()
-        try:
-            host, phys = parse_offset_msg_id(msg_id)
-        except ValueError:
-            pass
-        else:
-            msg = self.read_chain.read_by_physical_offset(phys)
-            if msg is not None and msg.physical_offset == phys and msg.store_host == host:
-                return msg
-        for name in [topic] if topic is not None else list(self.topics()):
-            for hit in self.read_chain.query_by_key(name, msg_id, 8, 0, 2**63 - 1):
-                if hit.properties.get(Prop.UNIQ_KEY) == msg_id:
-                    return hit
-        return None
-
-    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        """First queue offset whose message was stored at or after ``timestamp_ms``; the
-        queue's max offset if none was (0 for an unknown queue)."""
-        return self.read_chain.offset_by_time(topic, queue_id, timestamp_ms)
-
-    def topics(self) -> dict[str, list[int]]:
-        """Every topic any read source holds (the local ConsumeQueues first), with its queue
-        ids."""
-        return self.read_chain.topics()
 
     @property
     def min_physical_offset(self) -> int:
@@ -790,45 +551,9 @@ class MessageStore:
         """CommitLog bytes below this offset are on disk."""
         return self.commitlog.files.flushed_where
 
-    def add_dispatch_listener(self, listener: Callable[[DispatchInfo], None]) -> None:
-        """Call ``listener(info)`` on the dispatcher thread with the newest record of each topic
-        a dispatch round made readable (long-poll wake-ups). Open store only; keep it quick."""
-        if not self._opened:
-            raise RuntimeError("add dispatch listeners once the store is open")
-        self.reput.listeners.append(listener)
-
-    def remove_dispatch_listener(self, listener: Callable[[DispatchInfo], None]) -> None:
-        """Stop calling ``listener``; a listener never added (or a closed store) is fine."""
-        listeners = self.reput.listeners if self._opened else []
-        if listener in listeners:
-            listeners.remove(listener)
-
     def oldest_store_timestamp(self) -> int:
         """Store time of the oldest record still in the CommitLog (0 if none)."""
         return self.commitlog.store_timestamp_at(self.commitlog.min_offset) or 0
-
-    def dispatch_behind_bytes(self) -> int:
-        return self.reput.behind_bytes()
-
-    def set_dispatch_bound(self, bound: Callable[[], int] | None) -> None:
-        """Dispatch (ConsumeQueues, index, dispatch listeners) goes no further than
-        ``bound()``, a record boundary (None: the log's end). A controller-mode master's bound
-        is RocketMQ's confirm offset: what its SyncStateSet holds, so no consumer reads a
-        message a failover may cut (it would then skip the message that takes its offset).
-        Call ``wake_dispatch`` when the bound moves."""
-        files = self.reput.files
-        self.reput.end = (files.max_offset if bound is None
-                          else lambda: min(files.max_offset(), bound()))
-        self.reput.wakeup()
-
-    def wake_dispatch(self) -> None:
-        """Dispatch looks again: its bound (``set_dispatch_bound``) moved."""
-        self.reput.wakeup()
-
-    def dispatch_progress(self) -> tuple[int, int]:
-        """(offset dispatch has reached, where it stops now: the log's end or its bound)."""
-        return self.reput.reput_from, self.reput.end()
-
 
 __all__ = ["MAX_TOPIC_NAME_BYTES", "MessageStore", "StoreDiskFull", "StoreLocked",
            "lock_store", "topic_name_problem"]

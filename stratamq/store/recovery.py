@@ -213,3 +213,20 @@ def recover_commitlog(
     queue.truncate_dirty_files(end)
     report.deleted_segments = sorted(old_names - {mf.path.name for mf in queue.files})
     return report
+
+
+def confirm_offset_at_open(saved: int, min_offset: int, log_end: int) -> int:
+    """Where a controller-mode store holds dispatch at open: the checkpoint's
+    ``confirm_phy_offset``, moved into the log as RocketMQ's recovery moves it (below the
+    log's first byte: there; past the recovered end: the end). An old checkpoint, which never
+    recorded it, reads 0: only what was dispatched before is readable until the role is known.
+    """
+    held = min(max(saved, min_offset), log_end)
+    if held != saved:
+        log.info("confirm offset %d from the checkpoint lies outside the CommitLog [%d, %d]: "
+                 "holding dispatch at %d", saved, min_offset, log_end, held)
+    if held < log_end:
+        log.info("controller mode: dispatch held at the confirm offset %d until this broker's "
+                 "role is known; the %d bytes after it (a tail its group may never have "
+                 "confirmed) are read by no consumer meanwhile", held, log_end - held)
+    return held
