@@ -51,8 +51,9 @@ def test_one_endpoint_reads_every_group(spark, two_groups):  # noqa: F811
     rows = df.select("body", "store_host").collect()
     assert sorted(bytes(r.body) for r in rows) == sorted(b"row-%d" % i for i in range(20))
     assert {r.store_host.rpartition(":")[2] for r in rows} == {str(a.port), str(b.port)}
-    # Queue ids repeat across groups: options naming queues are refused, not misapplied.
-    with pytest.raises(Exception, match="names queues"):
+    # Queue ids repeat across groups: offsets naming queues without their group are refused,
+    # not misapplied.
+    with pytest.raises(Exception, match="without its broker group"):
         spark.read.format("stratamq").option("endpoints", b.endpoint).option(
             "startingOffsets", json.dumps({TOPIC: {"0": 0}})).load().collect()
     # A stream's offsets name each queue's group.

@@ -74,13 +74,15 @@ class StrataMQDataSource(DataSource):
 
         if "endpoints" in options:
             from stratamq.spark.broker_io import pull_group
-            from stratamq.spark.cluster_read import without_group_offsets
+            from stratamq.spark.cluster_read import cluster_queue_ids, without_group_offsets
 
             pull_group(options)
-            # Offsets naming broker groups (a cluster's stream) are checked when it starts.
+            # Offsets naming broker groups (a cluster's) are checked when the read is planned
+            # or the stream starts.
             options = without_group_offsets(options)
             with _broker(options) as broker:
-                existing = _broker_queues(broker)
+                # A cluster's topics are those of every group (some only in other groups).
+                existing = cluster_queue_ids(broker) or _broker_queues(broker)
         elif tier_io.is_tier_read(options):
             existing = tier_io.tier_topics(options)
         else:
@@ -226,13 +228,16 @@ def plan_batch(options: Mapping[str, str]) -> list[InputPartition]:
 
     options = planning.read_options(options)
     if "endpoints" in options:
+        from stratamq.spark.cluster_read import names_groups, plan_cluster
+
         with _broker(options) as broker:
             groups = broker.cluster_groups()
-            if groups is None or len(groups) < 2:
+            # A broker alone, or the sole group of a cluster read with queue-id offsets: as
+            # ever, at the broker given.
+            if groups is None or (len(groups) < 2 and not names_groups(options)):
                 return _plan_queues(options, broker, None)
-        from stratamq.spark.cluster_read import plan_cluster
-
-        return plan_cluster(options, groups, _broker, _plan_queues)
+        return plan_cluster(options, broker.connection, groups, broker.cluster_endpoints,
+                            _broker, _plan_queues)
     if tier_io.is_tier_read(options):  # a tier, read without a broker or a store
         known = sorted(tier_io.tier_topics(options))
         with _topic_hints(options, None, None):
