@@ -3,10 +3,13 @@
 A broker in controller mode names every broker group of its cluster (``ClusterStatus``, via
 ``BrokerCatalog.cluster_groups``): each group's master, or a live slave while it has none.
 
-Batch (``plan_cluster``): each group is planned at its own broker with the same options, so
-its splits pull from there. Queue ids repeat across groups: options that name queues are
-refused rather than applied to every group's queue of that id. A topic only some groups have
-is read from those.
+Batch (``plan_cluster``): queue ids repeat across groups, so ``startingOffsets`` /
+``endingOffsets`` name the group, ``{"topic": {"<brokerName>/<queueId>": offset}}``, and the
+options naming plain queue ids are refused rather than applied to every group's queue of that
+id. Topics and offsets are checked against the whole cluster (a group the cluster lacks:
+``failOnDataLoss``, as a stream's group that left); then each group is planned at its own
+broker with the offsets naming it, as queue ids, and its splits (``GroupSplit``) pull from
+there. A topic only some groups have is read from those.
 
 Streaming (``ClusterStream``, which ``StreamReader`` hands a cluster endpoint to): offsets
 name the group, ``{"topic": {"<brokerName>/<queueId>": next offset}}``, and so may
