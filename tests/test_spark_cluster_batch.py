@@ -10,10 +10,9 @@ import json
 import pytest
 from broker_proc import create_topics
 from conftest_spark import spark_session  # noqa: F401  (the shared `spark` fixture)
-from rocketmq import Producer
-from test_broker_harness import config, message
 from test_cluster_failover import stop_all
 from test_cluster_routes import TOPIC, Member, masters, route, start
+from test_spark_cluster import send
 from waiting import wait_until
 
 from stratamq.benchmarks.etcd_members import EtcdCluster
@@ -33,21 +32,9 @@ def cluster(tmp_path_factory):
         start([a, b])
         wait_until(lambda: set(masters(route(a.endpoint))) == {"a", "b"}, timeout=30,
                    what="the route to name both groups")
-        producer = Producer(config(a.endpoint), (TOPIC,))
-        producer.startup()
-        try:
-            groups = {producer.send(message(TOPIC, b"t-%d" % i)).message_queue.message_queue0()
-                      .broker.name for i in range(24)}
-        finally:
-            producer.shutdown()
-        assert groups == {"a", "b"}  # both groups hold some
-        producer = Producer(config(b.endpoint), (ONLY_B,))
-        producer.startup()
-        try:
-            for i in range(6):
-                producer.send(message(ONLY_B, b"only-%d" % i))
-        finally:
-            producer.shutdown()
+        # Both groups hold some of TOPIC's.
+        assert send(a.endpoint, [b"t-%d" % i for i in range(24)]) == {"a", "b"}
+        assert send(b.endpoint, [b"only-%d" % i for i in range(6)], ONLY_B) == {"b"}
         yield a, b
     finally:
         stop_all([a, b], etcd)
