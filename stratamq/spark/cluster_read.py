@@ -3,10 +3,13 @@
 A broker in controller mode names every broker group of its cluster (``ClusterStatus``, via
 ``BrokerCatalog.cluster_groups``): each group's master, or a live slave while it has none.
 
-Batch (``plan_cluster``): each group is planned at its own broker with the same options, so
-its splits pull from there. Queue ids repeat across groups: options that name queues are
-refused rather than applied to every group's queue of that id. A topic only some groups have
-is read from those.
+Batch (``plan_cluster``): queue ids repeat across groups, so ``startingOffsets`` /
+``endingOffsets`` name the group, ``{"topic": {"<brokerName>/<queueId>": offset}}``, and the
+options naming plain queue ids are refused rather than applied to every group's queue of that
+id. Topics and offsets are checked against the whole cluster (a group the cluster lacks:
+``failOnDataLoss``, as a stream's group that left); then each group is planned at its own
+broker with the offsets naming it, as queue ids, and its splits (``GroupSplit``) pull from
+there. A topic only some groups have is read from those.
 
 Streaming (``ClusterStream``, which ``StreamReader`` hands a cluster endpoint to): offsets
 name the group, ``{"topic": {"<brokerName>/<queueId>": next offset}}``, and so may
@@ -53,13 +56,14 @@ from stratamq.transactions.messages import HALF_TOPIC
 if TYPE_CHECKING:
     from pyspark.sql.datasource import InputPartition
 
-__all__ = ["ClusterStream", "GroupSplit", "plan_cluster", "read_group_split",
-           "without_group_offsets"]
+__all__ = ["ClusterStream", "GroupSplit", "cluster_queue_ids", "names_groups", "plan_cluster",
+           "read_group_split", "without_group_offsets"]
 
 log = logging.getLogger(__name__)
 
-_PER_QUEUE_OPTIONS = ("startingOffsets", "endingOffsets", "startingOffsetsByTimestamp",
-                      "endingOffsetsByTimestamp", "assign")
+_OFFSETS_OPTIONS = (("startingOffsets", "earliest"), ("endingOffsets", "latest"))
+# Options naming plain queue ids, refused on a cluster of several groups (ids repeat there).
+_QUEUE_ID_OPTIONS = ("startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "assign")
 # How long a split whose broker stopped answering waits for its group to name another one (a
 # failover takes about a lease: etcdLeaseTtlMs, then the election).
 FAILOVER_WAIT_S = 60.0
@@ -67,31 +71,136 @@ FAILOVER_WAIT_S = 60.0
 GroupQueue = tuple[str, str]
 
 
-def plan_cluster(options: dict[str, str], groups: list[tuple[str, BrokerConnection]],
+def plan_cluster(options: dict[str, str], entry: BrokerConnection,
+                 groups: list[tuple[str, BrokerConnection]], peers: list[str],
                  catalog_of: Callable[[dict[str, str]], Any],
                  plan_queues: Callable[[dict[str, str], BrokerCatalog, None],
                                        list[InputPartition]]) -> list[InputPartition]:
-    """The splits of a batch read of every group (``catalog_of``: a ``BrokerCatalog`` for
-    options; ``plan_queues``: the source's planning at one broker)."""
-    for name in _PER_QUEUE_OPTIONS:
-        value = (options.get(name.lower()) or "").strip()
-        if value.startswith("{") or (name == "assign" and value):
-            raise OptionError(f"option '{name}': names queues, but {options['endpoints']} is a "
-                              f"broker of a cluster of {len(groups)} broker groups, whose queue "
-                              "ids repeat; read whole topics (from the beginning, the end or a "
-                              "time: startingOffsets=earliest, startingTimestamp, ...)")
+    """The splits of a batch read of every group of ``entry``'s cluster (``catalog_of``: a
+    ``BrokerCatalog`` for options; ``plan_queues``: the source's planning at one broker;
+    ``peers``: every broker the cluster status named, where a split asks for its group's
+    broker again). Topics and offsets are checked against the whole cluster; then each group
+    is planned at its own broker with the offsets naming it, as queue ids."""
+    names = [name for name, _c in groups]
+    if len(groups) > 1:
+        for name in _QUEUE_ID_OPTIONS:
+            if (options.get(name.lower()) or "").strip():
+                raise OptionError(f"option '{name}': names queue ids, but {entry.endpoint} is a "
+                                  f"broker of a cluster of {len(groups)} broker groups, whose "
+                                  "queue ids repeat; select topics with option 'topics' (and "
+                                  "offsets with startingOffsets/endingOffsets {\"topic\": "
+                                  "{\"<brokerName>/<queueId>\": offset}})")
+    fail = planning.bool_option(options, "failOnDataLoss", True)
+    specs = {name: _placed_offsets(options, name, default, names, entry.endpoint)
+             for name, default in _OFFSETS_OPTIONS}
+    specs = _without_absent_groups(specs, names, entry.endpoint, fail)
+    at_peers = _peer_connections(entry, peers)
     splits: list[InputPartition] = []
-    unknown: list[planning.UnknownTopics] = []
-    for _group, connection in groups:
-        at = {**options, "endpoints": connection.endpoint}
-        with catalog_of(at) as catalog:
+    with contextlib.ExitStack() as stack:
+        catalogs = {name: stack.enter_context(catalog_of({**options, "endpoints": c.endpoint}))
+                    for name, c in groups}
+        counts = {name: catalog.queue_counts() for name, catalog in catalogs.items()}
+        known = sorted({t for c in counts.values() for t in c} - {HALF_TOPIC})
+        topics = planning.select_topics(options, known, must_match=True,
+                                        offsets=list(specs.values()))
+        selected = topics if topics is not None else known
+        # "<brokerName>/<queueId>" where check_offsets has queue ids (same code, other key).
+        existing: dict[str, Any] = {
+            t: [f"{name}/{q}" for name in names for q in range(counts[name].get(t, 0))]
+            for t in known}
+        for name, spec in specs.items():
+            planning.check_offsets(spec, name, selected, existing)
+        for group, connection in groups:
+            has = [t for t in selected if t in counts[group]]
+            if not has:
+                continue  # a topic of some groups only is read from those
+            at = {**options, "endpoints": connection.endpoint, "topics": ",".join(has)}
+            for name, spec in specs.items():
+                if isinstance(spec, dict):
+                    at[name.lower()] = json.dumps(_of_group(spec, group, has))
             try:
-                splits += plan_queues(at, catalog, None)
-            except planning.UnknownTopics as exc:  # a topic of some groups only
-                unknown.append(exc)
-    if len(unknown) == len(groups):
-        raise unknown[0]
+                planned = plan_queues(at, catalogs[group], None)
+            except DataLoss as exc:  # (a queue's messages named by plain ids: add the group)
+                raise DataLoss(f"broker group {group} ({connection.endpoint}): {exc}") from None
+            except OptionError as exc:
+                raise OptionError(f"broker group {group} ({connection.endpoint}): {exc}"
+                                  ) from None
+            # Each split asks for its group's broker again if this one stops answering.
+            splits += [GroupSplit(s.connection, s.topic, s.queue_id, s.start, s.end,
+                                  s.fail_on_data_loss, s.group, broker_group=group,
+                                  peers=at_peers)
+                       if isinstance(s, BrokerSplit) else s for s in planned]
     return splits
+
+
+def _placed_offsets(options: Mapping[str, str], name: str, default: str, groups: list[str],
+                    endpoint: str) -> str | dict[str, dict[str, int]]:
+    """A batch read's offsets option with every queue naming its group: a plain queue id is the
+    sole group's, and refused when the cluster has several."""
+    spec = parse_group_offsets(options, name, default)
+    if isinstance(spec, str):
+        return spec
+    out: dict[str, dict[str, int]] = {}
+    for topic, queues in spec.items():
+        out[topic] = {}
+        for key, offset in queues.items():
+            if "/" not in key:
+                if len(groups) > 1:
+                    raise OptionError(
+                        f"option '{name}': names queue {topic}/{key} without its broker group, "
+                        f"but {endpoint} is a broker of a cluster of {len(groups)} broker groups "
+                        f"({', '.join(groups)}) whose queue ids repeat; name the group, e.g. "
+                        f"{{\"{topic}\": {{\"{groups[0]}/{key}\": {offset}}}}}")
+                key = f"{groups[0]}/{key}"
+            out[topic][key] = offset
+    return out
+
+
+def _without_absent_groups(specs: dict[str, str | dict[str, dict[str, int]]], groups: list[str],
+                           endpoint: str, fail: bool
+                           ) -> dict[str, str | dict[str, dict[str, int]]]:
+    """``specs`` (offsets options) without the queues of groups the cluster does not have: an
+    error naming them (DataLoss: their messages cannot be read, as for a stream's group that
+    left), or with failOnDataLoss=false a WARNING."""
+    absent = {name: sorted({k.rpartition("/")[0] for qs in spec.values() for k in qs}
+                           - set(groups))
+              for name, spec in specs.items() if isinstance(spec, dict)}
+    absent = {name: gone for name, gone in absent.items() if gone}
+    if not absent:
+        return specs
+    text = "; ".join(f"broker group(s) {', '.join(gone)} of option '{name}'"
+                     for name, gone in absent.items())
+    text += (f": not in {endpoint}'s cluster (its groups: {', '.join(groups)}); a misspelt "
+             "name, or a group that left the cluster, whose messages cannot be read")
+    if fail:
+        raise DataLoss(text + "; set failOnDataLoss=false to read the groups the cluster has")
+    log.warning("%s; reading the groups the cluster has (failOnDataLoss=false)", text)
+    return {name: spec if isinstance(spec, str) else
+            {t: {k: o for k, o in qs.items() if k.rpartition("/")[0] in groups}
+             for t, qs in spec.items()}
+            for name, spec in specs.items()}
+
+
+def _of_group(spec: dict[str, dict[str, int]], group: str, topics: list[str]
+              ) -> dict[str, dict[str, int]]:
+    """The offsets ``spec`` gives queues of ``group`` (of ``topics``), keyed by queue id."""
+    return {t: {k.rpartition("/")[2]: o for k, o in qs.items() if k.rpartition("/")[0] == group}
+            for t, qs in spec.items() if t in topics}
+
+
+def cluster_queue_ids(broker: BrokerCatalog) -> dict[str, list[int]] | None:
+    """topic -> queue ids of every group of ``broker``'s cluster (a topic some groups lack
+    included), for the checks at load(); None for a broker outside a cluster or in a cluster
+    of one group (its own queues are the cluster's)."""
+    groups = broker.cluster_groups()
+    if groups is None or len(groups) < 2:
+        return None
+    counts: dict[str, int] = {}
+    for _name, connection in groups:
+        with BrokerCatalog(connection, broker.options) as catalog:
+            for topic, count in catalog.queue_counts().items():
+                counts[topic] = max(counts.get(topic, 0), count)
+    return {topic: list(range(count)) for topic, count in counts.items()}
 
 
 # -- offsets naming the group -------------------------------------------------------------------
@@ -125,14 +234,28 @@ def parse_group_offsets(options: Mapping[str, str], name: str,
     return out
 
 
+def _naming_groups(options: Mapping[str, str], name: str) -> dict[str, dict[str, int]] | None:
+    """Offsets option ``name`` when it names broker groups (a "<brokerName>/<queueId>" key)."""
+    if "/" not in options.get(name.lower(), ""):
+        return None
+    spec = parse_group_offsets(options, name, "latest")
+    if isinstance(spec, dict) and any("/" in k for qs in spec.values() for k in qs):
+        return spec
+    return None
+
+
+def names_groups(options: Mapping[str, str]) -> bool:
+    """Whether startingOffsets or endingOffsets name broker groups."""
+    return any(_naming_groups(options, name) is not None for name, _d in _OFFSETS_OPTIONS)
+
+
 def without_group_offsets(options: dict[str, str]) -> dict[str, str]:
-    """``options`` without the offsets options that name groups (checked here, by their own
-    parser), for the checks of queue-id offsets at load()."""
+    """``options`` without the offsets options that name groups (checked by their own parser
+    when the read is planned or the stream starts), for the checks of queue-id offsets at
+    load()."""
     out = dict(options)
-    for name in ("startingOffsets", "endingOffsets"):
-        spec = parse_group_offsets(options, name, "latest") if "/" in options.get(
-            name.lower(), "") else None
-        if isinstance(spec, dict) and any("/" in k for qs in spec.values() for k in qs):
+    for name, _default in _OFFSETS_OPTIONS:
+        if _naming_groups(options, name) is not None:
             del out[name.lower()]
     return out
 
@@ -142,6 +265,12 @@ def _like(template: BrokerConnection, endpoint: str) -> BrokerConnection:
     t = template
     return BrokerConnection(endpoint, access_key=t.access_key, secret_key=t.secret_key,
                             tls=t.tls, ca_pem=t.ca_pem, ca_file=t.ca_file)
+
+
+def _peer_connections(entry: BrokerConnection, peers: list[str]) -> list[BrokerConnection]:
+    """Connections (``entry``'s TLS and credentials) to ``entry`` and every broker in ``peers``:
+    where a split asks for its group's broker again."""
+    return [_like(entry, e) for e in dict.fromkeys([entry.endpoint, *peers])]
 
 
 def _status(entry: BrokerConnection, peers: list[str], options: Mapping[str, str]
@@ -310,7 +439,7 @@ class ClusterStream:
                ) -> list[InputPartition]:
         """Splits of ``ranges``, each pulling from its group's broker as of ``queues()``."""
         group = pull_group(self.options)
-        peers = [_like(self.entry, e) for e in dict.fromkeys([self.entry.endpoint, *self.peers])]
+        peers = _peer_connections(self.entry, self.peers)
         out: list[InputPartition] = []
         for s in planning.queue_splits("", ranges, min_parts, self.fail):
             name, _, qid = str(s.queue_id).rpartition("/")
