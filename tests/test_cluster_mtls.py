@@ -2,10 +2,14 @@
 (``tls.server.need.client.auth=require``): the slave calls its master as a client presenting
 ``tls.client.certPath`` (broker/tls.py ``peer_endpoint``), so a consumer connected to the slave
 receives and acknowledges through forwarding, and the slave copies the master's state, over
-mutual TLS. Real etcd, real broker processes, certificates made with openssl."""
+mutual TLS; ``stratamq cluster status|elect --endpoint`` present the client certificate as every
+admin command does. Real etcd, real broker processes, certificates made with openssl."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -78,3 +82,37 @@ def test_a_consumer_at_the_slave_receives_and_acks_through_forwarding_over_mutua
         wait_until(state_copied, timeout=30, what="the slave to copy the master's state")
     finally:
         stop_all(group, etcd)
+
+
+def _cluster_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stratamq.cli", "cluster", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cluster_status_and_elect_reach_a_broker_that_requires_client_certificates(tmp_path):
+    ca = TestCa(tmp_path)
+    server, client = ca.issue("server"), ca.issue("broker-client")
+    etcd = EtcdCluster(tmp_path, size=1)
+    member = MtlsMember(tmp_path, etcd.endpoints, 1, ca, server, client)
+    try:
+        member.start()
+        wait_until(member.is_writable_master, timeout=60, what="the lone broker to be master")
+        where = ["--endpoint", member.endpoint, "--tls-ca-file", str(ca.cert)]
+        identified = [*where, "--tls-cert-file", str(client[0]), "--tls-key-file",
+                      str(client[1])]
+        status = _cluster_cli("status", *identified)
+        assert status.returncode == 0, status.stderr
+        [line] = [json.loads(text) for text in status.stdout.splitlines()]
+        assert (line["cluster"], line["brokerName"], line["masterBrokerId"]) == ("c1", "g", 1)
+        assert [(b["endpoint"], b["role"]) for b in line["brokers"]] == [
+            (member.endpoint, "MASTER")]
+        # The policy's choice keeps the live master: the group's line comes back unchanged.
+        elected = _cluster_cli("elect", "--broker-name", "g", *identified)
+        assert elected.returncode == 0, elected.stderr
+        assert ([(g["masterBrokerId"], g["masterEpoch"]) for g in map(
+            json.loads, elected.stdout.splitlines())] == [(1, line["masterEpoch"])])
+        # The broker does require the certificate: without it the command is refused.
+        refused = _cluster_cli("status", *where)
+        assert refused.returncode != 0 and not refused.stdout, refused.stdout
+    finally:
+        stop_all([member], etcd)

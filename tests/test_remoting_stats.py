@@ -1,8 +1,8 @@
 """The numbers RocketMQ Dashboard charts: ``VIEW_BROKER_STATS_DATA`` (315) after real sends and
-pulls over raw frames (put sizes as stored; a deleted topic's items gone with it), and the
-broker's runtime info: ``msgPutTotal*``/``msgGetTotal*``, the store's totals and its
-``putTps``/``getTransferredTps`` rates; the morning counts of ``BrokerStatsWindow`` over a
-driven clock."""
+pulls over raw frames (put and get sizes as stored, for a gRPC receive too; a deleted topic's
+items gone with it), and the broker's runtime info: ``msgPutTotal*``/``msgGetTotal*``, the
+store's totals and its ``putTps``/``getTransferredTps`` rates; the morning counts of
+``BrokerStatsWindow`` over a driven clock."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ import json
 import re
 import time
 
+import grpc
 import pytest
 from remoting_env import invoke, remoting_broker
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc
 from waiting import wait_until
 
 from stratamq.broker.metadata import MetadataStore
@@ -138,6 +142,43 @@ def test_a_deleted_topic_takes_its_stats_and_a_new_one_starts_from_zero(broker):
     assert _stats(address, "GROUP_GET_NUMS", "Fleeting@FleetingC").code \
         == ResponseCode.SYSTEM_ERROR
     assert _minute_sum(address, "TOPIC_PUT_NUMS", "Fleeting") == 1
+
+
+def _grpc_receive(endpoint: str, group: str, topic: str, count: int) -> list[bytes]:
+    """Bodies of ``count`` messages received over gRPC (ReceiveMessage, as the official
+    SimpleConsumer receives)."""
+    got: list[bytes] = []
+    req = svc.ReceiveMessageRequest(
+        group=pb.Resource(name=group), message_queue=pb.MessageQueue(
+            topic=pb.Resource(name=topic), id=-1), batch_size=32,
+        filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"))
+    req.invisible_duration.FromSeconds(60)
+    req.long_polling_timeout.FromMilliseconds(1000)
+
+    def enough() -> bool:
+        with grpc.insecure_channel(endpoint) as channel:
+            replies = list(service_pb2_grpc.MessagingServiceStub(channel).ReceiveMessage(
+                req, timeout=30))
+        got.extend(r.message.body for r in replies if r.HasField("message"))
+        return len(got) >= count
+
+    wait_until(enough, 30, f"{count} messages received over gRPC")
+    return got
+
+
+def test_group_get_size_of_a_grpc_receive_counts_the_stored_records(broker):
+    b, address = broker
+    _create(address, "Popped")
+    for body in BODIES:
+        _send(address, "Popped", body)
+    assert sorted(_grpc_receive(b.endpoint, "PoppedC", "Popped", 3)) == sorted(BODIES)
+    # As a remoting pull does (RocketMQ's PopMessageProcessor counts getBufferTotalSize, as
+    # its pulls do): the records as stored, which a pull hands back, not their bodies.
+    stored = _pull(address, "PoppedPullC", "Popped")
+    assert len(stored) > sum(map(len, BODIES))
+    wait_until(lambda: _minute_sum(address, "GROUP_GET_NUMS", "Popped@PoppedC") == 3,
+               30, "the minute sample of the gRPC receive")
+    assert _minute_sum(address, "GROUP_GET_SIZE", "Popped@PoppedC") == len(stored)
 
 
 def _runtime(address: str) -> dict[str, str]:

@@ -1,21 +1,26 @@
 """Batch reads of a whole cluster on etcd through one broker's endpoint (issue 28): offsets
 naming the broker group (``{"topic": {"<brokerName>/<queueId>": offset}}``), a topic only
-another group has, and offsets naming a group the cluster does not have. Real etcd, two broker
-groups of real broker processes, a local Spark; one cluster for the module."""
+another group has, and offsets naming a group the cluster does not have (a stream's
+startingOffsets too). Real etcd, two broker groups of real broker processes, a local Spark;
+one cluster for the module."""
 
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from broker_proc import create_topics
 from conftest_spark import spark_session  # noqa: F401  (the shared `spark` fixture)
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from test_cluster_failover import stop_all
 from test_cluster_routes import TOPIC, Member, masters, route, start
 from test_spark_cluster import send
 from waiting import wait_until
 
 from stratamq.benchmarks.etcd_members import EtcdCluster
+from stratamq.spark.datasource import StreamReader
+from stratamq.spark.reading import DataLoss
 
 ONLY_B = "OnlyInB"  # a topic only group b has
 
@@ -107,3 +112,21 @@ def test_offsets_naming_no_group_of_the_cluster_are_a_clear_error(spark, cluster
         _read(spark, a.endpoint, endingOffsets=json.dumps({TOPIC: {"a/7": 1}})).collect()
     with pytest.raises(Exception, match=f"{TOPIC}/0 .*without its broker group"):
         _read(spark, a.endpoint, startingOffsets=json.dumps({TOPIC: {"0": 0}})).collect()
+
+
+def test_a_streams_starting_offsets_naming_no_group_follow_fail_on_data_loss(cluster, caplog):
+    a, _b = cluster
+    bad = json.dumps({TOPIC: {"a/0": 1, "nosuch/0": 0}})
+    options = {"endpoints": a.endpoint, "topics": TOPIC, "startingOffsets": bad}
+    # As a batch read: DataLoss naming the group...
+    with pytest.raises(DataLoss, match="broker group.s. nosuch.*not in .*cluster"):
+        StreamReader(options).initialOffset()
+    # ...or, with failOnDataLoss=false, a WARNING naming it and the groups there are read.
+    lenient = StreamReader({**options, "failOnDataLoss": "false"})
+    with caplog.at_level(logging.WARNING, logger="stratamq.spark.cluster_read"):
+        start = lenient.initialOffset()
+    assert start == {TOPIC: {"a/0": 1, "a/1": 0, "b/0": 0, "b/1": 0}}
+    assert any("nosuch" in r.getMessage() and r.levelno == logging.WARNING
+               for r in caplog.records)
+    end = lenient.latestOffset(start, ReadAllAvailable())
+    assert sum(end[TOPIC].values()) - sum(start[TOPIC].values()) == 23

@@ -76,8 +76,9 @@ class NullMetrics:
                 message_type: str = "NORMAL", stored_sizes: Sequence[int] = ()) -> None:
         """``sizes``: the bodies stored; ``stored_sizes``: their records' sizes."""
 
-    def on_receive(self, group: str, topic: str, count: int, nbytes: int) -> None:
-        pass
+    def on_receive(self, group: str, topic: str, count: int, nbytes: int,
+                   stored_bytes: int | None = None) -> None:
+        """``nbytes``: the bodies handed out; ``stored_bytes``: their records' sizes."""
 
     def on_ack(self, group: str, topic: str, count: int) -> None:
         pass
@@ -153,7 +154,8 @@ class BrokerMetrics(NullMetrics):
             observe(size)
         self.put_latency.labels(*self.node).observe(seconds)
 
-    def on_receive(self, group: str, topic: str, count: int, nbytes: int) -> None:
+    def on_receive(self, group: str, topic: str, count: int, nbytes: int,
+                   stored_bytes: int | None = None) -> None:
         labels = (*self.node, topic, group, "false", _is_system(topic))
         self.messages_out.labels(*labels).inc(count)
         self.throughput_out.labels(*labels).inc(nbytes)

@@ -132,15 +132,16 @@ class ReceiveService:
                                                                 "no new message"))]
         group, topic = plan.group.name, plan.topic.name
         out = [svc.ReceiveMessageResponse(status=ok_status())]
-        nbytes = 0
+        nbytes = stored = 0
         for p in popped:
             nbytes += len(p.message.body)
+            stored += p.message.total_size
             response = svc.ReceiveMessageResponse()  # filled in place: no copy of the message
             to_pb_message(p.message, message_type=message_type_of(p.message, plan.topic),
                           receipt=self.engine.handle(group, topic, p.receipt),
                           attempt=p.attempt, invisible_ms=p.invisible_ms, out=response.message)
             out.append(response)
-        self.metrics().on_receive(group, topic, len(popped), nbytes)
+        self.metrics().on_receive(group, topic, len(popped), nbytes, stored)
         ts = svc.ReceiveMessageResponse()
         now = time.time_ns()  # Timestamp.GetCurrentTime goes through datetime: slow
         stamp = ts.delivery_timestamp

@@ -8,7 +8,7 @@ Stat names and keys, as RocketMQ's (``Stats``):
 ``TOPIC_PUT_NUMS``      topic                         messages stored (times: one per put call)
 ``TOPIC_PUT_SIZE``      topic                         their stored bytes (wroteBytes)
 ``GROUP_GET_NUMS``      ``topic@group``               messages handed to consumers
-``GROUP_GET_SIZE``      ``topic@group``               their bytes
+``GROUP_GET_SIZE``      ``topic@group``               their stored bytes (getBufferTotalSize)
 ``BROKER_PUT_NUMS``     the cluster name              every message stored (times not counted)
 ``BROKER_GET_NUMS``     the cluster name              every message handed out
 ======================  ============================  ==========================================
@@ -238,9 +238,12 @@ class StatsTee:
         self.window.on_put(topic, len(sizes), sum(stored_sizes or sizes))
         self.inner().on_send(topic, sizes, seconds, message_type, stored_sizes)
 
-    def on_receive(self, group: str, topic: str, count: int, nbytes: int) -> None:
-        self.window.on_get(group, topic, count, nbytes)
-        self.inner().on_receive(group, topic, count, nbytes)
+    def on_receive(self, group: str, topic: str, count: int, nbytes: int,
+                   stored_bytes: int | None = None) -> None:
+        # GROUP_GET_SIZE counts the stored records (RocketMQ's getBufferTotalSize, for pulls
+        # and pops alike); a remoting pull's bytes are those records already.
+        self.window.on_get(group, topic, count, nbytes if stored_bytes is None else stored_bytes)
+        self.inner().on_receive(group, topic, count, nbytes, stored_bytes)
 
     def __getattr__(self, name: str) -> Any:  # on_ack, on_dlq, on_rpc, registry, ...
         return getattr(self.inner(), name)

@@ -22,9 +22,12 @@ from stratamq.client.connection import BrokerEndpoint, read_ca_pem, read_client_
 TYPES = click.Choice(["NORMAL", "FIFO", "DELAY", "TRANSACTION"], case_sensitive=False)
 
 
-def _check_endpoint(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+def _check_endpoint(_ctx: click.Context, _param: click.Parameter,
+                    value: str | None) -> str | None:
     from stratamq.client.admin import check_endpoint
 
+    if value is None:
+        return None
     try:
         return check_endpoint(value)
     except ValueError:
@@ -32,46 +35,70 @@ def _check_endpoint(_ctx: click.Context, _param: click.Parameter, value: str) ->
 
 
 def endpoint_option(fn: Callable) -> Callable:
-    """``--endpoint`` plus the ACL credentials; passes one ``Connection`` as ``endpoint``."""
+    """``--endpoint`` plus the ACL credentials and TLS options; passes one ``Connection`` as
+    ``endpoint``."""
+    return _endpoint_options(required=True, help_text="Broker HOST:PORT.")(fn)
 
-    @click.option("--endpoint", required=True, callback=_check_endpoint, help="Broker HOST:PORT.")
-    @click.option("--access-key", envvar="STRATAMQ_ACCESS_KEY", default=None,
-                  help="Access key to sign requests with (broker with aclEnable=true); "
-                       "env STRATAMQ_ACCESS_KEY.")
-    @click.option("--secret-key", envvar="STRATAMQ_SECRET_KEY", default=None,
-                  help="Secret key of --access-key; env STRATAMQ_SECRET_KEY.")
-    @click.option("--tls", is_flag=True, default=False,
-                  help="Connect over TLS (a broker with tlsEnable=true), trusting gRPC's "
-                       "default roots.")
-    @click.option("--tls-ca-file", default=None,
-                  help="PEM file of the CA(s) that signed the broker's certificate "
-                       "(implies --tls).")
-    @click.option("--tls-cert-file", default=None,
-                  help="PEM certificate chain to present to a broker that asks for one "
-                       "(tls.server.need.client.auth; implies --tls; with --tls-key-file).")
-    @click.option("--tls-key-file", default=None, help="PEM private key of --tls-cert-file.")
-    @functools.wraps(fn)
-    def wrapper(endpoint: str, access_key: str | None, secret_key: str | None, tls: bool,
-                tls_ca_file: str | None, tls_cert_file: str | None, tls_key_file: str | None,
-                **kwargs: object) -> None:
-        if bool(access_key) != bool(secret_key):
-            raise click.UsageError("--access-key and --secret-key must be given together "
-                                   "(or STRATAMQ_ACCESS_KEY and STRATAMQ_SECRET_KEY)")
-        if bool(tls_cert_file) != bool(tls_key_file):
-            raise click.UsageError("--tls-cert-file and --tls-key-file must be given together")
+
+def optional_endpoint_option(help_text: str) -> Callable[[Callable], Callable]:
+    """As ``endpoint_option`` for a command that may reach its data another way (``cluster
+    status --etcd``): ``endpoint`` is None when ``--endpoint`` is not given."""
+    return _endpoint_options(required=False, help_text=help_text)
+
+
+def _endpoint_options(*, required: bool, help_text: str) -> Callable[[Callable], Callable]:
+    def decorate(fn: Callable) -> Callable:
+        @click.option("--endpoint", required=required, default=None, callback=_check_endpoint,
+                      help=help_text)
+        @click.option("--access-key", envvar="STRATAMQ_ACCESS_KEY", default=None,
+                      help="Access key to sign requests with (broker with aclEnable=true); "
+                           "env STRATAMQ_ACCESS_KEY.")
+        @click.option("--secret-key", envvar="STRATAMQ_SECRET_KEY", default=None,
+                      help="Secret key of --access-key; env STRATAMQ_SECRET_KEY.")
+        @click.option("--tls", is_flag=True, default=False,
+                      help="Connect over TLS (a broker with tlsEnable=true), trusting gRPC's "
+                           "default roots.")
+        @click.option("--tls-ca-file", default=None,
+                      help="PEM file of the CA(s) that signed the broker's certificate "
+                           "(implies --tls).")
+        @click.option("--tls-cert-file", default=None,
+                      help="PEM certificate chain to present to a broker that asks for one "
+                           "(tls.server.need.client.auth; implies --tls; with "
+                           "--tls-key-file).")
+        @click.option("--tls-key-file", default=None, help="PEM private key of --tls-cert-file.")
+        @functools.wraps(fn)
+        def wrapper(endpoint: str | None, access_key: str | None, secret_key: str | None,
+                    tls: bool, tls_ca_file: str | None, tls_cert_file: str | None,
+                    tls_key_file: str | None, **kwargs: object) -> None:
+            if endpoint is None:
+                return fn(endpoint=None, **kwargs)
+            return fn(endpoint=_connect(endpoint, access_key, secret_key, tls, tls_ca_file,
+                                        tls_cert_file, tls_key_file), **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def _connect(endpoint: str, access_key: str | None, secret_key: str | None, tls: bool,
+             tls_ca_file: str | None, tls_cert_file: str | None,
+             tls_key_file: str | None) -> Connection:
+    if bool(access_key) != bool(secret_key):
+        raise click.UsageError("--access-key and --secret-key must be given together "
+                               "(or STRATAMQ_ACCESS_KEY and STRATAMQ_SECRET_KEY)")
+    if bool(tls_cert_file) != bool(tls_key_file):
+        raise click.UsageError("--tls-cert-file and --tls-key-file must be given together")
+    try:
+        conn = Connection(endpoint, access_key, secret_key, tls=tls, ca_file=tls_ca_file)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tls-ca-file") from None
+    if tls_cert_file and tls_key_file:
         try:
-            conn = Connection(endpoint, access_key, secret_key, tls=tls, ca_file=tls_ca_file)
+            conn.client_cert = read_client_cert(tls_cert_file, tls_key_file)
         except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--tls-ca-file") from None
-        if tls_cert_file and tls_key_file:
-            try:
-                conn.client_cert = read_client_cert(tls_cert_file, tls_key_file)
-            except ValueError as exc:
-                raise click.BadParameter(str(exc), param_hint="--tls-cert-file") from None
-            conn.tls = True
-        return fn(endpoint=conn, **kwargs)
-
-    return wrapper
+            raise click.BadParameter(str(exc), param_hint="--tls-cert-file") from None
+        conn.tls = True
+    return conn
 
 
 class Connection(BrokerEndpoint):

@@ -2,8 +2,9 @@
 ``stratamq cluster elect``: a planned switch of a group's master (RocketMQ's ``electMaster``).
 
 Both read etcd directly (``--etcd`` URLs, with ``--cluster`` or ``--etcd-prefix``) or through
-any broker of the cluster (``--endpoint``). The line's shape is in
-``stratamq/cluster/status.py``.
+any broker of the cluster (``--endpoint``, with the ACL keys and ``--tls`` / ``--tls-ca-file``
+/ ``--tls-cert-file`` / ``--tls-key-file`` as every admin command takes them). The line's
+shape is in ``stratamq/cluster/status.py``.
 """
 
 from __future__ import annotations
@@ -12,31 +13,30 @@ from typing import Any
 
 import click
 
+from stratamq.cli.admin import Connection, optional_endpoint_option
 from stratamq.cli.app import main
 from stratamq.cli.common import emit, output_option
 
 
 def _where(fn: Any) -> Any:
+    """``--endpoint`` (with the ACL keys and TLS options of every admin command, through the
+    same code) or ``--etcd`` with ``--cluster`` / ``--etcd-prefix``."""
     options = [
-        click.option("--endpoint", default=None, help="Any broker of the cluster, HOST:PORT."),
+        optional_endpoint_option("Any broker of the cluster, HOST:PORT."),
         click.option("--etcd", "etcd", default=None,
                      help="etcd members' client URLs, comma-separated (as etcdEndpoints)."),
         click.option("--cluster", "cluster_name", default="DefaultCluster", show_default=True,
                      help="brokerClusterName (with --etcd)."),
         click.option("--etcd-prefix", default="",
                      help="etcdPrefix, if the brokers set one (default /stratamq/<cluster>)."),
-        click.option("--access-key", envvar="STRATAMQ_ACCESS_KEY", default=None,
-                     help="Access key (with --endpoint, aclEnable=true)."),
-        click.option("--secret-key", envvar="STRATAMQ_SECRET_KEY", default=None,
-                     help="Secret key of --access-key."),
     ]
     for option in reversed(options):
         fn = option(fn)
     return fn
 
 
-def _check(endpoint: str | None, etcd: str | None) -> None:
-    if bool(endpoint) == bool(etcd):
+def _check(endpoint: Connection | None, etcd: str | None) -> None:
+    if (endpoint is not None) == bool(etcd):
         raise click.UsageError("give exactly one of --endpoint (a broker) and --etcd (URLs)")
 
 
@@ -63,12 +63,6 @@ def _via_broker(conn: Any, method: str, **request: object) -> dict:
             raise click.ClickException(str(exc)) from None
 
 
-def _connection(endpoint: str, access_key: str | None, secret_key: str | None) -> Any:
-    from stratamq.cli.admin import Connection
-
-    return Connection(endpoint, access_key, secret_key)
-
-
 @main.group()
 def cluster() -> None:
     """A cluster of broker groups on etcd (enableControllerMode)."""
@@ -77,16 +71,15 @@ def cluster() -> None:
 @cluster.command("status")
 @_where
 @output_option
-def cluster_status(endpoint: str | None, etcd: str | None, cluster_name: str, etcd_prefix: str,
-                   access_key: str | None, secret_key: str | None) -> None:
+def cluster_status(endpoint: Connection | None, etcd: str | None, cluster_name: str,
+                   etcd_prefix: str) -> None:
     """One JSON line per broker group: master, epoch, SyncStateSet and brokers."""
     from stratamq.cluster.coordination import CoordinationError
     from stratamq.cluster.status import group_status
 
     _check(endpoint, etcd)
-    if endpoint:
-        groups = _via_broker(_connection(endpoint, access_key, secret_key),
-                             "ClusterStatus")["groups"]
+    if endpoint is not None:
+        groups = _via_broker(endpoint, "ClusterStatus")["groups"]
     else:
         assert etcd is not None
         coord, prefix = _etcd(etcd, cluster_name, etcd_prefix)
@@ -106,9 +99,8 @@ def cluster_status(endpoint: str | None, etcd: str | None, cluster_name: str, et
               help="The broker to make master (default: the policy's choice, which keeps a "
                    "live master).")
 @_where
-def cluster_elect(broker_name: str, broker_id: int | None, endpoint: str | None,
-                  etcd: str | None, cluster_name: str, etcd_prefix: str,
-                  access_key: str | None, secret_key: str | None) -> None:
+def cluster_elect(broker_name: str, broker_id: int | None, endpoint: Connection | None,
+                  etcd: str | None, cluster_name: str, etcd_prefix: str) -> None:
     """Switch a group's master to --broker-id (planned; nothing acknowledged is lost): the
     master stops taking writes, the chosen broker of its SyncStateSet takes over at the next
     epoch. Prints the group's status line once done."""
@@ -116,9 +108,9 @@ def cluster_elect(broker_name: str, broker_id: int | None, endpoint: str | None,
     from stratamq.cluster.status import ElectError, request_election
 
     _check(endpoint, etcd)
-    if endpoint:
-        emit(_via_broker(_connection(endpoint, access_key, secret_key), "ClusterElect",
-                         brokerName=broker_name, brokerId=broker_id))
+    if endpoint is not None:
+        emit(_via_broker(endpoint, "ClusterElect", brokerName=broker_name,
+                         brokerId=broker_id))
         return
     assert etcd is not None
     coord, prefix = _etcd(etcd, cluster_name, etcd_prefix)

@@ -13,8 +13,9 @@ there. A topic only some groups have is read from those.
 
 Streaming (``ClusterStream``, which ``StreamReader`` hands a cluster endpoint to): offsets
 name the group, ``{"topic": {"<brokerName>/<queueId>": next offset}}``, and so may
-``startingOffsets``. A queue's offsets are the same on its group's master and slaves (the
-CommitLog is replicated byte for byte), so every micro-batch asks the cluster status again and
+``startingOffsets`` (a group the cluster lacks there: ``failOnDataLoss``, as in a batch
+read). A queue's offsets are the same on its group's master and slaves (the CommitLog is
+replicated byte for byte), so every micro-batch asks the cluster status again and
 its splits pull from the group's broker of that moment; a split whose broker stops answering
 asks again and goes on from the offset it reached (``read_group_split``), so a failover
 between or during micro-batches repeats and loses nothing. A group that registers later is
@@ -352,10 +353,15 @@ class ClusterStream:
             f"naming the group, e.g. {{\"{topic}\": {{\"{groups[0]}/{key}\": offset}}}}")
 
     def named(self, spec: Any) -> Any:
-        """``startingOffsets`` with every queue naming its group."""
+        """``startingOffsets`` with every queue naming its group; queues of a group the cluster
+        does not have: DataLoss naming it, or (failOnDataLoss=false) a WARNING and the other
+        groups read, as a batch read (``_without_absent_groups``)."""
         if isinstance(spec, str):
             return spec
-        return {t: {self._place(t, k, spec): o for k, o in qs.items()} for t, qs in spec.items()}
+        placed = {t: {self._place(t, k, spec): o for k, o in qs.items()}
+                  for t, qs in spec.items()}
+        return _without_absent_groups({"startingOffsets": placed}, sorted(self.connections),
+                                      self.entry.endpoint, self.fail)["startingOffsets"]
 
     def decode(self, offsets: dict) -> dict[Any, int]:
         """A checkpoint's (or Spark's) offsets as queues; plain queue ids are placed."""
