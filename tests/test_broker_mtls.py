@@ -92,6 +92,28 @@ def test_console_presents_the_client_certificate_a_broker_requires(tmp_path, pki
         assert broker.stop() == 0
 
 
+def test_tier_and_compaction_commands_reach_a_broker_that_requires_client_certificates(
+        tmp_path, pki):
+    ca, server, client = pki
+    broker = start_broker(tmp_path, mtls_settings(ca, server, client),
+                          topics=[(TOPIC, 2, "NORMAL")])
+    try:
+        tls = ["--endpoint", broker.endpoint, "--tls-ca-file", str(ca.cert)]
+        identified = [*tls, "--tls-cert-file", str(client[0]), "--tls-key-file", str(client[1])]
+        for command, answer in ((["tier", "status"], "tiered storage is off on this broker"),
+                                (["compaction", "run", "--topic", TOPIC],
+                                 f"topic {TOPIC!r} is not a compaction topic")):
+            # The broker's own answer comes back: the call got through the handshake.
+            reached = subprocess.run([sys.executable, "-m", "stratamq.cli", *command,
+                                      *identified], capture_output=True, text=True, timeout=60)
+            assert reached.returncode != 0 and answer in reached.stderr, reached.stderr
+            bare = subprocess.run([sys.executable, "-m", "stratamq.cli", *command, *tls],
+                                  capture_output=True, text=True, timeout=60)
+            assert bare.returncode != 0 and answer not in bare.stderr, bare.stderr
+    finally:
+        assert broker.stop() == 0
+
+
 @pytest.mark.parametrize("calls", ["console", "static slave"])
 def test_a_broker_that_requires_client_certificates_refuses_to_start_without_its_own(
         tmp_path, pki, calls):

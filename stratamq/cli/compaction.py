@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from stratamq.cli.admin import Connection, optional_endpoint_option
 from stratamq.cli.app import main
 from stratamq.cli.common import (
     close_store,
@@ -33,24 +34,15 @@ def compaction() -> None:
     """Compaction topics: the latest value per key (cleanup.policy=COMPACTION)."""
 
 
-def _where(store_dir: str | None, endpoint: str | None) -> None:
+def _where(store_dir: str | None, endpoint: Connection | None) -> None:
     if (store_dir is None) == (endpoint is None):
         raise click.UsageError("give exactly one of --store DIR or --endpoint HOST:PORT")
 
 
-def _endpoint_call(endpoint: str, access_key: str | None, secret_key: str | None, method: str,
-                   topic: str | None) -> list[dict[str, Any]]:
-    from stratamq.client.admin import AdminClient, AdminError, check_endpoint
+def _endpoint_call(endpoint: Connection, method: str, topic: str | None) -> list[dict[str, Any]]:
+    from stratamq.client.admin import AdminClient, AdminError
 
-    if bool(access_key) != bool(secret_key):
-        raise click.UsageError("--access-key and --secret-key must be given together "
-                               "(or STRATAMQ_ACCESS_KEY and STRATAMQ_SECRET_KEY)")
-    try:
-        endpoint = check_endpoint(endpoint)
-    except ValueError:
-        raise click.BadParameter(f"must be HOST:PORT with a port 1..65535, not {endpoint!r}",
-                                 param_hint="--endpoint") from None
-    with AdminClient(endpoint, access_key=access_key, secret_key=secret_key) as client:
+    with AdminClient(endpoint) as client:
         try:
             reply = client.call(method, **({"topic": topic} if topic else {}))
         except AdminError as exc:
@@ -59,17 +51,12 @@ def _endpoint_call(endpoint: str, access_key: str | None, secret_key: str | None
 
 
 def where_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """``--store DIR`` or ``--endpoint HOST:PORT`` (with the ACL keys), and ``--topic``."""
-    for option in reversed([
-        click.option("--store", "store_dir", default=None, help="Store root directory."),
-        click.option("--endpoint", default=None, help="A running broker, HOST:PORT."),
-        click.option("--access-key", envvar="STRATAMQ_ACCESS_KEY", default=None,
-                     help="Access key (broker with aclEnable=true); env STRATAMQ_ACCESS_KEY."),
-        click.option("--secret-key", envvar="STRATAMQ_SECRET_KEY", default=None,
-                     help="Secret key of --access-key; env STRATAMQ_SECRET_KEY."),
-        click.option("--topic", default=None, help="Only this compaction topic."),
-    ]):
-        command = option(command)
+    """``--store DIR`` or ``--endpoint HOST:PORT`` (with the ACL keys and TLS options of every
+    admin command, ``cli/admin.py``: ``endpoint`` is then a ``Connection``), and ``--topic``."""
+    command = click.option("--topic", default=None, help="Only this compaction topic.")(command)
+    command = optional_endpoint_option("A running broker, HOST:PORT.")(command)
+    command = click.option("--store", "store_dir", default=None,
+                           help="Store root directory.")(command)
     return output_option(config_option(command))
 
 
@@ -86,12 +73,12 @@ def _offline(store_dir: str, *, read_only: bool) -> Any:
 
 @compaction.command("run")
 @where_options
-def compaction_run(store_dir: str | None, endpoint: str | None, access_key: str | None,
-                   secret_key: str | None, topic: str | None) -> None:
+def compaction_run(store_dir: str | None, endpoint: Connection | None,
+                   topic: str | None) -> None:
     """Compact every queue (of --topic) once, now, and print what each round did."""
     _where(store_dir, endpoint)
     if endpoint is not None:
-        rows = _endpoint_call(endpoint, access_key, secret_key, "CompactionRun", topic)
+        rows = _endpoint_call(endpoint, "CompactionRun", topic)
     else:
         assert store_dir is not None
         s, comp = _offline(store_dir, read_only=False)
@@ -110,12 +97,12 @@ def compaction_run(store_dir: str | None, endpoint: str | None, access_key: str 
 
 @compaction.command("status")
 @where_options
-def compaction_status(store_dir: str | None, endpoint: str | None, access_key: str | None,
-                      secret_key: str | None, topic: str | None) -> None:
+def compaction_status(store_dir: str | None, endpoint: Connection | None,
+                      topic: str | None) -> None:
     """One line per compaction queue: files, bytes, offsets, cleaned-to and the last round."""
     _where(store_dir, endpoint)
     if endpoint is not None:
-        rows = _endpoint_call(endpoint, access_key, secret_key, "CompactionStatus", topic)
+        rows = _endpoint_call(endpoint, "CompactionStatus", topic)
     else:
         assert store_dir is not None
         s, comp = _offline(store_dir, read_only=True)

@@ -31,26 +31,21 @@ from typing import Any
 
 import click
 
+from stratamq.cli.admin import Connection, optional_endpoint_option
 from stratamq.cli.app import main
 from stratamq.cli.common import close_store, emit, open_store_tiered, output_option, store_options
 
 
-def _one_of(store_dir: str | None, endpoint: str | None) -> None:
+def _one_of(store_dir: str | None, endpoint: Connection | None) -> None:
     if (store_dir is None) == (endpoint is None):
         raise click.UsageError("give --store DIR (offline) or --endpoint HOST:PORT (a broker)")
 
 
-def _remote(endpoint: str, access_key: str | None, secret_key: str | None, method: str,
-            **request: Any) -> dict[str, Any]:
-    from stratamq.client.admin import AdminClient, AdminError, check_endpoint
+def _remote(endpoint: Connection, method: str, **request: Any) -> dict[str, Any]:
+    from stratamq.client.admin import AdminClient, AdminError
 
-    try:
-        check_endpoint(endpoint)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--endpoint") from None
     timeout = float(request.get("timeout_s", 0)) + 30
-    with AdminClient(endpoint, timeout=timeout, access_key=access_key,
-                     secret_key=secret_key) as client:
+    with AdminClient(endpoint, timeout=timeout) as client:
         try:
             return client.call(method, **request)
         except AdminError as exc:
@@ -84,12 +79,10 @@ def _local(store: Any) -> Callable[[str, int], tuple[int, int] | None]:
 
 
 def _endpoint_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    command = click.option("--secret-key", envvar="STRATAMQ_SECRET_KEY", default=None,
-                           help="Secret key of --access-key; env STRATAMQ_SECRET_KEY.")(command)
-    command = click.option("--access-key", envvar="STRATAMQ_ACCESS_KEY", default=None,
-                           help="Access key (broker with aclEnable=true).")(command)
-    command = click.option("--endpoint", default=None,
-                           help="A running broker's HOST:PORT (instead of --store).")(command)
+    """``--store DIR``, or ``--endpoint HOST:PORT`` with the ACL keys and TLS options of every
+    admin command (``cli/admin.py``): ``endpoint`` is then a ``Connection``."""
+    command = optional_endpoint_option(
+        "A running broker's HOST:PORT (instead of --store).")(command)
     return click.option("--store", "store_dir", default=None,
                         help="Store root directory (the broker must not be running).")(command)
 
@@ -103,15 +96,14 @@ def tier() -> None:
 @_endpoint_options
 @store_options
 @output_option
-def tier_status(store_dir: str | None, endpoint: str | None, access_key: str | None,
-                secret_key: str | None) -> None:
+def tier_status(store_dir: str | None, endpoint: Connection | None) -> None:
     """Per topic/queue: local and tier offsets, bytes in the tier, upload lag (JSON lines).
 
     A compaction topic (posix/s3 tier) shows its compacted files in the tier; its lag is what
     its CompactionLog has not uploaded yet (the file being written), never its raw stream."""
     _one_of(store_dir, endpoint)
     if endpoint is not None:
-        for row in _remote(endpoint, access_key, secret_key, "TierStatus")["queues"]:
+        for row in _remote(endpoint, "TierStatus")["queues"]:
             emit(row)
         return
     assert store_dir is not None
@@ -125,14 +117,13 @@ def tier_status(store_dir: str | None, endpoint: str | None, access_key: str | N
 @output_option
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
               show_default=True, help="Seconds to wait for the uploads to be committed.")
-def tier_flush(store_dir: str | None, endpoint: str | None, access_key: str | None,
-               secret_key: str | None, timeout: float) -> None:
+def tier_flush(store_dir: str | None, endpoint: Connection | None, timeout: float) -> None:
     """Upload everything dispatched so far, now; exit once it is committed (JSON lines: the
     status after it). Exit 1 if it was not all committed in --timeout seconds."""
     _one_of(store_dir, endpoint)
     last_error = None
     if endpoint is not None:
-        reply = _remote(endpoint, access_key, secret_key, "TierFlush", timeout_s=timeout)
+        reply = _remote(endpoint, "TierFlush", timeout_s=timeout)
         for row in reply["queues"]:
             emit(row)
         ok = bool(reply["committed"])
@@ -156,15 +147,14 @@ def tier_flush(store_dir: str | None, endpoint: str | None, access_key: str | No
 @_endpoint_options
 @store_options
 @output_option(report=True)
-def tier_clean(store_dir: str | None, endpoint: str | None, access_key: str | None,
-               secret_key: str | None) -> None:
+def tier_clean(store_dir: str | None, endpoint: Connection | None) -> None:
     """Delete the local CommitLog files whose records the tier already holds (all but the one
     being written), whatever their age: on a running broker (--endpoint) or on a stopped
     one's store (--store, with its --config; the same as store clean --tiered-only). Prints
     what went as one JSON object; their messages are then read from the tier."""
     _one_of(store_dir, endpoint)
     if endpoint is not None:
-        emit(_remote(endpoint, access_key, secret_key, "TierClean"))
+        emit(_remote(endpoint, "TierClean"))
         return
     assert store_dir is not None
     from stratamq.cli.store_clean import clean_tiered
