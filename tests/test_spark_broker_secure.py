@@ -172,12 +172,47 @@ def test_tls_broker_without_tls_options_names_them(spark, broker):
     ({"tlsCaFile": __file__}, "option 'tlsCaFile': .* is not a PEM"),
     ({"tls": "maybe"}, "option 'tls': 'maybe' is not true or false"),
     ({"tls": "false", "tlsCaFile": __file__}, "option 'tls': false"),
+    ({"tlsCertFile": __file__}, "option 'tlsKeyFile': missing"),
+    ({"tlsCertFile": __file__, "tlsKeyFile": __file__}, "option 'tlsCertFile': .* PEM"),
 ])
 def test_bad_security_options_fail_at_load(spark, opts, named):
     # Nothing listens on port 1: these fail before any call to the broker.
     text = error_text(lambda: load(spark, {"endpoints": "127.0.0.1:1", **opts}))
     assert "lonely-secret-value" not in text
     assert re.search(named, text), text
+
+
+def test_a_broker_requiring_client_certificates_is_written_and_read_presenting_one(
+        spark, tmp_path):
+    from certs import TestCa
+
+    ca = TestCa(tmp_path)
+    server, client = ca.issue("server"), ca.issue("spark-job")
+    mtls = start_broker(tmp_path, {
+        "tlsEnable": "true", "tls.server.certPath": str(server[0]),
+        "tls.server.keyPath": str(server[1]), "tls.server.trustCertPath": str(ca.cert),
+        "tls.server.need.client.auth": "require"}, topics=[("Identified", 2, "NORMAL")])
+    try:
+        opts = {"endpoints": mtls.endpoint, "tlsCaFile": str(ca.cert)}
+        identified = {**opts, "tlsCertFile": str(client[0]), "tlsKeyFile": str(client[1])}
+        bodies = [f"identified-{i}".encode() for i in range(10)]
+        write(spark, identified, "Identified", bodies)  # executors present it too
+        assert bodies_when_visible(spark, {**identified, "topics": "Identified"},
+                                   10) == sorted(bodies)
+        # Without the certificate the broker's handshake refuses the job.
+        assert "did not answer" in error_text(
+            lambda: load(spark, {**opts, "topics": "Identified"}))
+        out = tmp_path / "export"
+        run = subprocess.run(
+            [sys.executable, "-m", "stratamq.cli", "spark", "export", "--endpoints",
+             mtls.endpoint, "--topics", "Identified", "--out", str(out), "--no-progress",
+             "--tls-ca-file", str(ca.cert), "--tls-cert-file", str(client[0]),
+             "--tls-key-file", str(client[1]), "--master", "local[1]"],
+            capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert json.loads(run.stdout.strip().splitlines()[-1])["exported"] == 10
+    finally:
+        assert mtls.stop() == 0
 
 
 def test_export_cli_with_credentials_and_tls(spark, broker, tmp_path):

@@ -45,11 +45,16 @@ def spark() -> None:
               help="Connect to the broker over TLS (trusting gRPC's default roots).")
 @click.option("--tls-ca-file", default=None,
               help="PEM file of the CA(s) that signed the broker's certificate (implies --tls).")
+@click.option("--tls-cert-file", default=None,
+              help="PEM certificate chain to present to a broker that asks for one "
+                   "(tls.server.need.client.auth; implies --tls; with --tls-key-file).")
+@click.option("--tls-key-file", default=None, help="PEM private key of --tls-cert-file.")
 def spark_export(store_dir: str | None, endpoints: str | None, tier: str | None,
                  s3_endpoint: str | None, topics: str | None, out: str,
                  fmt: str, checkpoint: str | None, max_offsets_per_trigger: int | None,
                  master: str | None, progress: bool, access_key: str | None,
-                 secret_key: str | None, tls: bool, tls_ca_file: str | None) -> None:
+                 secret_key: str | None, tls: bool, tls_ca_file: str | None,
+                 tls_cert_file: str | None, tls_key_file: str | None) -> None:
     """Export topics to Parquet partitioned by topic and date; a second run exports only what
     is new (Spark checkpoint). Prints a JSON summary."""
     from stratamq.spark.export import (
@@ -62,7 +67,8 @@ def spark_export(store_dir: str | None, endpoints: str | None, tier: str | None,
     try:
         source = source_options(store_dir, endpoints, topics, max_offsets_per_trigger,
                                 access_key=access_key, secret_key=secret_key, tls=tls,
-                                tls_ca_file=tls_ca_file, tier=tier, s3_endpoint=s3_endpoint)
+                                tls_ca_file=tls_ca_file, tier=tier, s3_endpoint=s3_endpoint,
+                                tls_cert_file=tls_cert_file, tls_key_file=tls_key_file)
         check_export_target(out, checkpoint)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
-from stratamq.client.connection import BrokerEndpoint, read_ca_pem
+from stratamq.client.connection import BrokerEndpoint, read_ca_pem, read_client_cert
 from stratamq.names import GROUP_MAX_LENGTH, is_valid_name
 from stratamq.record import PHYSICAL_OFFSET_POS, Message, Prop
 from stratamq.spark.planning import OptionError, Queue, QueueSplit, bool_option, int_option
@@ -102,9 +102,11 @@ class BrokerConnection(BrokerEndpoint):
 
     def __init__(self, endpoint: str, *, access_key: str | None = None,
                  secret_key: str | None = None, tls: bool = False, ca_pem: bytes | None = None,
-                 ca_file: str | None = None) -> None:
+                 ca_file: str | None = None,
+                 client_cert: tuple[bytes, bytes] | None = None) -> None:
         super().__init__(endpoint, access_key=access_key, secret_key=secret_key, tls=tls,
-                         ca_pem=ca_pem, ca_file=ca_file, channel_options=_CHANNEL_OPTIONS)
+                         ca_pem=ca_pem, ca_file=ca_file, channel_options=_CHANNEL_OPTIONS,
+                         client_cert=client_cert)
 
     def refusal(self, code: str, message: str, doing: str) -> str | None:
         """The text for a broker's ACL refusal of ``doing``, naming the options to fix; None if
@@ -158,8 +160,32 @@ def connection_of(options: Mapping[str, str]) -> BrokerConnection:
         raise OptionError("option 'tls': false, but option 'tlsCaFile' is given (it implies "
                           "tls=true); drop one of them")
     ca_pem = _read_ca(ca_file) if ca_file else None
-    return BrokerConnection(endpoint, access_key=access_key, secret_key=secret_key, tls=tls,
-                            ca_pem=ca_pem, ca_file=ca_file)
+    client_cert = _client_cert(options)
+    if client_cert is not None and not bool_option(options, "tls", True):
+        raise OptionError("option 'tls': false, but option 'tlsCertFile' is given (it implies "
+                          "tls=true); drop one of them")
+    return BrokerConnection(endpoint, access_key=access_key, secret_key=secret_key,
+                            tls=tls or client_cert is not None, ca_pem=ca_pem, ca_file=ca_file,
+                            client_cert=client_cert)
+
+
+def _client_cert(options: Mapping[str, str]) -> tuple[bytes, bytes] | None:
+    """``tlsCertFile`` and ``tlsKeyFile``, read on the driver: presented to a broker that asks
+    for a client certificate (tls.server.need.client.auth). The key's content travels to the
+    executors with the connection, as the secret key does: each task connects on its own."""
+    cert_file = (options.get("tlscertfile") or "").strip() or None
+    key_file = (options.get("tlskeyfile") or "").strip() or None
+    if bool(cert_file) != bool(key_file):
+        given, missing = (("tlsCertFile", "tlsKeyFile") if cert_file
+                          else ("tlsKeyFile", "tlsCertFile"))
+        raise OptionError(f"option '{missing}': missing; option '{given}' is given, and "
+                          "tlsCertFile and tlsKeyFile must be given together")
+    if not cert_file or not key_file:
+        return None
+    try:
+        return read_client_cert(cert_file, key_file)
+    except ValueError as exc:
+        raise OptionError(f"option 'tlsCertFile': {exc}") from None
 
 
 def _read_ca(path: str) -> bytes:
@@ -298,7 +324,7 @@ class BrokerCatalog:
             c = self.connection
             out.append((str(group.get("brokerName")), BrokerConnection(
                 str(chosen["endpoint"]), access_key=c.access_key, secret_key=c.secret_key,
-                tls=c.tls, ca_pem=c.ca_pem, ca_file=c.ca_file)))
+                tls=c.tls, ca_pem=c.ca_pem, ca_file=c.ca_file, client_cert=c.client_cert)))
         return out
 
     def _routes(self, why: str) -> dict[str, int]:

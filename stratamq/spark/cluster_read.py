@@ -265,7 +265,8 @@ def _like(template: BrokerConnection, endpoint: str) -> BrokerConnection:
     """A connection to ``endpoint`` with ``template``'s TLS and credentials."""
     t = template
     return BrokerConnection(endpoint, access_key=t.access_key, secret_key=t.secret_key,
-                            tls=t.tls, ca_pem=t.ca_pem, ca_file=t.ca_file)
+                            tls=t.tls, ca_pem=t.ca_pem, ca_file=t.ca_file,
+                            client_cert=t.client_cert)
 
 
 def _peer_connections(entry: BrokerConnection, peers: list[str]) -> list[BrokerConnection]:

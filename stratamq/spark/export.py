@@ -193,12 +193,14 @@ def source_options(store: str | None, endpoints: str | None, topics: str | None,
                    max_per_trigger: int | None = None, *, access_key: str | None = None,
                    secret_key: str | None = None, tls: bool = False,
                    tls_ca_file: str | None = None, tier: str | None = None,
-                   s3_endpoint: str | None = None) -> dict[str, str]:
+                   s3_endpoint: str | None = None, tls_cert_file: str | None = None,
+                   tls_key_file: str | None = None) -> dict[str, str]:
     """The ``stratamq`` source options for the export's flags; ValueError names a bad flag.
 
     The credentials and TLS flags are for ``--endpoints``. With ``--store`` the keys are
     ignored (they may come from STRATAMQ_ACCESS_KEY / STRATAMQ_SECRET_KEY set for other
-    commands), while ``--tls`` / ``--tls-ca-file`` are refused as a mistake.
+    commands), while ``--tls`` / ``--tls-ca-file`` / ``--tls-cert-file`` are refused as a
+    mistake.
     """
     if sum(map(bool, (store, endpoints, tier))) != 1:
         raise ValueError("give exactly one of --store, --endpoints and --tier")
@@ -216,8 +218,11 @@ def source_options(store: str | None, endpoints: str | None, topics: str | None,
     if endpoints and bool(access_key) != bool(secret_key):
         raise ValueError("--access-key and --secret-key must be given together "
                          "(or STRATAMQ_ACCESS_KEY and STRATAMQ_SECRET_KEY)")
-    if store and (tls or tls_ca_file):
-        raise ValueError("--tls and --tls-ca-file are for --endpoints, not --store")
+    if store and (tls or tls_ca_file or tls_cert_file or tls_key_file):
+        raise ValueError("--tls, --tls-ca-file and --tls-cert-file/--tls-key-file are for "
+                         "--endpoints, not --store")
+    if endpoints and bool(tls_cert_file) != bool(tls_key_file):
+        raise ValueError("--tls-cert-file and --tls-key-file must be given together")
     opts: dict[str, str] = {"path": store} if store else {"endpoints": endpoints or ""}
     if topics:
         opts["topics"] = topics
@@ -226,10 +231,12 @@ def source_options(store: str | None, endpoints: str | None, topics: str | None,
     if endpoints:
         if access_key and secret_key:
             opts["accessKey"], opts["secretKey"] = access_key, secret_key
-        if tls or tls_ca_file:
+        if tls or tls_ca_file or tls_cert_file:
             opts["tls"] = "true"
         if tls_ca_file:
             opts["tlsCaFile"] = tls_ca_file
+        if tls_cert_file and tls_key_file:
+            opts["tlsCertFile"], opts["tlsKeyFile"] = tls_cert_file, tls_key_file
     return opts
 
 
@@ -255,13 +262,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="secret key of --access-key; env STRATAMQ_SECRET_KEY")
     parser.add_argument("--tls", action="store_true", help="connect to the broker over TLS")
     parser.add_argument("--tls-ca-file", help="PEM file of the CA(s) to trust (implies --tls)")
+    parser.add_argument("--tls-cert-file", help="PEM certificate chain to present to a broker "
+                        "that asks for one (implies --tls; with --tls-key-file)")
+    parser.add_argument("--tls-key-file", help="PEM private key of --tls-cert-file")
     args = parser.parse_args(argv)
     try:
         source = source_options(args.store, args.endpoints, args.topics,
                                 args.max_offsets_per_trigger, access_key=args.access_key,
                                 secret_key=args.secret_key, tls=args.tls,
                                 tls_ca_file=args.tls_ca_file, tier=args.tier,
-                                s3_endpoint=args.s3_endpoint)
+                                s3_endpoint=args.s3_endpoint, tls_cert_file=args.tls_cert_file,
+                                tls_key_file=args.tls_key_file)
         check_export_target(args.out, args.checkpoint)
     except ValueError as exc:
         parser.error(str(exc))

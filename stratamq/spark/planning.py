@@ -294,13 +294,15 @@ def select_topics(options: Mapping[str, str], known: list[str], *, must_match: b
 READ_OPTIONS = frozenset({
     "path", "topics", "subscribe", "subscribepattern", "startingoffsets", "endingoffsets",
     "startingtimestamp", "minpartitions", "failondataloss", "maxoffsetspertrigger",
-    "endpoints", "tls", "tlscafile", "accesskey", "secretkey", "group", "includeheaders",
+    "endpoints", "tls", "tlscafile", "tlscertfile", "tlskeyfile", "accesskey", "secretkey",
+    "group", "includeheaders",
     "startingoffsetsbytimestamp", "endingoffsetsbytimestamp", "endingtimestamp",
     "minoffsetspertrigger", "maxtriggerdelay", "assign", "config", "tieredstores3endpoint",
     "latestvalues", "includetombstones",
 })  # fmt: skip
 WRITE_OPTIONS = frozenset({
-    "path", "topic", "endpoints", "tls", "tlscafile", "accesskey", "secretkey", "queuenums",
+    "path", "topic", "endpoints", "tls", "tlscafile", "tlscertfile", "tlskeyfile", "accesskey",
+    "secretkey", "queuenums",
     "locktimeoutms", "sendretries", "mappedfilesizecommitlog", "mappedfilesizeconsumequeue",
     "checkpointlocation",
 })  # fmt: skip
