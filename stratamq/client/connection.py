@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import ssl
 from collections.abc import Sequence
+from typing import Self
 
 import grpc
 
@@ -110,8 +111,9 @@ class BrokerEndpoint:
             parts.append(f"accessKey={self.access_key!r}, secretKey=<hidden>")
         return f"{type(self).__name__}({', '.join(parts)})"
 
-    def at(self, endpoint: str) -> BrokerEndpoint:
-        """The same way of calling (keys, TLS, options), to the broker at ``endpoint``."""
+    def at(self, endpoint: str) -> Self:
+        """The same way of calling (keys, TLS, client certificate, options), to the broker at
+        ``endpoint``; of the same class (a Spark ``BrokerConnection`` stays one)."""
         other = copy.copy(self)
         other.endpoint = endpoint
         return other

@@ -321,10 +321,8 @@ class BrokerCatalog:
                                   "cannot be read now")
             if chosen.get("brokerId") == group.get("masterBrokerId"):
                 self.cluster_mastered.add(str(group.get("brokerName")))
-            c = self.connection
-            out.append((str(group.get("brokerName")), BrokerConnection(
-                str(chosen["endpoint"]), access_key=c.access_key, secret_key=c.secret_key,
-                tls=c.tls, ca_pem=c.ca_pem, ca_file=c.ca_file, client_cert=c.client_cert)))
+            out.append((str(group.get("brokerName")),
+                        self.connection.at(str(chosen["endpoint"]))))
         return out
 
     def _routes(self, why: str) -> dict[str, int]:

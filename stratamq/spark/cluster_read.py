@@ -261,18 +261,10 @@ def without_group_offsets(options: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def _like(template: BrokerConnection, endpoint: str) -> BrokerConnection:
-    """A connection to ``endpoint`` with ``template``'s TLS and credentials."""
-    t = template
-    return BrokerConnection(endpoint, access_key=t.access_key, secret_key=t.secret_key,
-                            tls=t.tls, ca_pem=t.ca_pem, ca_file=t.ca_file,
-                            client_cert=t.client_cert)
-
-
 def _peer_connections(entry: BrokerConnection, peers: list[str]) -> list[BrokerConnection]:
     """Connections (``entry``'s TLS and credentials) to ``entry`` and every broker in ``peers``:
     where a split asks for its group's broker again."""
-    return [_like(entry, e) for e in dict.fromkeys([entry.endpoint, *peers])]
+    return [entry.at(e) for e in dict.fromkeys([entry.endpoint, *peers])]
 
 
 def _status(entry: BrokerConnection, peers: list[str], options: Mapping[str, str]
@@ -283,7 +275,7 @@ def _status(entry: BrokerConnection, peers: list[str], options: Mapping[str, str
     failed: OptionError | None = None
     for endpoint in dict.fromkeys([entry.endpoint, *peers]):
         try:
-            with BrokerCatalog(_like(entry, endpoint), options) as broker:
+            with BrokerCatalog(entry.at(endpoint), options) as broker:
                 groups = broker.cluster_groups()
                 return groups, broker.cluster_endpoints, broker.cluster_mastered
         except OptionError as exc:
